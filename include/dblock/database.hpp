@@ -1,0 +1,114 @@
+// dblock: distributed locks and safe concurrent updates on the database you already run.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace soci {
+class session;
+}
+
+namespace dblock {
+
+namespace detail {
+struct database_impl;
+struct pooled_session;
+}  // namespace detail
+
+/// Settings of a database handle; all have safe defaults.
+struct database_options {
+  /// Prefix of every dblock table name (for example "app1_"); validated as an identifier part
+  /// (`[A-Za-z0-9_]`, and the full table names must stay within 63 characters).
+  std::string table_prefix;
+  /// Number of pooled connections, opened lazily on first use. Watchdogs borrow one while
+  /// renewing, so allow one per concurrently renewing lock plus your own threads.
+  std::size_t pool_size = 4;
+  /// How long connect() waits for a free pooled connection before throwing errc::timeout.
+  std::chrono::milliseconds pool_wait{30000};
+  /// Connect timeout for PostgreSQL and MySQL (rounded up to whole seconds).
+  std::chrono::milliseconds connect_timeout{10000};
+  /// SQLite busy timeout: how long a statement waits for another writer.
+  std::chrono::milliseconds sqlite_busy_timeout{5000};
+};
+
+/**
+ * @brief A handle on one database: its URL, dialect, table names and connection pool.
+ *
+ * Accepted URLs:
+ * - `postgresql://user:pass@host:port/db?sslmode=require&host=/run/postgresql` (also
+ *   `postgres://`); query keys are libpq keywords (`sslmode`, `connect_timeout`,
+ *   `application_name`, `host` for a unix socket directory, `sslrootcert`, ...).
+ * - `mysql://user:pass@host:port/db?unix_socket=/path` (also `mariadb://`).
+ * - `sqlite:///absolute/path.db` and `sqlite://relative/path.db`, with optional
+ *   `?synchronous=normal|full` (default full) and `busy_timeout=MILLISECONDS`.
+ * User names and passwords may be percent-encoded. Unknown query keys are rejected.
+ *
+ * Copies are cheap and share the same pool; the pool lives until the last copy and the last
+ * lock, guard or watchdog using it is gone. Thread-safety: all member functions may be called
+ * concurrently from several threads.
+ *
+ * @throws dblock::error errc::invalid_argument for a malformed URL, unknown scheme or key, or a bad
+ *         table prefix. Connecting is lazy: an unreachable server or a wrong password shows up
+ *         (errc::connection_failed) on the first connect(), or at once with ping().
+ */
+class database {
+ public:
+  /// Parses the URL and prepares the pool; opens no connection yet.
+  explicit database(const std::string& url, database_options options = {});
+  ~database();
+  database(const database&) = default;
+  database& operator=(const database&) = default;
+  database(database&&) noexcept = default;
+  database& operator=(database&&) noexcept = default;
+
+  /// "postgresql", "mysql" or "sqlite".
+  const std::string& backend() const noexcept;
+  /// The URL with any password replaced by "***", safe to log.
+  const std::string& redacted_url() const noexcept;
+  /// The options this handle was opened with.
+  const database_options& options() const noexcept;
+  /// Full name of the lease lock table, e.g. "resource_lock" or "app1_resource_lock".
+  const std::string& lock_table() const noexcept;
+
+  /// Opens (or checks) one connection now; throws errc::connection_failed with the reason.
+  void ping() const;
+
+  /**
+   * @brief A pooled connection, returned to the pool on destruction.
+   *
+   * Use session() to run your own SQL through SOCI. Not thread-safe: one thread at a time.
+   * Move-only. If a call on it fails with a lost connection, it is reopened on its next lease.
+   */
+  class connection {
+   public:
+    connection(connection&&) noexcept;
+    connection& operator=(connection&&) noexcept;
+    connection(const connection&) = delete;
+    connection& operator=(const connection&) = delete;
+    ~connection();
+    /// The SOCI session of this connection.
+    soci::session& session();
+    /// Marks the connection as broken so the pool reconnects it before its next use.
+    void discard() noexcept;
+
+   private:
+    friend class database;
+    explicit connection(std::unique_ptr<detail::pooled_session> s);
+    std::unique_ptr<detail::pooled_session> s_;
+  };
+
+  /// Borrows a connection from the pool, connecting it when needed.
+  /// @throws dblock::error errc::timeout when none frees up within options().pool_wait,
+  ///         errc::connection_failed when connecting fails.
+  connection connect() const;
+
+  /// Internal: the shared implementation (used by dblock's own components).
+  const std::shared_ptr<detail::database_impl>& impl() const noexcept { return impl_; }
+
+ private:
+  std::shared_ptr<detail::database_impl> impl_;
+};
+
+}  // namespace dblock

@@ -1,0 +1,8 @@
+// dblock: distributed locks and safe concurrent updates on the database you already run.
+// Umbrella header: includes every public header.
+#pragma once
+
+#include "dblock/database.hpp"
+#include "dblock/error.hpp"
+#include "dblock/lease_lock.hpp"
+#include "dblock/migrate.hpp"

@@ -1,0 +1,102 @@
+// dblock: distributed locks and safe concurrent updates on the database you already run.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+
+namespace dblock {
+
+/**
+ * @brief What went wrong, independent of the backend.
+ *
+ * Each code says how a caller should react (see retry_advice()):
+ * - retry the call: `lock_not_available`, `timeout`, `connection_lost` (on a fresh connection);
+ * - retry the whole read-modify-write transaction: `deadlock`, `serialization_failure`,
+ *   `version_conflict`;
+ * - do not retry blindly: `in_doubt` (resolve by reading the row by owner token), `lease_lost`,
+ *   `not_owner`, `unique_violation`, `invalid_argument`, `schema_missing`, `schema_mismatch`,
+ *   `connection_failed`, `cancelled`, `backend_error`.
+ */
+enum class errc : int {
+  timeout = 1,            ///< our own wait or time budget ran out (also PostgreSQL 57014)
+  cancelled,              ///< the caller cancelled a wait
+  lock_not_available,     ///< NOWAIT conflict, server lock wait timeout, SQLite BUSY
+  deadlock,               ///< the server chose this transaction as a deadlock victim
+  serialization_failure,  ///< PostgreSQL 40001, SQLite BUSY_SNAPSHOT
+  unique_violation,       ///< a unique index rejected a row
+  version_conflict,       ///< an optimistic update found a newer version (retries exhausted)
+  lease_lost,             ///< the lease expired or was taken over; the holder must stop
+  not_owner,              ///< the operation needs a lease this caller does not hold
+  connection_lost,        ///< the connection broke mid-call (outcome known not to be applied)
+  connection_failed,      ///< could not connect: unreachable, refused, bad credentials
+  in_doubt,               ///< the outcome of a COMMIT or release is unknown
+  invalid_argument,       ///< bad URL, identifier, resource name, duration, ...
+  schema_missing,         ///< dblock's tables do not exist: run `dblock migrate`
+  schema_mismatch,        ///< an applied migration differs from the one shipped
+  backend_error,          ///< any other error reported by the database
+};
+
+/// How a caller should react to an error code.
+enum class retry_advice {
+  retry_call,         ///< the same call may simply be repeated (after a backoff)
+  retry_transaction,  ///< roll back and repeat the whole read-modify-write
+  do_not_retry,       ///< repeating cannot help, or could do harm (in_doubt)
+};
+
+/// Short stable name of a code, e.g. "lock_not_available".
+const char* to_string(errc code) noexcept;
+
+/// The advice documented on errc for one code.
+retry_advice advice_for(errc code) noexcept;
+
+/// The std::error_category of dblock::errc ("dblock").
+const std::error_category& error_category() noexcept;
+
+/// Makes errc usable as a std::error_code.
+inline std::error_code make_error_code(errc e) noexcept {
+  return {static_cast<int>(e), error_category()};
+}
+
+/**
+ * @brief The one exception type of dblock.
+ *
+ * Carries a classified code, the backend that reported it ("postgresql", "mysql", "sqlite" or
+ * empty), the SQLSTATE (PostgreSQL, and MySQL where known) and the backend's native error number.
+ * Messages never contain passwords. Thread-safety: immutable after construction.
+ */
+class error : public std::runtime_error {
+ public:
+  /// An error with no backend detail.
+  error(errc code, const std::string& message);
+  /// An error classified from a backend error.
+  error(errc code, const std::string& message, std::string backend, std::string sqlstate,
+        long long native_code);
+
+  /// The classified code.
+  errc code() const noexcept { return code_; }
+  /// The code as a std::error_code in dblock's category.
+  std::error_code error_code() const noexcept { return make_error_code(code_); }
+  /// Backend name ("postgresql", "mysql", "sqlite"), empty when not from a backend.
+  const std::string& backend() const noexcept { return backend_; }
+  /// Five-character SQLSTATE when the backend reported one, else empty.
+  const std::string& sqlstate() const noexcept { return sqlstate_; }
+  /// Native error number (MySQL errno, SQLite extended result code), 0 when none.
+  long long native_code() const noexcept { return native_code_; }
+  /// How a caller should react (see errc).
+  retry_advice advice() const noexcept { return advice_for(code_); }
+
+ private:
+  errc code_;
+  std::string backend_;
+  std::string sqlstate_;
+  long long native_code_ = 0;
+};
+
+}  // namespace dblock
+
+namespace std {
+template <>
+struct is_error_code_enum<dblock::errc> : true_type {};
+}  // namespace std

@@ -1,0 +1,280 @@
+// The dblock command-line tool: migrate the schema, and guard commands with a lease lock.
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dblock/dblock.hpp"
+
+namespace {
+
+using std::chrono::milliseconds;
+
+// Documented exit statuses (see README "Exit statuses").
+constexpr int exit_ok = 0;
+constexpr int exit_usage = 2;
+constexpr int exit_software = 70;      // internal or unexpected backend error
+constexpr int exit_unavailable = 69;   // cannot connect / connection lost
+constexpr int exit_not_acquired = 75;  // EX_TEMPFAIL: lock busy, wait ran out
+constexpr int exit_lease_lost = 76;    // the lease was lost while the command ran
+constexpr int exit_schema = 78;        // EX_CONFIG: schema missing or mismatched
+
+int exit_status_for(const dblock::error& e) {
+  switch (e.code()) {
+    case dblock::errc::invalid_argument: return exit_usage;
+    case dblock::errc::connection_failed:
+    case dblock::errc::connection_lost: return exit_unavailable;
+    case dblock::errc::schema_missing:
+    case dblock::errc::schema_mismatch: return exit_schema;
+    case dblock::errc::timeout:
+    case dblock::errc::lock_not_available: return exit_not_acquired;
+    case dblock::errc::lease_lost: return exit_lease_lost;
+    default: return exit_software;
+  }
+}
+
+// "30s", "500ms", "2m", "1h", "1.5s"; a bare number means seconds.
+milliseconds parse_duration(const std::string& text, const char* option) {
+  std::size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  std::string unit = text.substr(pos);
+  double factor = 0;
+  if (pos == 0 || value < 0)
+    factor = 0;
+  else if (unit.empty() || unit == "s")
+    factor = 1000;
+  else if (unit == "ms")
+    factor = 1;
+  else if (unit == "m")
+    factor = 60000;
+  else if (unit == "h")
+    factor = 3600000;
+  if (factor == 0 || value * factor > 1e12)
+    throw dblock::error(dblock::errc::invalid_argument,
+                        std::string("invalid duration '") + text + "' for " + option +
+                            " (examples: 30s, 500ms, 2m, 1h)");
+  return milliseconds(static_cast<long long>(value * factor + 0.5));
+}
+
+std::string url_or_env(const std::string& url) {
+  if (!url.empty()) return url;
+  const char* env = std::getenv("DBLOCK_URL");
+  if (env && *env) return env;
+  throw dblock::error(dblock::errc::invalid_argument,
+                      "no database URL: pass --url or set DBLOCK_URL");
+}
+
+std::atomic<pid_t> child_pid{0};
+
+void forward_signal(int sig) {
+  pid_t p = child_pid.load();
+  if (p > 0) ::kill(p, sig);
+}
+
+struct common_options {
+  std::string url;
+  std::string prefix;
+  bool verbose = false;
+};
+
+dblock::database open_db(const common_options& c) {
+  dblock::database_options o;
+  o.table_prefix = c.prefix;
+  return dblock::database(url_or_env(c.url), o);
+}
+
+int run_migrate(const common_options& c, bool dry_run) {
+  auto db = open_db(c);
+  auto r = dblock::migrate(db, dblock::migrate_options{dry_run});
+  std::size_t pending = 0;
+  for (const auto& f : r.files) {
+    bool now = std::find(r.applied_now.begin(), r.applied_now.end(), f.version) != r.applied_now.end();
+    const char* state = now ? "applied now" : f.applied ? "applied" : "pending";
+    if (!f.applied) ++pending;
+    std::cout << "  " << f.name << "  " << f.checksum << "  " << state << "\n";
+  }
+  for (int v : r.unknown_applied)
+    std::cout << "  version " << v << " is applied in the database but unknown to this dblock\n";
+  if (dry_run)
+    std::cout << pending << " pending migration(s) in " << db.redacted_url() << " (dry run)\n";
+  else
+    std::cout << r.applied_now.size() << " migration(s) applied, schema up to date in "
+              << db.redacted_url() << "\n";
+  return exit_ok;
+}
+
+struct exec_options {
+  std::string lock;
+  std::string ttl = "30s";
+  std::string wait = "0s";
+  std::string kill_after = "10s";
+  std::vector<std::string> command;
+};
+
+int run_exec(const common_options& c, const exec_options& x) {
+  auto db = open_db(c);
+  std::atomic<bool> lost{false};
+  dblock::lease_options lo;
+  lo.ttl = parse_duration(x.ttl, "--ttl");
+  lo.watchdog = true;
+  lo.on_lost = [&lost](const dblock::error& e) {
+    lost = true;
+    std::cerr << "dblock exec: " << e.what() << "; sending SIGTERM to the command\n";
+    pid_t p = child_pid.load();
+    if (p > 0) ::kill(p, SIGTERM);
+  };
+  milliseconds wait = parse_duration(x.wait, "--wait");
+  milliseconds kill_after = parse_duration(x.kill_after, "--kill-after");
+  dblock::lease_lock lock(db, x.lock, lo);
+
+  std::optional<dblock::lease_guard> guard;
+  try {
+    if (wait.count() > 0)
+      guard.emplace(lock.acquire(wait));
+    else
+      guard = lock.try_acquire();
+  } catch (const dblock::error& e) {
+    if (e.code() != dblock::errc::timeout) throw;
+  }
+  if (!guard) {
+    std::cerr << "dblock exec: lock '" << x.lock << "' is held by another owner";
+    if (wait.count() > 0) std::cerr << " and was not freed within " << x.wait;
+    std::cerr << "; not running the command\n";
+    return exit_not_acquired;
+  }
+  if (c.verbose)
+    std::cerr << "dblock exec: acquired '" << x.lock << "' fence " << guard->fence() << "\n";
+
+  struct sigaction sa {};
+  sa.sa_handler = forward_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &sa, nullptr);
+
+  std::string fence = std::to_string(guard->fence());
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(sig, SIG_DFL);
+    setenv("DBLOCK_FENCE", fence.c_str(), 1);
+    setenv("DBLOCK_OWNER", guard->owner_token().c_str(), 1);
+    setenv("DBLOCK_LOCK", x.lock.c_str(), 1);
+    std::vector<char*> argv;
+    for (const auto& a : x.command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    int err = errno;
+    std::fprintf(stderr, "dblock exec: cannot run '%s': %s\n", argv[0], std::strerror(err));
+    _exit(err == ENOENT ? 127 : 126);
+  }
+  child_pid = pid;
+  if (lost) ::kill(pid, SIGTERM);
+
+  int status = 0;
+  bool killed = false;
+  auto term_sent = std::chrono::steady_clock::time_point::max();
+  for (;;) {
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) break;
+    if (lost && term_sent == std::chrono::steady_clock::time_point::max())
+      term_sent = std::chrono::steady_clock::now();
+    if (lost && !killed && std::chrono::steady_clock::now() - term_sent > kill_after) {
+      ::kill(pid, SIGKILL);
+      killed = true;
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  child_pid = 0;
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+
+  if (lost) {
+    std::cerr << "dblock exec: the lease on '" << x.lock
+              << "' was lost while the command ran (it was sent SIGTERM); exit " << exit_lease_lost
+              << "\n";
+    guard.reset();
+    return exit_lease_lost;
+  }
+  try {
+    guard->release();
+  } catch (const dblock::error& e) {
+    if (e.code() == dblock::errc::lease_lost) {
+      std::cerr << "dblock exec: " << e.what() << "\n";
+      return exit_lease_lost;
+    }
+    throw;
+  }
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dblock: distributed locks on PostgreSQL, MySQL/MariaDB and SQLite"};
+  app.require_subcommand(1);
+  app.footer(
+      "Exit statuses: 0 ok; 2 usage or invalid argument; 69 cannot connect; 70 internal error;\n"
+      "75 lock not acquired; 76 lease lost while the command ran; 78 schema missing or\n"
+      "mismatched. `exec` otherwise exits with the command's status (128+N if killed by N).");
+  common_options common;
+  auto add_common = [&common](CLI::App* sub) {
+    sub->add_option("--url", common.url,
+                    "database URL (default $DBLOCK_URL): postgresql://..., mysql://..., "
+                    "sqlite:///path.db");
+    sub->add_option("--table-prefix", common.prefix, "prefix of dblock's table names");
+    sub->add_flag("-v,--verbose", common.verbose, "say more on stderr");
+  };
+
+  bool dry_run = false;
+  auto* migrate = app.add_subcommand("migrate", "create or upgrade dblock's tables");
+  add_common(migrate);
+  migrate->add_flag("--dry-run", dry_run, "list applied and pending migrations, change nothing");
+
+  exec_options x;
+  auto* exec = app.add_subcommand("exec", "run a command while holding a lease lock");
+  add_common(exec);
+  exec->add_option("--lock", x.lock, "lock (resource) name")->required();
+  exec->add_option("--ttl", x.ttl, "lease length, renewed at ttl/3 while the command runs")
+      ->capture_default_str();
+  exec->add_option("--wait", x.wait, "how long to wait for the lock (0s: try once)")
+      ->capture_default_str();
+  exec->add_option("--kill-after", x.kill_after,
+                   "after the lease is lost and SIGTERM sent, SIGKILL after this long")
+      ->capture_default_str();
+  exec->add_option("command", x.command, "command and arguments (after --)")->required();
+  exec->positionals_at_end();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? exit_ok : exit_usage;
+  }
+
+  try {
+    if (migrate->parsed()) return run_migrate(common, dry_run);
+    if (exec->parsed()) return run_exec(common, x);
+  } catch (const dblock::error& e) {
+    std::cerr << "dblock: " << e.what() << "\n";
+    return exit_status_for(e);
+  } catch (const std::exception& e) {
+    std::cerr << "dblock: " << e.what() << "\n";
+    return exit_software;
+  }
+  return exit_usage;
+}

@@ -1,0 +1,61 @@
+// Internal: the shared state behind dblock::database, and the pooled-session helper that every
+// component uses to run SQL with one error model.
+#pragma once
+
+#include <soci/soci.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dblock/database.hpp"
+#include "dblock/error.hpp"
+#include "dialect/dialect.hpp"
+
+namespace dblock::detail {
+
+struct database_impl {
+  std::string backend;
+  std::string redacted_url;
+  std::string connect_string;  // holds the password: never printed
+  database_options options;
+  const dialect* dia = nullptr;
+  table_names tables;
+  soci::connection_pool pool;
+  std::vector<char> opened;  // per slot; only the slot's lessee touches its entry
+
+  database_impl(std::size_t size) : pool(size), opened(size, 0) {}
+
+  /// Borrows a connected session (see database::connect()).
+  std::unique_ptr<pooled_session> lease(const std::shared_ptr<database_impl>& self);
+
+  /// Classifies the exception being handled; marks `s` broken on a lost connection and adds
+  /// the `dblock migrate` hint when the schema is missing.
+  error failure(const std::string& what, pooled_session* s) const;
+};
+
+struct pooled_session {
+  std::shared_ptr<database_impl> db;
+  std::size_t pos = 0;
+  bool broken = false;
+
+  pooled_session(std::shared_ptr<database_impl> d, std::size_t p) : db(std::move(d)), pos(p) {}
+  pooled_session(const pooled_session&) = delete;
+  pooled_session& operator=(const pooled_session&) = delete;
+  ~pooled_session();
+  soci::session& sql() { return db->pool.at(pos); }
+};
+
+/// Runs f(session) on a pooled connection, translating every failure into dblock::error.
+template <class F>
+auto with_session(const std::shared_ptr<database_impl>& db, const std::string& what, F&& f) {
+  auto s = db->lease(db);
+  try {
+    return f(s->sql());
+  } catch (...) {
+    throw db->failure(what, s.get());
+  }
+}
+
+}  // namespace dblock::detail

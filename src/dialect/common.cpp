@@ -1,0 +1,58 @@
+#include "common.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <exception>
+
+namespace dblock::detail {
+
+std::string conn_quote(const std::string& value) {
+  std::string out = "'";
+  for (char c : value) {
+    if (c == '\\' || c == '\'') out += '\\';
+    out += c;
+  }
+  return out + "'";
+}
+
+void check_query_keys(const parsed_url& url, const std::set<std::string>& allowed) {
+  for (const auto& kv : url.query) {
+    if (!allowed.count(kv.first)) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      throw error(errc::invalid_argument, "invalid database URL '" + url.redacted +
+                                              "': unknown parameter '" + kv.first +
+                                              "' (accepted: " + list + ")");
+    }
+  }
+}
+
+long long ceil_seconds(std::chrono::milliseconds ms, long long min) {
+  long long s = (ms.count() + 999) / 1000;
+  return std::max(s, min);
+}
+
+void rethrow_if_dblock_error() {
+  try {
+    throw;
+  } catch (const error&) {
+    throw;
+  } catch (...) {
+  }
+}
+
+std::string one_line(std::string message) {
+  for (char& c : message)
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+  while (!message.empty() && message.back() == ' ') message.pop_back();
+  return message;
+}
+
+bool contains_nocase(const std::string& s, const std::string& needle) {
+  auto it = std::search(s.begin(), s.end(), needle.begin(), needle.end(), [](char a, char b) {
+    return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+  });
+  return it != s.end();
+}
+
+}  // namespace dblock::detail

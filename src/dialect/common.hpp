@@ -1,0 +1,32 @@
+// Internal helpers shared by the dialect implementations (not a dialect themselves).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+
+#include "../url.hpp"
+#include "dblock/error.hpp"
+
+namespace dblock::detail {
+
+/// Quotes a value for a libpq/SOCI "key=value" connection string: '...' with \ and ' escaped.
+std::string conn_quote(const std::string& value);
+
+/// Throws errc::invalid_argument for a query key outside `allowed`.
+void check_query_keys(const parsed_url& url, const std::set<std::string>& allowed);
+
+/// Whole seconds, rounded up, at least `min`.
+long long ceil_seconds(std::chrono::milliseconds ms, long long min = 1);
+
+/// The current exception when it is a dblock::error (rethrown as is), else nothing.
+void rethrow_if_dblock_error();
+
+/// Drops a trailing newline and squeezes the backend message onto one line.
+std::string one_line(std::string message);
+
+/// True when `s` contains `needle` (ASCII case-insensitive).
+bool contains_nocase(const std::string& s, const std::string& needle);
+
+}  // namespace dblock::detail

@@ -1,0 +1,173 @@
+// Standard SQL shared by the backends; each backend overrides only what differs.
+#include "dialect.hpp"
+
+#include <soci/soci.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "../identifier.hpp"
+#include "dblock/error.hpp"
+
+namespace dblock::detail {
+
+std::string dialect::quote(std::string_view ident) const {
+  return "\"" + std::string(ident) + "\"";
+}
+
+bool dialect::lease_renew(soci::session& sql, const table_names& t, const std::string& name,
+                          const std::string& token, std::int64_t ttl_us) const {
+  long long ttl = ttl_us;
+  soci::statement st = (sql.prepare << "UPDATE " << t.lock << " SET expires_at = "
+                                    << plus_us_sql(now_sql(), "ttl")
+                                    << " WHERE resource_name = :name AND owner_token = :token"
+                                       " AND hold_count > 0 AND expires_at > "
+                                    << now_sql(),
+                        soci::use(ttl, "ttl"), soci::use(name, "name"), soci::use(token, "token"));
+  st.execute(true);
+  return st.get_affected_rows() == 1;
+}
+
+bool dialect::lease_release(soci::session& sql, const table_names& t, const std::string& name,
+                            const std::string& token) const {
+  // expires_at is assigned before hold_count so that MySQL, which evaluates SET left to right,
+  // sees the old hold_count like the other backends. A freed lease is also an expired one, which
+  // is all that acquire checks.
+  soci::statement st =
+      (sql.prepare << "UPDATE " << t.lock << " SET expires_at = CASE WHEN hold_count <= 1 THEN "
+                   << now_sql()
+                   << " ELSE expires_at END, hold_count = hold_count - 1"
+                      " WHERE resource_name = :name AND owner_token = :token AND hold_count > 0"
+                      " AND expires_at > "
+                   << now_sql(),
+       soci::use(name, "name"), soci::use(token, "token"));
+  st.execute(true);
+  return st.get_affected_rows() == 1;
+}
+
+std::optional<lease_row> dialect::lease_read(soci::session& sql, const table_names& t,
+                                             const std::string& name) const {
+  lease_row r;
+  long long fence = 0, acquired = 0, expires = 0, now = 0, pid = 0;
+  soci::statement st =
+      (sql.prepare << "SELECT resource_name, owner_token, fence, hold_count, "
+                   << epoch_us_sql("acquired_at") << ", " << epoch_us_sql("expires_at") << ", "
+                   << epoch_us_sql(now_sql())
+                   << ", holder_host, holder_pid, holder_thread FROM " << t.lock
+                   << " WHERE resource_name = :name",
+       soci::use(name, "name"), soci::into(r.name), soci::into(r.owner_token), soci::into(fence),
+       soci::into(r.hold_count), soci::into(acquired), soci::into(expires), soci::into(now),
+       soci::into(r.holder_host), soci::into(pid), soci::into(r.holder_thread));
+  if (!st.execute(true)) return std::nullopt;
+  r.fence = fence;
+  r.acquired_at_us = acquired;
+  r.expires_at_us = expires;
+  r.now_us = now;
+  r.holder_pid = pid;
+  return r;
+}
+
+void dialect::atomic_write(soci::session& sql, const std::function<void()>& body) const {
+  (void)sql;
+  body();
+}
+
+table_names make_table_names(const std::string& prefix) {
+  if (!prefix.empty()) {
+    bool ok = prefix.size() <= 32 && (std::islower(static_cast<unsigned char>(prefix[0])) ||
+                                      prefix[0] == '_');
+    for (unsigned char c : prefix) ok = ok && (std::islower(c) || std::isdigit(c) || c == '_');
+    if (!ok)
+      throw error(errc::invalid_argument,
+                  "invalid table prefix '" + prefix.substr(0, 40) +
+                      "': expected [a-z_][a-z0-9_]{0,31} (lower case, so that every backend "
+                      "spells the table names the same way)");
+  }
+  table_names t;
+  t.prefix = prefix;
+  t.lock = prefix + "resource_lock";
+  t.floor = prefix + "resource_lock_fence_floor";
+  t.migrations = prefix + "dblock_schema_migrations";
+  validate_identifier(t.floor, "table name");
+  validate_identifier(t.migrations, "table name");
+  return t;
+}
+
+std::string apply_prefix(const std::string& sql, const std::string& prefix) {
+  static const std::string marker = "{{prefix}}";
+  std::string out;
+  std::size_t pos = 0;
+  for (;;) {
+    auto hit = sql.find(marker, pos);
+    if (hit == std::string::npos) break;
+    out.append(sql, pos, hit - pos);
+    out += prefix;
+    pos = hit + marker.size();
+  }
+  out.append(sql, pos, std::string::npos);
+  return out;
+}
+
+std::vector<std::string> split_statements(const std::string& sql) {
+  std::vector<std::string> out;
+  std::string current;
+  std::size_t pos = 0;
+  while (pos < sql.size()) {
+    auto nl = sql.find('\n', pos);
+    std::string line = sql.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    pos = nl == std::string::npos ? sql.size() : nl + 1;
+    auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line.compare(first, 2, "--") == 0) continue;
+    current += line;
+    current += '\n';
+    auto last = line.find_last_not_of(" \t\r");
+    if (line[last] == ';') {
+      current.erase(current.find_last_of(';'));
+      out.push_back(current);
+      current.clear();
+    }
+  }
+  if (current.find_first_not_of(" \t\r\n") != std::string::npos) out.push_back(current);
+  return out;
+}
+
+}  // namespace dblock::detail
+
+namespace dblock::detail {
+
+// Defined in the source file that CMake generates from migrations/ (see cmake/embed.cmake).
+struct embedded_file {
+  const char* backend;
+  const char* name;
+  const char* text;
+};
+const std::vector<embedded_file>& embedded_migrations();
+
+std::vector<migration_file> load_migrations(const std::string& backend) {
+  std::vector<migration_file> out;
+  for (const auto& f : embedded_migrations()) {
+    std::string name = f.name;
+    if (backend != f.backend || name.size() < 6 || !std::isdigit(static_cast<unsigned char>(name[0])))
+      continue;
+    out.push_back({std::stoi(name.substr(0, 4)), name, f.text});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const migration_file& a, const migration_file& b) { return a.version < b.version; });
+  return out;
+}
+
+migration_file load_bootstrap(const std::string& backend) {
+  for (const auto& f : embedded_migrations())
+    if (backend == f.backend && std::string(f.name) == "bootstrap.sql") return {0, f.name, f.text};
+  throw error(errc::backend_error, "dblock was built without migrations/" + backend +
+                                       "/bootstrap.sql");
+}
+
+const dialect& dialect_for_scheme(const std::string& scheme) {
+  if (scheme == "postgresql") return postgresql_dialect_instance();
+  if (scheme == "mysql") return mysql_dialect_instance();
+  if (scheme == "sqlite") return sqlite_dialect_instance();
+  throw error(errc::invalid_argument, "unknown database scheme '" + scheme + "'");
+}
+
+}  // namespace dblock::detail

@@ -1,0 +1,164 @@
+// Internal: one interface for everything that differs between PostgreSQL, MySQL and SQLite.
+// Nothing outside src/dialect/ branches on the backend.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dblock/database.hpp"
+#include "dblock/error.hpp"
+
+namespace soci {
+class session;
+class backend_factory;
+}  // namespace soci
+
+namespace dblock::detail {
+
+struct parsed_url;
+
+/// Table names after applying the validated prefix (already safe to splice; quoted by dialect).
+struct table_names {
+  std::string prefix;
+  std::string lock;        // <prefix>resource_lock
+  std::string floor;       // <prefix>resource_lock_fence_floor
+  std::string migrations;  // <prefix>dblock_schema_migrations
+};
+
+/// One migration file, as embedded at build time.
+struct migration_file {
+  int version;
+  std::string name;  // file name, e.g. "0001_resource_lock.sql"
+  std::string text;  // raw file text (checksummed before substitution)
+};
+
+/// What an acquire statement is given.
+struct acquire_params {
+  std::string name;
+  std::string owner_token;  // 32 hex chars
+  std::int64_t ttl_us;
+  std::string holder_host;
+  std::int64_t holder_pid;
+  std::string holder_thread;
+};
+
+/// A lease row as read back.
+struct lease_row {
+  std::string name;
+  std::string owner_token;
+  std::int64_t fence = 0;
+  int hold_count = 0;
+  std::int64_t acquired_at_us = 0;  // database clock, microseconds since the epoch
+  std::int64_t expires_at_us = 0;
+  std::int64_t now_us = 0;          // database clock when read
+  std::string holder_host;
+  std::int64_t holder_pid = 0;
+  std::string holder_thread;
+};
+
+class dialect {
+ public:
+  virtual ~dialect() = default;
+
+  /// "postgresql", "mysql" or "sqlite".
+  virtual const char* name() const noexcept = 0;
+  /// SOCI backend factory.
+  virtual const soci::backend_factory& factory() const = 0;
+  /// SOCI connection string for a parsed URL (validates backend-specific query keys).
+  virtual std::string connect_string(const parsed_url& url, const database_options& o) const = 0;
+  /// Lets URL parameters override options (for example SQLite's busy_timeout).
+  virtual void adjust_options(const parsed_url&, database_options&) const {}
+  /// Session set-up right after connecting (pragmas, session variables, clock function).
+  virtual void on_connect(soci::session&, const database_options&) const {}
+
+  /// Quotes an already validated identifier.
+  virtual std::string quote(std::string_view ident) const;
+
+  // ---- clock -------------------------------------------------------------------------------
+  /// SQL expression for "now" on the database clock, in the type of the timestamp columns.
+  virtual std::string now_sql() const = 0;
+  /// SQL expression `ts + micros` where micros is a bound parameter named `param`.
+  virtual std::string plus_us_sql(const std::string& ts, const std::string& param) const = 0;
+  /// SQL expression converting a timestamp expression to integer microseconds since the epoch.
+  virtual std::string epoch_us_sql(const std::string& ts) const = 0;
+
+  // ---- transactions and locking ------------------------------------------------------------
+  /// Starts a transaction that will write (SQLite: BEGIN IMMEDIATE).
+  virtual std::string begin_write_sql() const { return "BEGIN"; }
+  /// Sets how long the next lock waits in this session (PostgreSQL lock_timeout, MySQL
+  /// innodb_lock_wait_timeout, SQLite busy_timeout).
+  virtual void set_lock_timeout(soci::session&, std::chrono::milliseconds) const = 0;
+  /// Suffix for a row-locking SELECT (SQLite: none; its write transaction already excludes).
+  virtual std::string for_update_sql() const { return " FOR UPDATE"; }
+  /// Suffix for a row-locking SELECT that fails at once when the row is locked.
+  virtual std::string for_update_nowait_sql() const { return " FOR UPDATE NOWAIT"; }
+  /// Suffix for a row-locking SELECT that skips locked rows.
+  virtual std::string for_update_skip_locked_sql() const { return " FOR UPDATE SKIP LOCKED"; }
+
+  // ---- errors --------------------------------------------------------------------------------
+  /// Classifies the exception currently being handled (call from a catch block) into a
+  /// dblock::error; `what` says which operation failed (it prefixes the message).
+  virtual error classify_current(const std::string& what) const = 0;
+
+  // ---- migrations ----------------------------------------------------------------------------
+  /// Serialises migrators across processes (session-level lock held until unlock).
+  virtual void lock_migrations(soci::session&, const std::string& key) const = 0;
+  virtual void unlock_migrations(soci::session&, const std::string& key) const = 0;
+  /// True when the table exists in the connected database.
+  virtual bool table_exists(soci::session&, const std::string& table) const = 0;
+  /// Embedded migration files of this backend, in version order, plus the bootstrap file.
+  virtual const std::vector<migration_file>& migrations() const = 0;
+  virtual const migration_file& bootstrap() const = 0;
+
+  // ---- lease lock ----------------------------------------------------------------------------
+  /**
+   * One atomic statement: takes the row when absent, expired, released, or already ours (then
+   * increments hold_count and extends the lease without changing the fence). Returns the fence
+   * when acquired, nothing when another owner holds an unexpired lease.
+   */
+  virtual std::optional<std::int64_t> lease_acquire(soci::session&, const table_names&,
+                                                    const acquire_params&) const = 0;
+  /// Extends an unexpired lease owned by `token`; false when it is no longer ours or expired.
+  virtual bool lease_renew(soci::session&, const table_names&, const std::string& name,
+                           const std::string& token, std::int64_t ttl_us) const;
+  /// Decrements the hold count of an unexpired lease owned by `token` (at zero the lease is
+  /// free); false when it is no longer ours or has expired.
+  virtual bool lease_release(soci::session&, const table_names&,
+                                        const std::string& name, const std::string& token) const;
+  /// Runs `body` (single-statement writes) so that it cannot fail half-way on a stale snapshot:
+  /// a no-op by default; SQLite wraps it in BEGIN IMMEDIATE ... COMMIT.
+  virtual void atomic_write(soci::session&, const std::function<void()>& body) const;
+  /// Reads a lease row (and the database clock); nothing when the row does not exist.
+  virtual std::optional<lease_row> lease_read(soci::session&, const table_names&,
+                                              const std::string& name) const;
+};
+
+/// Embedded migration files of one backend directory ("postgresql", "mysql", "sqlite").
+std::vector<migration_file> load_migrations(const std::string& backend);
+/// The embedded bootstrap file (the migrations bookkeeping table) of one backend.
+migration_file load_bootstrap(const std::string& backend);
+
+const dialect& postgresql_dialect_instance();
+const dialect& mysql_dialect_instance();
+const dialect& sqlite_dialect_instance();
+
+/// The dialect for a URL scheme; throws errc::invalid_argument for an unknown scheme.
+const dialect& dialect_for_scheme(const std::string& scheme);
+
+/// Builds the names of dblock's tables for a prefix (validated here).
+table_names make_table_names(const std::string& prefix);
+
+/// Replaces "{{prefix}}" in migration text.
+std::string apply_prefix(const std::string& sql, const std::string& prefix);
+
+/// Splits a migration file into statements (a statement ends with ';' at the end of a line).
+std::vector<std::string> split_statements(const std::string& sql);
+
+}  // namespace dblock::detail

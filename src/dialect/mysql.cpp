@@ -1,0 +1,181 @@
+// MySQL / MariaDB: UTC_TIMESTAMP(6) as the clock (constant within a statement), INSERT ... ON
+// DUPLICATE KEY UPDATE for acquire with the fence returned through LAST_INSERT_ID(expr) in the
+// OK packet (no second round trip), errno-based classification, GET_LOCK around migrations.
+#include <soci/mysql/soci-mysql.h>
+#include <soci/soci.h>
+
+#include "common.hpp"
+#include "dialect.hpp"
+
+namespace dblock::detail {
+namespace {
+
+class mysql_dialect final : public dialect {
+ public:
+  const char* name() const noexcept override { return "mysql"; }
+  const soci::backend_factory& factory() const override { return *soci::factory_mysql(); }
+
+  std::string connect_string(const parsed_url& u, const database_options& o) const override {
+    check_query_keys(u, {"unix_socket", "charset", "connect_timeout", "read_timeout",
+                         "write_timeout", "sslca", "sslcert", "sslkey"});
+    std::string s;
+    auto add = [&s](const std::string& k, const std::string& v) {
+      s += (s.empty() ? "" : " ") + k + "=" + conn_quote(v);
+    };
+    add("host", u.host.empty() ? std::string("localhost") : u.host);
+    if (u.port) add("port", std::to_string(*u.port));
+    add("db", u.path);
+    if (!u.user.empty()) add("user", u.user);
+    if (u.password) add("password", *u.password);
+    if (!u.query.count("charset")) add("charset", "utf8mb4");
+    if (!u.query.count("connect_timeout"))
+      add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 1)));
+    for (const auto& kv : u.query) add(kv.first, kv.second);
+    return s;
+  }
+
+  void on_connect(soci::session& sql, const database_options&) const override {
+    // Strict mode: an over-long value is an error, never silently truncated.
+    sql << "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''),"
+           " 'STRICT_ALL_TABLES')";
+  }
+
+  std::string quote(std::string_view ident) const override {
+    return "`" + std::string(ident) + "`";
+  }
+
+  std::string now_sql() const override { return "UTC_TIMESTAMP(6)"; }
+  std::string plus_us_sql(const std::string& ts, const std::string& param) const override {
+    return "(" + ts + " + INTERVAL :" + param + " MICROSECOND)";
+  }
+  std::string epoch_us_sql(const std::string& ts) const override {
+    return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + ts + ")";
+  }
+
+  void set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const override {
+    // InnoDB counts whole seconds; 0 means "do not wait" on MariaDB.
+    sql << "SET SESSION innodb_lock_wait_timeout = " << ceil_seconds(ms, 0);
+  }
+
+  error classify_current(const std::string& what) const override {
+    rethrow_if_dblock_error();
+    try {
+      throw;
+    } catch (const soci::mysql_soci_error& e) {
+      unsigned n = e.err_num_;
+      errc code = errc::backend_error;
+      switch (n) {
+        case 1062: code = errc::unique_violation; break;
+        case 1213: code = errc::deadlock; break;
+        case 1205:  // lock wait timeout (also MariaDB's NOWAIT)
+        case 3572:  // MySQL 8 NOWAIT
+          code = errc::lock_not_available;
+          break;
+        case 2006:  // server has gone away
+        case 2013:  // lost connection during query
+        case 2055:  // lost connection (system error)
+        case 1927:  // MariaDB: connection was killed
+        case 1053:  // server shutdown in progress
+        case 4031:  // MySQL 8: disconnected by the server
+          code = errc::connection_lost;
+          break;
+        case 1045: case 1044: case 1049: case 2002: case 2003: case 2005:
+          code = errc::connection_failed;
+          break;
+        case 1146: code = errc::schema_missing; break;
+        case 1406: code = errc::invalid_argument; break;
+        case 1969:  // MariaDB max_statement_time
+        case 3024:  // MySQL max_execution_time
+          code = errc::timeout;
+          break;
+        default: break;
+      }
+      return error(code, what + ": " + one_line(e.get_error_message()), name(), "",
+                   static_cast<long long>(n));
+    } catch (const soci::soci_error& e) {
+      errc code = e.get_error_category() == soci::soci_error::connection_error
+                      ? errc::connection_lost
+                      : errc::backend_error;
+      return error(code, what + ": " + one_line(e.get_error_message()), name(), "", 0);
+    } catch (const std::exception& e) {
+      return error(errc::backend_error, what + ": " + one_line(e.what()), name(), "", 0);
+    }
+  }
+
+  void lock_migrations(soci::session& sql, const std::string& key) const override {
+    // GET_LOCK names are at most 64 characters; the key is ours and short.
+    soci::indicator ind = soci::i_ok;
+    int got = 0;
+    sql << "SELECT GET_LOCK(:k, 600)", soci::use(key), soci::into(got, ind);
+    if (ind == soci::i_null || got != 1)
+      throw error(errc::timeout, "migrate: could not take the migration lock '" + key +
+                                     "' within 600 s (another migrator is stuck?)");
+  }
+  void unlock_migrations(soci::session& sql, const std::string& key) const override {
+    soci::indicator ind = soci::i_ok;
+    int released = 0;
+    sql << "SELECT RELEASE_LOCK(:k)", soci::use(key), soci::into(released, ind);
+  }
+  bool table_exists(soci::session& sql, const std::string& table) const override {
+    int n = 0;
+    sql << "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE()"
+           " AND table_name = :t",
+        soci::use(table), soci::into(n);
+    return n > 0;
+  }
+  const std::vector<migration_file>& migrations() const override {
+    static const auto files = load_migrations("mysql");
+    return files;
+  }
+  const migration_file& bootstrap() const override {
+    static const auto file = load_bootstrap("mysql");
+    return file;
+  }
+
+  std::optional<std::int64_t> lease_acquire(soci::session& sql, const table_names& t,
+                                            const acquire_params& p) const override {
+    // ON DUPLICATE KEY UPDATE has no WHERE, and MySQL assigns left to right, so every column
+    // is an IF() on conditions over owner_token and expires_at, and those two are assigned
+    // last (owner_token before expires_at: once the owner is ours, "ours" stays true).
+    // The fence comes back via LAST_INSERT_ID(expr), which mysql_insert_id() reads from the OK
+    // packet: the new fence when acquired, 0 when held by another owner. SOCI connects with
+    // CLIENT_FOUND_ROWS, so affected rows cannot tell "held" from "inserted"; the id can.
+    const std::string now = now_sql();
+    const std::string ours = "owner_token = VALUES(owner_token)";
+    const std::string reentry = "(" + ours + " AND expires_at > " + now + ")";
+    const std::string take = "(" + ours + " OR expires_at <= " + now + ")";
+    long long ttl = p.ttl_us, pid = p.holder_pid;
+    sql << "INSERT INTO " << t.lock
+        << " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
+           " holder_host, holder_pid, holder_thread) VALUES (:name, :token,"
+           " LAST_INSERT_ID(COALESCE((SELECT max_fence FROM "
+        << t.floor << " WHERE id = 1), 0) + 1), 1, " << now << ", " << plus_us_sql(now, "ttl")
+        << ", :host, :pid, :thread) ON DUPLICATE KEY UPDATE"
+        << " fence = IF(" << take << ", LAST_INSERT_ID(IF(" << reentry
+        << ", fence, fence + 1)), fence + LAST_INSERT_ID(0)),"
+        << " acquired_at = IF(" << reentry << ", acquired_at, IF(" << take << ", " << now
+        << ", acquired_at)),"
+        << " holder_host = IF(" << take << ", VALUES(holder_host), holder_host),"
+        << " holder_pid = IF(" << take << ", VALUES(holder_pid), holder_pid),"
+        << " holder_thread = IF(" << take << ", VALUES(holder_thread), holder_thread),"
+        << " hold_count = IF(" << reentry << ", hold_count + 1, IF(" << take
+        << ", 1, hold_count)),"
+        << " owner_token = IF(" << take << ", VALUES(owner_token), owner_token),"
+        << " expires_at = IF(" << take << ", VALUES(expires_at), expires_at)",
+        soci::use(p.name, "name"), soci::use(p.owner_token, "token"), soci::use(ttl, "ttl"),
+        soci::use(p.holder_host, "host"), soci::use(pid, "pid"),
+        soci::use(p.holder_thread, "thread");
+    long long id = 0;
+    if (!sql.get_last_insert_id(t.lock, id) || id <= 0) return std::nullopt;
+    return id;
+  }
+};
+
+}  // namespace
+
+const dialect& mysql_dialect_instance() {
+  static const mysql_dialect d;
+  return d;
+}
+
+}  // namespace dblock::detail

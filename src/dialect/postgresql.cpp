@@ -1,0 +1,161 @@
+// PostgreSQL: clock_timestamp() as the clock, INSERT ... ON CONFLICT ... RETURNING for acquire,
+// SQLSTATE-based error classification, advisory locks around migrations.
+#include <soci/postgresql/soci-postgresql.h>
+#include <soci/soci.h>
+
+#include "common.hpp"
+#include "dialect.hpp"
+
+namespace dblock::detail {
+namespace {
+
+class postgresql_dialect final : public dialect {
+ public:
+  const char* name() const noexcept override { return "postgresql"; }
+  const soci::backend_factory& factory() const override { return *soci::factory_postgresql(); }
+
+  std::string connect_string(const parsed_url& u, const database_options& o) const override {
+    check_query_keys(u, {"host", "hostaddr", "sslmode", "sslrootcert", "sslcert", "sslkey",
+                         "sslcrl", "application_name", "connect_timeout", "options",
+                         "target_session_attrs", "keepalives", "keepalives_idle",
+                         "keepalives_interval", "keepalives_count", "tcp_user_timeout",
+                         "gssencmode", "channel_binding", "passfile"});
+    std::string s;
+    auto add = [&s](const std::string& k, const std::string& v) {
+      s += (s.empty() ? "" : " ") + k + "=" + conn_quote(v);
+    };
+    if (!u.host.empty()) add("host", u.host);
+    if (u.port) add("port", std::to_string(*u.port));
+    add("dbname", u.path);
+    if (!u.user.empty()) add("user", u.user);
+    if (u.password) add("password", *u.password);
+    if (!u.query.count("connect_timeout"))
+      add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 2)));
+    if (!u.query.count("application_name")) add("application_name", "dblock");
+    for (const auto& kv : u.query) add(kv.first, kv.second);
+    return s;
+  }
+
+  std::string now_sql() const override { return "clock_timestamp()"; }
+  std::string plus_us_sql(const std::string& ts, const std::string& param) const override {
+    return "(" + ts + " + CAST(:" + param + " AS DOUBLE PRECISION) * INTERVAL '1 microsecond')";
+  }
+  std::string epoch_us_sql(const std::string& ts) const override {
+    return "CAST(floor(extract(epoch FROM " + ts + ") * 1000000) AS BIGINT)";
+  }
+
+  void set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const override {
+    std::string value = std::to_string(std::max<long long>(ms.count(), 1)) + "ms", out;
+    sql << "SELECT set_config('lock_timeout', :v, false)", soci::use(value), soci::into(out);
+  }
+
+  error classify_current(const std::string& what) const override {
+    rethrow_if_dblock_error();
+    try {
+      throw;
+    } catch (const soci::postgresql_soci_error& e) {
+      std::string state = e.sqlstate();
+      std::string msg = what + ": " + one_line(e.get_error_message());
+      errc code = errc::backend_error;
+      if (state == "23505")
+        code = errc::unique_violation;
+      else if (state == "40001")
+        code = errc::serialization_failure;
+      else if (state == "40P01")
+        code = errc::deadlock;
+      else if (state == "55P03")
+        code = errc::lock_not_available;
+      else if (state == "57014")
+        code = errc::timeout;
+      else if (state.compare(0, 2, "08") == 0 || state == "57P01" || state == "57P02" ||
+               state == "57P03")
+        code = errc::connection_lost;
+      else if (state == "28P01" || state == "28000" || state == "3D000")
+        code = errc::connection_failed;
+      else if (state == "42P01")
+        code = errc::schema_missing;
+      else if (state == "22001")
+        code = errc::invalid_argument;
+      return error(code, msg, name(), state, 0);
+    } catch (const soci::soci_error& e) {
+      errc code = e.get_error_category() == soci::soci_error::connection_error
+                      ? errc::connection_lost
+                      : errc::backend_error;
+      if (contains_nocase(e.get_error_message(), "connection") &&
+          (contains_nocase(e.get_error_message(), "closed") ||
+           contains_nocase(e.get_error_message(), "no connection") ||
+           contains_nocase(e.get_error_message(), "terminat")))
+        code = errc::connection_lost;
+      return error(code, what + ": " + one_line(e.get_error_message()), name(), "", 0);
+    } catch (const std::exception& e) {
+      return error(errc::backend_error, what + ": " + one_line(e.what()), name(), "", 0);
+    }
+  }
+
+  void lock_migrations(soci::session& sql, const std::string& key) const override {
+    int one = 0;
+    sql << "SELECT 1 FROM (SELECT pg_advisory_lock(hashtext(:k))) AS l", soci::use(key),
+        soci::into(one);
+  }
+  void unlock_migrations(soci::session& sql, const std::string& key) const override {
+    int one = 0;
+    sql << "SELECT 1 FROM (SELECT pg_advisory_unlock(hashtext(:k))) AS l", soci::use(key),
+        soci::into(one);
+  }
+  bool table_exists(soci::session& sql, const std::string& table) const override {
+    int n = 0;
+    sql << "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema()"
+           " AND tablename = :t",
+        soci::use(table), soci::into(n);
+    return n > 0;
+  }
+  const std::vector<migration_file>& migrations() const override {
+    static const auto files = load_migrations("postgresql");
+    return files;
+  }
+  const migration_file& bootstrap() const override {
+    static const auto file = load_bootstrap("postgresql");
+    return file;
+  }
+
+  std::optional<std::int64_t> lease_acquire(soci::session& sql, const table_names& t,
+                                            const acquire_params& p) const override {
+    // One statement. EXCLUDED.acquired_at is this statement's clock reading, so every
+    // comparison below uses the same instant. Reentry (our token, unexpired) keeps the fence.
+    const std::string reentry =
+        "(l.owner_token = EXCLUDED.owner_token AND l.expires_at > EXCLUDED.acquired_at)";
+    long long ttl = p.ttl_us, pid = p.holder_pid, fence = 0;
+    soci::indicator ind = soci::i_null;
+    sql << "INSERT INTO " << t.lock
+        << " AS l (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
+           " holder_host, holder_pid, holder_thread) VALUES (:name, :token, COALESCE((SELECT"
+           " max_fence FROM "
+        << t.floor << " WHERE id = 1), 0) + 1, 1, " << now_sql() << ", "
+        << plus_us_sql(now_sql(), "ttl")
+        << ", :host, :pid, :thread)"
+           " ON CONFLICT (resource_name) DO UPDATE SET"
+           " fence = CASE WHEN "
+        << reentry << " THEN l.fence ELSE l.fence + 1 END, hold_count = CASE WHEN " << reentry
+        << " THEN l.hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " << reentry
+        << " THEN l.acquired_at ELSE EXCLUDED.acquired_at END,"
+           " owner_token = EXCLUDED.owner_token, expires_at = EXCLUDED.expires_at,"
+           " holder_host = EXCLUDED.holder_host, holder_pid = EXCLUDED.holder_pid,"
+           " holder_thread = EXCLUDED.holder_thread"
+           " WHERE l.owner_token = EXCLUDED.owner_token OR l.expires_at <= EXCLUDED.acquired_at"
+           " RETURNING fence",
+        soci::use(p.name, "name"), soci::use(p.owner_token, "token"), soci::use(ttl, "ttl"),
+        soci::use(p.holder_host, "host"), soci::use(pid, "pid"),
+        soci::use(p.holder_thread, "thread"), soci::into(fence, ind);
+    if (!sql.got_data() || ind == soci::i_null) return std::nullopt;
+    return fence;
+  }
+};
+
+}  // namespace
+
+const dialect& postgresql_dialect_instance() {
+  static const postgresql_dialect d;
+  return d;
+}
+
+}  // namespace dblock::detail

@@ -1,0 +1,207 @@
+// SQLite: one writer at a time per database file. The clock is the calling process's
+// (dblock_now_us(), registered on each connection, microsecond precision), timestamps are
+// INTEGER microseconds since the epoch, writes run in BEGIN IMMEDIATE so that they wait on the
+// busy timeout instead of failing on a stale WAL snapshot.
+#include <soci/soci.h>
+#include <soci/sqlite3/soci-sqlite3.h>
+
+#include <chrono>
+
+#include "common.hpp"
+#include "dialect.hpp"
+
+namespace dblock::detail {
+namespace {
+
+// SOCI includes sqlite3.h inside namespace sqlite_api.
+using namespace sqlite_api;
+
+sqlite3* raw(soci::session& sql) {
+  return static_cast<soci::sqlite3_session_backend*>(sql.get_backend())->conn_;
+}
+
+void now_us_fn(sqlite3_context* ctx, int, sqlite3_value**) {
+  auto now = std::chrono::system_clock::now().time_since_epoch();
+  sqlite3_result_int64(ctx, std::chrono::duration_cast<std::chrono::microseconds>(now).count());
+}
+
+class sqlite_dialect final : public dialect {
+ public:
+  const char* name() const noexcept override { return "sqlite"; }
+  const soci::backend_factory& factory() const override { return *soci::factory_sqlite3(); }
+
+  std::string connect_string(const parsed_url& u, const database_options&) const override {
+    check_query_keys(u, {"synchronous", "busy_timeout"});
+    if (u.query.count("synchronous")) {
+      const auto& v = u.query.at("synchronous");
+      if (v != "full" && v != "normal" && v != "extra")
+        throw error(errc::invalid_argument, "invalid database URL '" + u.redacted +
+                                                "': synchronous must be full, normal or extra");
+    }
+    if (u.query.count("busy_timeout")) {
+      const auto& v = u.query.at("busy_timeout");
+      if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
+        throw error(errc::invalid_argument, "invalid database URL '" + u.redacted +
+                                                "': busy_timeout must be milliseconds");
+    }
+    // SOCI's SQLite parser takes double quotes around values with spaces; a double quote in a
+    // path cannot be expressed, so refuse it rather than open another file.
+    if (u.path.find('"') != std::string::npos)
+      throw error(errc::invalid_argument,
+                  "invalid database URL '" + u.redacted + "': the path contains '\"'");
+    return "db=\"" + u.path + "\"" +
+           (u.query.count("synchronous") ? " synchronous=" + u.query.at("synchronous") : "");
+  }
+
+  void adjust_options(const parsed_url& u, database_options& o) const override {
+    if (u.query.count("busy_timeout"))
+      o.sqlite_busy_timeout = std::chrono::milliseconds(std::stoll(u.query.at("busy_timeout")));
+  }
+
+  void on_connect(soci::session& sql, const database_options& o) const override {
+    sqlite3* db = raw(sql);
+    sqlite3_extended_result_codes(db, 1);
+    sqlite3_busy_timeout(db, static_cast<int>(o.sqlite_busy_timeout.count()));
+    sqlite3_create_function(db, "dblock_now_us", 0, SQLITE_UTF8, nullptr, now_us_fn, nullptr,
+                            nullptr);
+    std::string mode;
+    sql << "PRAGMA journal_mode=WAL", soci::into(mode);
+  }
+
+  std::string now_sql() const override { return "dblock_now_us()"; }
+  std::string plus_us_sql(const std::string& ts, const std::string& param) const override {
+    return "(" + ts + " + :" + param + ")";
+  }
+  std::string epoch_us_sql(const std::string& ts) const override { return ts; }
+  std::string begin_write_sql() const override { return "BEGIN IMMEDIATE"; }
+  std::string for_update_sql() const override { return ""; }
+  std::string for_update_nowait_sql() const override { return ""; }
+  std::string for_update_skip_locked_sql() const override { return ""; }
+
+  void set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const override {
+    sqlite3_busy_timeout(raw(sql), static_cast<int>(ms.count()));
+  }
+
+  error classify_current(const std::string& what) const override {
+    rethrow_if_dblock_error();
+    try {
+      throw;
+    } catch (const soci::sqlite3_soci_error& e) {
+      int rc = e.result();
+      std::string msg = one_line(e.get_error_message());
+      errc code = errc::backend_error;
+      switch (rc) {
+        case SQLITE_BUSY_SNAPSHOT: code = errc::serialization_failure; break;
+        case SQLITE_CONSTRAINT_UNIQUE:
+        case SQLITE_CONSTRAINT_PRIMARYKEY:
+          code = errc::unique_violation;
+          break;
+        case SQLITE_CONSTRAINT_CHECK: code = errc::invalid_argument; break;
+        case SQLITE_INTERRUPT: code = errc::cancelled; break;
+        case SQLITE_CANTOPEN: code = errc::connection_failed; break;
+        default:
+          if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED)
+            code = errc::lock_not_available;
+          else if (contains_nocase(msg, "no such table"))
+            code = errc::schema_missing;
+          else if (contains_nocase(msg, "database is locked"))
+            code = errc::lock_not_available;
+          break;
+      }
+      return error(code, what + ": " + msg, name(), "", rc);
+    } catch (const soci::soci_error& e) {
+      std::string msg = one_line(e.get_error_message());
+      errc code = contains_nocase(msg, "no such table")        ? errc::schema_missing
+                  : contains_nocase(msg, "database is locked") ? errc::lock_not_available
+                                                               : errc::backend_error;
+      return error(code, what + ": " + msg, name(), "", 0);
+    } catch (const std::exception& e) {
+      return error(errc::backend_error, what + ": " + one_line(e.what()), name(), "", 0);
+    }
+  }
+
+  // Every migration runs in BEGIN IMMEDIATE, which already excludes other writers.
+  void lock_migrations(soci::session&, const std::string&) const override {}
+  void unlock_migrations(soci::session&, const std::string&) const override {}
+  bool table_exists(soci::session& sql, const std::string& table) const override {
+    int n = 0;
+    sql << "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = :t",
+        soci::use(table), soci::into(n);
+    return n > 0;
+  }
+  const std::vector<migration_file>& migrations() const override {
+    static const auto files = load_migrations("sqlite");
+    return files;
+  }
+  const migration_file& bootstrap() const override {
+    static const auto file = load_bootstrap("sqlite");
+    return file;
+  }
+
+  void atomic_write(soci::session& sql, const std::function<void()>& body) const override {
+    sql << "BEGIN IMMEDIATE";
+    try {
+      body();
+      sql << "COMMIT";
+    } catch (...) {
+      try {
+        sql << "ROLLBACK";
+      } catch (...) {
+      }
+      throw;
+    }
+  }
+
+  std::optional<std::int64_t> lease_acquire(soci::session& sql, const table_names& t,
+                                            const acquire_params& p) const override {
+    const std::string reentry =
+        "(owner_token = excluded.owner_token AND expires_at > excluded.acquired_at)";
+    long long ttl = p.ttl_us, pid = p.holder_pid, fence = 0;
+    soci::indicator ind = soci::i_null;
+    std::optional<std::int64_t> out;
+    atomic_write(sql, [&] {
+      sql << "INSERT INTO " << t.lock
+          << " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
+             " holder_host, holder_pid, holder_thread) VALUES (:name, :token, COALESCE((SELECT"
+             " max_fence FROM "
+          << t.floor << " WHERE id = 1), 0) + 1, 1, " << now_sql() << ", "
+          << plus_us_sql(now_sql(), "ttl")
+          << ", :host, :pid, :thread) ON CONFLICT (resource_name) DO UPDATE SET"
+             " fence = CASE WHEN "
+          << reentry << " THEN fence ELSE fence + 1 END, hold_count = CASE WHEN " << reentry
+          << " THEN hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " << reentry
+          << " THEN acquired_at ELSE excluded.acquired_at END,"
+             " owner_token = excluded.owner_token, expires_at = excluded.expires_at,"
+             " holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,"
+             " holder_thread = excluded.holder_thread"
+             " WHERE owner_token = excluded.owner_token OR expires_at <= excluded.acquired_at"
+             " RETURNING fence",
+          soci::use(p.name, "name"), soci::use(p.owner_token, "token"), soci::use(ttl, "ttl"),
+          soci::use(p.holder_host, "host"), soci::use(pid, "pid"),
+          soci::use(p.holder_thread, "thread"), soci::into(fence, ind);
+      if (sql.got_data() && ind != soci::i_null) out = fence;
+    });
+    return out;
+  }
+  bool lease_renew(soci::session& sql, const table_names& t, const std::string& name,
+                   const std::string& token, std::int64_t ttl_us) const override {
+    bool ok = false;
+    atomic_write(sql, [&] { ok = dialect::lease_renew(sql, t, name, token, ttl_us); });
+    return ok;
+  }
+  bool lease_release(soci::session& sql, const table_names& t, const std::string& name,
+                     const std::string& token) const override {
+    bool ok = false;
+    atomic_write(sql, [&] { ok = dialect::lease_release(sql, t, name, token); });
+    return ok;
+  }
+};
+
+}  // namespace
+
+const dialect& sqlite_dialect_instance() {
+  static const sqlite_dialect d;
+  return d;
+}
+
+}  // namespace dblock::detail

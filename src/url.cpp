@@ -1,0 +1,149 @@
+#include "url.hpp"
+
+#include <uriparser/Uri.h>
+
+#include <algorithm>
+#include <vector>
+#include <cctype>
+#include <memory>
+
+#include "dblock/error.hpp"
+
+namespace dblock::detail {
+namespace {
+
+std::string range(const UriTextRangeA& r) {
+  if (r.first == nullptr || r.afterLast == nullptr) return {};
+  return std::string(r.first, r.afterLast);
+}
+
+std::string decode(std::string s) {
+  if (s.empty()) return s;
+  std::vector<char> buf(s.begin(), s.end());
+  buf.push_back('\0');
+  const char* end = uriUnescapeInPlaceExA(buf.data(), URI_FALSE, URI_BR_DONT_TOUCH);
+  return std::string(static_cast<const char*>(buf.data()), end);
+}
+
+[[noreturn]] void bad(const std::string& redacted, const std::string& why) {
+  throw error(errc::invalid_argument, "invalid database URL '" + redacted + "': " + why);
+}
+
+// The URL with the password part of userinfo masked, computed without a full parse so that it
+// can be used in the parser's own error messages.
+std::string redact(const std::string& url) {
+  auto scheme_end = url.find("://");
+  if (scheme_end == std::string::npos) {
+    // Not a URL shape we know; it may still hold a secret, so show only the scheme-ish head.
+    auto colon = url.find(':');
+    return colon == std::string::npos ? std::string("<unparsable>") : url.substr(0, colon) + ":...";
+  }
+  auto auth_begin = scheme_end + 3;
+  auto auth_end = url.find_first_of("/?#", auth_begin);
+  std::string authority = url.substr(auth_begin, auth_end == std::string::npos
+                                                     ? std::string::npos
+                                                     : auth_end - auth_begin);
+  auto at = authority.rfind('@');
+  if (at == std::string::npos) return url;
+  auto colon = authority.find(':');
+  if (colon == std::string::npos || colon > at) return url;
+  std::string masked = authority.substr(0, colon) + ":***" + authority.substr(at);
+  return url.substr(0, auth_begin) + masked +
+         (auth_end == std::string::npos ? std::string() : url.substr(auth_end));
+}
+
+}  // namespace
+
+parsed_url parse_url(const std::string& url) {
+  parsed_url out;
+  out.redacted = redact(url);
+  if (url.empty()) bad("<empty>", "the URL is empty");
+  if (url.size() > 4096) bad(out.redacted.substr(0, 64) + "...", "longer than 4096 characters");
+  for (unsigned char c : url) {
+    if (c < 0x20 || c == 0x7f) bad(out.redacted, "contains a control character");
+  }
+
+  UriUriA uri;
+  const char* error_pos = nullptr;
+  if (uriParseSingleUriA(&uri, url.c_str(), &error_pos) != URI_SUCCESS) {
+    auto offset = error_pos ? static_cast<std::size_t>(error_pos - url.c_str()) : 0;
+    bad(out.redacted, "syntax error near character " + std::to_string(offset + 1));
+  }
+  std::unique_ptr<UriUriA, void (*)(UriUriA*)> guard(&uri, [](UriUriA* u) { uriFreeUriMembersA(u); });
+
+  std::string scheme = range(uri.scheme);
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (scheme.empty()) bad(out.redacted, "missing scheme (expected postgresql://, mysql:// or sqlite://)");
+  if (scheme == "postgres" || scheme == "postgresql")
+    out.scheme = "postgresql";
+  else if (scheme == "mysql" || scheme == "mariadb")
+    out.scheme = "mysql";
+  else if (scheme == "sqlite" || scheme == "sqlite3")
+    out.scheme = "sqlite";
+  else
+    bad(out.redacted, "unknown scheme '" + scheme + "' (expected postgresql, mysql or sqlite)");
+
+  std::string userinfo = range(uri.userInfo);
+  if (!userinfo.empty()) {
+    auto colon = userinfo.find(':');
+    out.user = decode(userinfo.substr(0, colon));
+    if (colon != std::string::npos) out.password = decode(userinfo.substr(colon + 1));
+  }
+  out.host = decode(range(uri.hostText));
+  std::string port = range(uri.portText);
+  if (!port.empty()) {
+    if (port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit))
+      bad(out.redacted, "port '" + port + "' is not a number");
+    int p = std::stoi(port);
+    if (p < 1 || p > 65535) bad(out.redacted, "port " + port + " is out of range 1-65535");
+    out.port = p;
+  }
+
+  std::string path;
+  for (auto* seg = uri.pathHead; seg != nullptr; seg = seg->next) {
+    if (seg != uri.pathHead || uri.absolutePath || uri.hostText.first != nullptr) path += '/';
+    path += decode(range(seg->text));
+  }
+  out.path = path;
+
+  if (uri.query.first != nullptr) {
+    UriQueryListA* list = nullptr;
+    int count = 0;
+    if (uriDissectQueryMallocA(&list, &count, uri.query.first, uri.query.afterLast) != URI_SUCCESS)
+      bad(out.redacted, "malformed query string");
+    std::unique_ptr<UriQueryListA, void (*)(UriQueryListA*)> qguard(
+        list, [](UriQueryListA* l) { uriFreeQueryListA(l); });
+    for (auto* q = list; q != nullptr; q = q->next) {
+      std::string key = q->key ? q->key : "";
+      if (key.empty()) bad(out.redacted, "empty query parameter name");
+      if (out.query.count(key)) bad(out.redacted, "query parameter '" + key + "' given twice");
+      out.query[key] = q->value ? q->value : "";
+    }
+  }
+  if (uri.fragment.first != nullptr) bad(out.redacted, "a fragment ('#...') is not allowed");
+
+  if (out.scheme == "sqlite") {
+    // sqlite:///abs/path.db has an empty host; sqlite://relative.db puts the first segment in
+    // the host position, so glue it back.
+    if (!out.user.empty() || out.password || out.port)
+      bad(out.redacted, "a sqlite URL takes no user, password or port");
+    std::string file = out.host.empty() ? out.path : out.host + out.path;
+    if (file.empty() || file == "/") bad(out.redacted, "missing database file path");
+    if (file.find(":memory:") != std::string::npos || file.rfind("file:", 0) == 0)
+      bad(out.redacted,
+          "in-memory databases are not supported (each connection would see its own database)");
+    out.host.clear();
+    out.path = file;
+  } else {
+    if (!out.path.empty() && out.path[0] == '/') out.path.erase(0, 1);
+    if (out.path.empty()) bad(out.redacted, "missing database name (the path after the host)");
+    if (out.path.find('/') != std::string::npos)
+      bad(out.redacted, "database name '" + out.path + "' contains '/'");
+    if (out.host.empty() && !out.query.count("host") && !out.query.count("unix_socket"))
+      bad(out.redacted, "missing host");
+  }
+  return out;
+}
+
+}  // namespace dblock::detail
