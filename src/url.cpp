@@ -63,6 +63,10 @@ parsed_url parse_url(const std::string& url) {
     if (c < 0x20 || c == 0x7f) bad(out.redacted, "contains a control character");
   }
 
+  if (url.rfind("sqlite", 0) == 0 && url.find(":memory:") != std::string::npos)
+    bad(out.redacted,
+        "in-memory databases are not supported (each connection would see its own database)");
+
   UriUriA uri;
   const char* error_pos = nullptr;
   if (uriParseSingleUriA(&uri, url.c_str(), &error_pos) != URI_SUCCESS) {

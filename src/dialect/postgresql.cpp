@@ -36,6 +36,12 @@ class postgresql_dialect final : public dialect {
     return s;
   }
 
+  void on_connect(soci::session& sql, const database_options&) const override {
+    // The library never prints: libpq's default notice processor writes NOTICEs to stderr.
+    auto* backend = static_cast<soci::postgresql_session_backend*>(sql.get_backend());
+    PQsetNoticeProcessor(backend->conn_, [](void*, const char*) {}, nullptr);
+  }
+
   std::string now_sql() const override { return "clock_timestamp()"; }
   std::string plus_us_sql(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + CAST(:" + param + " AS DOUBLE PRECISION) * INTERVAL '1 microsecond')";

@@ -1,0 +1,106 @@
+// Opening databases from URLs: connection, pool, and clear connection errors.
+#include <soci/soci.h>
+
+#include <thread>
+
+#include "harness.hpp"
+#include "database_impl.hpp"
+#include "url.hpp"
+
+using dblock::errc;
+
+namespace {
+// The configured URL with another password (or user).
+std::string with_credentials(const std::string& url, const std::string& user,
+                             const std::string& password) {
+  auto u = dblock::detail::parse_url(url);
+  std::string out = u.scheme + "://" + user + ":" + password + "@" + u.host;
+  if (u.port) out += ":" + std::to_string(*u.port);
+  return out + "/" + u.path;
+}
+}  // namespace
+
+DBLOCK_TEST("a database handle connects lazily and pings", "[database]") {
+  dblock::database db(ctx.url);
+  CHECK(db.backend() == ctx.backend);
+  CHECK_NOTHROW(db.ping());
+  auto c = db.connect();
+  int two = 0;
+  c.session() << "SELECT 1 + 1", soci::into(two);
+  CHECK(two == 2);
+}
+
+DBLOCK_TEST("the pool hands out at most pool_size connections", "[database]") {
+  dblock::database_options o;
+  o.pool_size = 2;
+  o.pool_wait = std::chrono::milliseconds(200);
+  dblock::database db(ctx.url, o);
+  auto a = db.connect();
+  auto b = db.connect();
+  try {
+    auto c = db.connect();
+    FAIL("a third connection was handed out");
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == errc::timeout);
+    CHECK(std::string(e.what()).find("pool_size 2") != std::string::npos);
+  }
+  { auto moved = std::move(a); }  // returned to the pool
+  CHECK_NOTHROW(db.connect());
+}
+
+DBLOCK_TEST_SERVERS("a wrong password gives connection_failed without echoing it", "[database]") {
+  auto u = dblock::detail::parse_url(ctx.url);
+  dblock::database db(with_credentials(ctx.url, u.user, "Wr0ng-Passw0rd-xyzzy"));
+  try {
+    db.ping();
+    FAIL("connected with a wrong password");
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == errc::connection_failed);
+    std::string m = e.what();
+    CHECK(m.find("Wr0ng-Passw0rd-xyzzy") == std::string::npos);
+    CHECK(m.find(":***@") != std::string::npos);
+    CHECK(e.backend() == ctx.backend);
+  }
+}
+
+DBLOCK_TEST_SERVERS("an unreachable server gives connection_failed", "[database]") {
+  auto u = dblock::detail::parse_url(ctx.url);
+  std::string url = u.scheme + "://" + u.user + ":secret@127.0.0.1:1/" + u.path;
+  dblock::database db(url);
+  try {
+    db.ping();
+    FAIL("connected to port 1");
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == errc::connection_failed);
+    CHECK(std::string(e.what()).find("secret") == std::string::npos);
+  }
+}
+
+DBLOCK_TEST_ONLY("sqlite", "an unopenable sqlite path gives connection_failed", "[database]") {
+  dblock::database db("sqlite:///nonexistent-dir-" + dblock::test::random_suffix() + "/x.db");
+  try {
+    db.ping();
+    FAIL("opened a file in a missing directory");
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == errc::connection_failed);
+  }
+}
+
+DBLOCK_TEST("the database clock moves inside a transaction", "[database][dialect]") {
+  auto& d = *ctx.db.impl()->dia;
+  auto c = ctx.db.connect();
+  long long a = 0, b = 0;
+  // Inside one transaction: PostgreSQL's now() would stand still here, clock_timestamp() moves.
+  soci::transaction tx(c.session());
+  c.session() << "SELECT " << d.epoch_us_sql(d.now_sql()), soci::into(a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  c.session() << "SELECT " << d.epoch_us_sql(d.now_sql()), soci::into(b);
+  tx.commit();
+  // Microsecond resolution and moving forward (20 ms apart, allow scheduling slack).
+  CHECK(b - a >= 19000);
+  CHECK(b - a < 5000000);
+  auto sys_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+  CHECK(std::llabs(sys_us - b) < 60LL * 1000000);  // same host: clocks agree within a minute
+}

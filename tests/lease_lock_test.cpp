@@ -1,0 +1,329 @@
+// Lease lock semantics in one process: acquire/release, reentrancy, expiry and takeover,
+// renewal, the watchdog, waiting, cancellation, fenced writes and hostile names.
+#include <soci/soci.h>
+
+#include <atomic>
+#include <future>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "database_impl.hpp"
+#include "harness.hpp"
+
+using dblock::errc;
+using dblock::lease_lock;
+using dblock::lease_options;
+using std::chrono::milliseconds;
+
+namespace {
+
+lease_options ttl_of(milliseconds ttl) {
+  lease_options o;
+  o.ttl = ttl;
+  return o;
+}
+
+template <class F>
+std::optional<errc> code_of(F&& f) {
+  try {
+    f();
+  } catch (const dblock::error& e) {
+    return e.code();
+  }
+  return std::nullopt;
+}
+
+// Makes the row look expired on the database clock (as if its holder paused past the TTL).
+void expire_row(dblock::test::context& ctx, const std::string& name) {
+  const auto& d = *ctx.db.impl()->dia;
+  auto c = ctx.db.connect();
+  long long minus = -3600LL * 1000000;
+  c.session() << "UPDATE " << ctx.db.lock_table() << " SET expires_at = "
+              << d.plus_us_sql(d.now_sql(), "ttl") << " WHERE resource_name = :name",
+      soci::use(minus, "ttl"), soci::use(name, "name");
+}
+
+int counter_value(dblock::test::context& ctx) {
+  auto c = ctx.db.connect();
+  int n = -1;
+  c.session() << "SELECT n FROM " << ctx.table("counter") << " WHERE id = 1", soci::into(n);
+  return n;
+}
+
+}  // namespace
+
+DBLOCK_TEST("acquire, release, and fences that only grow", "[lease]") {
+  lease_lock lock(ctx.db, "job/" + dblock::test::random_suffix());
+  std::int64_t last = 0;
+  std::set<std::string> tokens;
+  for (int i = 0; i < 5; ++i) {
+    auto g = lock.try_acquire();
+    REQUIRE(g);
+    CHECK(g->fence() > last);
+    last = g->fence();
+    CHECK(std::regex_match(g->owner_token(), std::regex("[0-9a-f]{32}")));
+    tokens.insert(g->owner_token());
+    CHECK(g->valid());
+    CHECK(g->hold_count() == 1);
+    CHECK(g->remaining() <= milliseconds(27000));  // ttl 30 s minus the 10 % margin
+    CHECK(g->remaining() > milliseconds(20000));
+    g->release();
+    CHECK_FALSE(g->valid());
+  }
+  CHECK(tokens.size() == 5);  // a new owner token for every acquisition
+}
+
+DBLOCK_TEST("a held lease is not granted to another owner", "[lease]") {
+  const std::string name = "held/" + dblock::test::random_suffix();
+  lease_lock a(ctx.db, name), b(ctx.db, name);
+  auto ga = a.try_acquire();
+  REQUIRE(ga);
+  CHECK_FALSE(b.try_acquire());
+  CHECK_FALSE(b.try_acquire());  // a failed try changes nothing
+  auto fence = ga->fence();
+  ga.reset();  // the destructor releases
+  auto gb = b.try_acquire();
+  REQUIRE(gb);
+  CHECK(gb->fence() == fence + 1);
+}
+
+DBLOCK_TEST("reentrant holds share one acquisition", "[lease]") {
+  const std::string name = "reentrant/" + dblock::test::random_suffix();
+  lease_lock lock(ctx.db, name), other(ctx.db, name);
+  auto g1 = lock.try_acquire();
+  REQUIRE(g1);
+  auto g2 = lock.try_acquire();
+  REQUIRE(g2);
+  CHECK(g2->fence() == g1->fence());
+  CHECK(g2->owner_token() == g1->owner_token());
+  CHECK(g1->hold_count() == 2);
+  const auto fence = g1->fence();
+  auto r = ctx.db.impl()->dia->lease_read(ctx.db.connect().session(), ctx.db.impl()->tables, name);
+  REQUIRE(r);
+  CHECK(r->hold_count == 2);
+  g2->release();
+  CHECK(g1->valid());
+  CHECK_FALSE(other.try_acquire());  // still held once
+  g1->release();
+  auto g3 = other.try_acquire();
+  REQUIRE(g3);
+  CHECK(g3->fence() == fence + 1);
+}
+
+DBLOCK_TEST("releasing twice, or a disarmed guard, is not_owner", "[lease]") {
+  lease_lock lock(ctx.db, "double/" + dblock::test::random_suffix());
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  auto moved = std::move(*g);
+  CHECK(code_of([&] { g->release(); }) == errc::not_owner);  // moved-from: never acquired
+  moved.release();
+  CHECK(code_of([&] { moved.release(); }) == errc::not_owner);
+  CHECK(code_of([&] { moved.renew(); }) == errc::not_owner);
+}
+
+DBLOCK_TEST("an expired lease is taken over; the old holder learns lease_lost", "[lease]") {
+  const std::string name = "expiry/" + dblock::test::random_suffix();
+  lease_lock a(ctx.db, name, ttl_of(milliseconds(300))), b(ctx.db, name);
+  auto ga = a.try_acquire();
+  REQUIRE(ga);
+  CHECK_FALSE(b.try_acquire());
+  std::this_thread::sleep_for(milliseconds(400));  // past the TTL on every clock
+  CHECK_FALSE(ga->valid());
+  auto gb = b.try_acquire();
+  REQUIRE(gb);
+  CHECK(gb->fence() == ga->fence() + 1);
+  CHECK(code_of([&] { ga->renew(); }) == errc::lease_lost);
+  CHECK(code_of([&] { ga->fenced([](soci::session&) { FAIL("stale write ran"); }); }) ==
+        errc::lease_lost);
+  CHECK(code_of([&] { ga->release(); }) == errc::lease_lost);
+  // The successor's row was not touched.
+  CHECK(gb->valid());
+  CHECK_NOTHROW(gb->renew());
+  CHECK_NOTHROW(gb->release());
+}
+
+DBLOCK_TEST("renew extends the lease on the database clock", "[lease]") {
+  const std::string name = "renew/" + dblock::test::random_suffix();
+  lease_lock a(ctx.db, name, ttl_of(milliseconds(400))), b(ctx.db, name);
+  auto ga = a.try_acquire();
+  REQUIRE(ga);
+  for (int i = 0; i < 4; ++i) {
+    std::this_thread::sleep_for(milliseconds(200));
+    ga->renew();
+    CHECK(ga->valid());
+    CHECK_FALSE(b.try_acquire());  // 800 ms in total, twice the TTL, still ours
+  }
+  ga->renew(milliseconds(5000));
+  CHECK(ga->remaining() > milliseconds(4000));
+}
+
+DBLOCK_TEST("the watchdog keeps a lease alive and reports its loss", "[lease]") {
+  const std::string name = "watchdog/" + dblock::test::random_suffix();
+  std::promise<std::string> lost;
+  auto lost_future = lost.get_future();
+  lease_options o = ttl_of(milliseconds(300));
+  o.watchdog = true;
+  o.on_lost = [&lost](const dblock::error& e) { lost.set_value(e.what()); };
+  lease_lock a(ctx.db, name, o), b(ctx.db, name);
+  auto ga = a.try_acquire();
+  REQUIRE(ga);
+  std::this_thread::sleep_for(milliseconds(1000));  // over three TTLs
+  CHECK(ga->valid());
+  CHECK_FALSE(b.try_acquire());
+  // Someone takes the row (as after a pause): the next renewal fails and says so.
+  expire_row(ctx, name);
+  auto gb = b.try_acquire();
+  REQUIRE(gb);
+  REQUIRE(lost_future.wait_for(milliseconds(1000)) == std::future_status::ready);
+  CHECK(lost_future.get().find("expired or was taken over") != std::string::npos);
+  CHECK_FALSE(ga->valid());
+  CHECK(code_of([&] { ga->release(); }) == errc::lease_lost);
+  CHECK(gb->valid());
+}
+
+DBLOCK_TEST("acquire(wait) waits for a release, times out, and can be cancelled", "[lease]") {
+  const std::string name = "wait/" + dblock::test::random_suffix();
+  lease_lock a(ctx.db, name), b(ctx.db, name);
+  auto ga = a.try_acquire();
+  REQUIRE(ga);
+
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(code_of([&] { (void)b.acquire(milliseconds(300)); }) == errc::timeout);
+  auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= milliseconds(300));
+  CHECK(waited < milliseconds(3000));
+
+  dblock::cancellation cancel;
+  auto f = std::async(std::launch::async, [&] {
+    return code_of([&] { (void)b.acquire(std::chrono::seconds(30), cancel); });
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  t0 = std::chrono::steady_clock::now();
+  cancel.cancel();
+  CHECK(f.get() == errc::cancelled);
+  CHECK(std::chrono::steady_clock::now() - t0 < milliseconds(2000));
+
+  auto releaser = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    ga->release();
+  });
+  auto gb = b.acquire(std::chrono::seconds(10));
+  CHECK(gb.valid());
+  releaser.get();
+}
+
+DBLOCK_TEST("acquire(wait) takes over an expired lease soon after its TTL", "[lease]") {
+  const std::string name = "takeover/" + dblock::test::random_suffix();
+  lease_options fast = ttl_of(milliseconds(500));
+  fast.poll_max = milliseconds(100);
+  lease_lock a(ctx.db, name, ttl_of(milliseconds(500))), b(ctx.db, name, fast);
+  auto t0 = std::chrono::steady_clock::now();
+  auto ga = a.try_acquire();
+  auto t1 = std::chrono::steady_clock::now();
+  REQUIRE(ga);
+  auto gb = b.acquire(std::chrono::seconds(5));
+  auto t2 = std::chrono::steady_clock::now();
+  CHECK(t2 - t0 >= milliseconds(500));                       // never before the TTL
+  CHECK(t2 - t1 <= milliseconds(500 + 100 + 250));           // TTL + one poll + epsilon
+  CHECK(gb.fence() == ga->fence() + 1);
+}
+
+DBLOCK_TEST("fenced writes commit only while the lease is ours", "[lease]") {
+  ctx.exec("CREATE TABLE " + ctx.table("counter") + " (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)");
+  ctx.exec("INSERT INTO " + ctx.table("counter") + " (id, n) VALUES (1, 0)");
+  const std::string name = "fenced/" + dblock::test::random_suffix();
+  lease_lock a(ctx.db, name, ttl_of(milliseconds(5000))), b(ctx.db, name);
+  auto ga = a.try_acquire();
+  REQUIRE(ga);
+  const std::string bump = "UPDATE " + ctx.table("counter") + " SET n = n + 1 WHERE id = 1";
+  ga->fenced([&](soci::session& sql) { sql << bump; });
+  CHECK(counter_value(ctx) == 1);
+  // A failing write rolls back and its exception comes through as is.
+  CHECK_THROWS_AS(ga->fenced([&](soci::session& sql) {
+    sql << bump;
+    throw std::logic_error("caller's own failure");
+  }),
+                  std::logic_error);
+  CHECK(counter_value(ctx) == 1);
+  // After a takeover the stale holder's write is rejected and nothing is written.
+  expire_row(ctx, name);
+  auto gb = b.try_acquire();
+  REQUIRE(gb);
+  CHECK(code_of([&] { ga->fenced([&](soci::session& sql) { sql << bump; }); }) ==
+        errc::lease_lost);
+  CHECK(counter_value(ctx) == 1);
+  CHECK_FALSE(ga->valid());
+  gb->fenced([&](soci::session& sql) { sql << bump; });
+  CHECK(counter_value(ctx) == 2);
+}
+
+DBLOCK_TEST("names are bound, byte-exact, and limited to 255 bytes", "[lease][names]") {
+  const std::string base = dblock::test::random_suffix();
+  std::vector<std::string> names = {base + "a", base + "A", base + "a ", base + "a\t",
+                                    base + "'; DROP TABLE resource_lock; --",
+                                    base + "\\' OR 1=1 --", base + "ключ/日本/🔒",
+                                    base + std::string(255 - base.size(), 'x')};
+  std::vector<lease_lock> locks;
+  std::vector<dblock::lease_guard> guards;
+  for (const auto& n : names) {
+    locks.emplace_back(ctx.db, n);
+    auto g = locks.back().try_acquire();
+    INFO(n);
+    REQUIRE(g);  // every name is its own lock: none collides with another
+    guards.push_back(std::move(*g));
+  }
+  for (const auto& n : names) {
+    INFO(n);
+    CHECK_FALSE(lease_lock(ctx.db, n).try_acquire());
+    auto r = ctx.db.impl()->dia->lease_read(ctx.db.connect().session(), ctx.db.impl()->tables, n);
+    REQUIRE(r);
+    CHECK(r->name == n);  // stored exactly, never truncated or padded
+  }
+  CHECK(code_of([&] { lease_lock(ctx.db, base + std::string(256 - base.size(), 'x')); }) ==
+        errc::invalid_argument);
+  CHECK(code_of([&] { lease_lock(ctx.db, std::string("a\0b", 3)); }) == errc::invalid_argument);
+  CHECK(code_of([&] { lease_lock(ctx.db, "\xff\xfe"); }) == errc::invalid_argument);
+  CHECK(code_of([&] { lease_lock(ctx.db, "x", ttl_of(milliseconds(1))); }) ==
+        errc::invalid_argument);
+}
+
+DBLOCK_TEST_SERVERS("a guard destroyed after its connections dropped still releases",
+                    "[lease]") {
+  const std::string name = "dropped/" + dblock::test::random_suffix();
+  auto db = ctx.open();
+  lease_lock lock(db, name);
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  // Kill every connection of `db`'s pool from another handle.
+  {
+    auto admin = ctx.db.connect();
+    std::vector<long long> ids;
+    std::vector<dblock::database::connection> held;
+    for (std::size_t i = 0; i < db.options().pool_size; ++i) {
+      held.push_back(db.connect());
+      long long id = 0;
+      held.back().session() << (ctx.backend == "postgresql" ? "SELECT pg_backend_pid()"
+                                                             : "SELECT CONNECTION_ID()"),
+          soci::into(id);
+      ids.push_back(id);
+    }
+    for (long long id : ids) {
+      if (ctx.backend == "postgresql") {
+        int ok = 0;
+        admin.session() << "SELECT CAST(pg_terminate_backend(" << id << ") AS INTEGER)",
+            soci::into(ok);
+      } else {
+        admin.session() << "KILL CONNECTION " << id;
+      }
+    }
+  }
+  std::this_thread::sleep_for(milliseconds(100));
+  std::vector<std::string> errors;
+  dblock::set_default_error_handler([&](const dblock::error& e) { errors.push_back(e.what()); });
+  g.reset();  // the destructor meets dead connections: it must reconnect and release
+  dblock::set_default_error_handler(nullptr);
+  CHECK(errors.empty());
+  auto again = lease_lock(ctx.db, name).try_acquire();
+  CHECK(again);
+}

@@ -1,0 +1,173 @@
+#include "harness.hpp"
+
+#include <soci/soci.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <random>
+
+extern char** environ;
+
+namespace dblock::test {
+namespace {
+
+std::map<std::string, worker_fn>& workers() {
+  static std::map<std::string, worker_fn> w;
+  return w;
+}
+
+bool in_ci() {
+  const char* ci = std::getenv("CI");
+  return ci && (std::string(ci) == "true" || std::string(ci) == "1");
+}
+
+}  // namespace
+
+std::string random_suffix(std::size_t n) {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  static const char* chars = "abcdefghijklmnopqrstuvwxyz0123456789";
+  std::uniform_int_distribution<int> d(0, 35);
+  std::string s;
+  for (std::size_t i = 0; i < n; ++i) s += chars[d(rng)];
+  return s;
+}
+
+std::string backend_env(const std::string& backend) {
+  if (backend == "postgresql") return "DBLOCK_TEST_POSTGRESQL_URL";
+  if (backend == "mysql") return "DBLOCK_TEST_MYSQL_URL";
+  return "DBLOCK_TEST_SQLITE_DIR";
+}
+
+std::optional<std::string> backend_url(const std::string& backend) {
+  if (backend == "sqlite") {
+    const char* dir = std::getenv("DBLOCK_TEST_SQLITE_DIR");
+    std::string d = dir && *dir ? dir : (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
+    return "sqlite://" + std::string(d[0] == '/' ? "" : "/") + d + "/dblock-test-" +
+           random_suffix(12) + ".db";
+  }
+  const char* url = std::getenv(backend_env(backend).c_str());
+  if (!url || !*url) return std::nullopt;
+  return std::string(url);
+}
+
+database_options context::options() const {
+  database_options o;
+  o.table_prefix = prefix;
+  o.pool_size = 8;
+  return o;
+}
+
+database context::open() const { return database(url, options()); }
+
+database context::open(database_options o) const { return database(url, o); }
+
+std::string context::new_prefix() {
+  prefixes.push_back("u" + random_suffix(8) + "_");
+  return prefixes.back();
+}
+
+void context::exec(const std::string& sql) const {
+  auto c = db.connect();
+  c.session() << sql;
+}
+
+void run_on(const std::string& backend, const std::function<void(context&)>& body) {
+  auto url = backend_url(backend);
+  if (!url) {
+    std::string msg = "BACKEND NOT CONFIGURED: " + backend + " (set " + backend_env(backend) +
+                      ", or run scripts/test.sh which starts throwaway servers)";
+    if (in_ci()) FAIL(msg + " -- a missing backend fails the run under CI=true");
+    WARN("**************** " << msg << " ****************");
+    SUCCEED("skipped");
+    skipped_test() = true;
+    return;
+  }
+  context ctx{backend, *url, "t" + random_suffix(8) + "_", database(*url)};
+  ctx.prefixes.push_back(ctx.prefix);
+  ctx.db = database(*url, ctx.options());
+  dblock::migrate(ctx.db);
+  struct cleanup {
+    context& c;
+    ~cleanup() {
+      if (c.backend == "sqlite") {
+        std::string path = c.url.substr(std::string("sqlite://").size());
+        for (const char* ext : {"", "-wal", "-shm"}) ::unlink((path + ext).c_str());
+        return;
+      }
+      // Best effort: servers from scripts/test-servers.sh are thrown away anyway, but users may
+      // point the suite at their own.
+      try {
+        auto conn = c.db.connect();
+        for (const auto& p : c.prefixes)
+          for (const char* t : {"resource_lock", "resource_lock_fence_floor",
+                                "dblock_schema_migrations", "counter", "items"})
+            conn.session() << "DROP TABLE IF EXISTS " << p << t;
+      } catch (...) {
+      }
+    }
+  } clean{ctx};
+  body(ctx);
+}
+
+bool& skipped_test() {
+  static bool flag = false;
+  return flag;
+}
+
+worker_registration::worker_registration(const char* name, worker_fn fn) {
+  workers()[name] = fn;
+}
+
+int run_worker(const std::string& name, const std::vector<std::string>& args) {
+  auto it = workers().find(name);
+  if (it == workers().end()) {
+    std::cerr << "unknown worker '" << name << "'\n";
+    return 2;
+  }
+  try {
+    return it->second(args);
+  } catch (const std::exception& e) {
+    std::cerr << "worker " << name << ": " << e.what() << "\n";
+    return 3;
+  }
+}
+
+int spawn_worker(const std::string& name, const std::vector<std::string>& args,
+                 const std::vector<std::string>& extra_env) {
+  std::vector<std::string> argv_s = {"/proc/self/exe", "--worker", name};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  env_s.insert(env_s.end(), extra_env.begin(), extra_env.end());
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data());
+  if (rc != 0) throw std::runtime_error("posix_spawn failed: " + std::to_string(rc));
+  return pid;
+}
+
+int wait_worker(int pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+long long monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+}  // namespace dblock::test

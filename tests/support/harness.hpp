@@ -1,0 +1,126 @@
+// Test harness: runs one test body on PostgreSQL, MySQL/MariaDB and SQLite.
+//
+// Servers come from environment variables set by scripts/test-servers.sh (or by you):
+//   DBLOCK_TEST_POSTGRESQL_URL, DBLOCK_TEST_MYSQL_URL, DBLOCK_TEST_SQLITE_DIR (optional).
+// A missing server is announced loudly; with CI=true it fails the test.
+// Each test gets its own random table prefix (and, on SQLite, its own file), so tests can run
+// in parallel against the same servers.
+#pragma once
+
+#include <dblock/dblock.hpp>
+
+#include <catch2/catch.hpp>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dblock::test {
+
+/// Everything a backend-parametrised test body needs.
+struct context {
+  std::string backend;  // "postgresql", "mysql", "sqlite"
+  std::string url;      // the URL (SQLite: a fresh file for this test)
+  std::string prefix;   // random table prefix of this test
+  database db;          // migrated, with `prefix`
+  std::vector<std::string> prefixes = {};  // every prefix to drop afterwards
+
+  /// Another handle on the same database and prefix (its own pool).
+  database open() const;
+  /// Another handle on the same database with these options (prefix included).
+  database open(database_options o) const;
+  /// Options with this test's prefix.
+  database_options options() const;
+  /// Runs SQL on a pooled connection of `db` (for test set-up).
+  void exec(const std::string& sql) const;
+  /// A fresh, unmigrated table prefix; its tables are dropped after the test like ours.
+  std::string new_prefix();
+  /// Creates a test table name unique to this test: "<prefix><stem>".
+  std::string table(const std::string& stem) const { return prefix + stem; }
+};
+
+/// Database options with a table prefix.
+inline database_options with_prefix(const std::string& prefix) {
+  database_options o;
+  o.table_prefix = prefix;
+  return o;
+}
+
+/// A random lower-case identifier fragment (for names of tables and locks).
+std::string random_suffix(std::size_t n = 8);
+
+/// Runs `body` on `backend` (skipping loudly when it is not configured, failing under CI).
+void run_on(const std::string& backend, const std::function<void(context&)>& body);
+
+/// URL of a configured backend (SQLite: a fresh file path each call), or nothing.
+std::optional<std::string> backend_url(const std::string& backend);
+
+/// The environment variable that configures `backend`.
+std::string backend_env(const std::string& backend);
+
+// ---- worker processes ----------------------------------------------------------------------
+
+/// A worker entry point: the test binary runs it when started as `<exe> --worker NAME ARGS...`.
+using worker_fn = int (*)(const std::vector<std::string>& args);
+
+/// Registers a worker (use DBLOCK_WORKER).
+struct worker_registration {
+  worker_registration(const char* name, worker_fn fn);
+};
+
+/// Starts the test binary as a worker process; returns its pid.
+int spawn_worker(const std::string& name, const std::vector<std::string>& args,
+                 const std::vector<std::string>& extra_env = {});
+/// Waits for a worker; returns its exit status (128+signal when killed).
+int wait_worker(int pid);
+/// Runs a worker registered under `name` in this process (used by main).
+int run_worker(const std::string& name, const std::vector<std::string>& args);
+
+/// Set by run_on when the current test was skipped (read by the summary listener).
+bool& skipped_test();
+
+/// Wall time in ns on CLOCK_MONOTONIC (comparable across processes on one host).
+long long monotonic_ns();
+
+}  // namespace dblock::test
+
+#define DBLOCK_CAT2(a, b) a##b
+#define DBLOCK_CAT(a, b) DBLOCK_CAT2(a, b)
+
+#define DBLOCK_TEST_CASE_ON(BACKEND, FN, NAME, TAGS)                               \
+  TEST_CASE(NAME " <" BACKEND ">", TAGS "[" BACKEND "]") {                       \
+    ::dblock::test::run_on(BACKEND, FN);                                           \
+  }
+
+/// A test body run on all three backends; `ctx` is a dblock::test::context&.
+#define DBLOCK_TEST(NAME, TAGS) DBLOCK_TEST_IMPL(DBLOCK_CAT(dblock_body_, __LINE__), NAME, TAGS)
+#define DBLOCK_TEST_IMPL(FN, NAME, TAGS)                       \
+  static void FN(::dblock::test::context& ctx);                \
+  DBLOCK_TEST_CASE_ON("postgresql", FN, NAME, TAGS)            \
+  DBLOCK_TEST_CASE_ON("mysql", FN, NAME, TAGS)                 \
+  DBLOCK_TEST_CASE_ON("sqlite", FN, NAME, TAGS)                \
+  static void FN([[maybe_unused]] ::dblock::test::context& ctx)
+
+/// A test body run on the two client/server backends only (phenomena SQLite does not have).
+#define DBLOCK_TEST_SERVERS(NAME, TAGS) \
+  DBLOCK_TEST_SERVERS_IMPL(DBLOCK_CAT(dblock_body_, __LINE__), NAME, TAGS)
+#define DBLOCK_TEST_SERVERS_IMPL(FN, NAME, TAGS)               \
+  static void FN(::dblock::test::context& ctx);                \
+  DBLOCK_TEST_CASE_ON("postgresql", FN, NAME, TAGS)            \
+  DBLOCK_TEST_CASE_ON("mysql", FN, NAME, TAGS)                 \
+  static void FN([[maybe_unused]] ::dblock::test::context& ctx)
+
+/// A test body for one backend.
+#define DBLOCK_TEST_ONLY(BACKEND, NAME, TAGS) \
+  DBLOCK_TEST_ONLY_IMPL(DBLOCK_CAT(dblock_body_, __LINE__), BACKEND, NAME, TAGS)
+#define DBLOCK_TEST_ONLY_IMPL(FN, BACKEND, NAME, TAGS) \
+  static void FN(::dblock::test::context& ctx);        \
+  DBLOCK_TEST_CASE_ON(BACKEND, FN, NAME, TAGS)         \
+  static void FN([[maybe_unused]] ::dblock::test::context& ctx)
+
+/// Registers a worker function `int NAME(const std::vector<std::string>& args)`.
+#define DBLOCK_WORKER(NAME)                                                   \
+  static int NAME(const std::vector<std::string>& args);                      \
+  static ::dblock::test::worker_registration DBLOCK_CAT(NAME, _registration)( \
+      #NAME, &NAME);                                                          \
+  static int NAME([[maybe_unused]] const std::vector<std::string>& args)

@@ -1,0 +1,66 @@
+// Test runner: Catch2 plus worker-process dispatch and a per-backend summary.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "harness.hpp"
+
+namespace {
+
+struct counts {
+  int passed = 0, failed = 0, skipped = 0;
+};
+std::map<std::string, counts>& totals() {
+  static std::map<std::string, counts> t;
+  return t;
+}
+
+// Counts test cases per backend tag and writes them where scripts/test.sh sums them.
+struct summary_listener : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+
+  void testCaseStarting(const Catch::TestCaseInfo& info) override {
+    dblock::test::skipped_test() = false;
+    TestEventListenerBase::testCaseStarting(info);
+  }
+
+  void testCaseEnded(const Catch::TestCaseStats& stats) override {
+    std::string backend = "none";
+    for (const auto& tag : stats.testInfo.tags)
+      if (tag == "postgresql" || tag == "mysql" || tag == "sqlite") backend = tag;
+    auto& c = totals()[backend];
+    if (stats.totals.assertions.failed > 0 || stats.totals.testCases.failed > 0)
+      ++c.failed;
+    else if (dblock::test::skipped_test())
+      ++c.skipped;
+    else
+      ++c.passed;
+    TestEventListenerBase::testCaseEnded(stats);
+  }
+
+  void testRunEnded(const Catch::TestRunStats& stats) override {
+    TestEventListenerBase::testRunEnded(stats);
+    const char* dir = std::getenv("DBLOCK_TEST_SUMMARY_DIR");
+    if (!dir || !*dir) return;
+    std::ofstream out(std::string(dir) + "/catch-" + std::to_string(::getpid()) + ".txt");
+    for (const auto& kv : totals())
+      out << "backend=" << kv.first << " passed=" << kv.second.passed
+          << " failed=" << kv.second.failed << " skipped=" << kv.second.skipped << "\n";
+  }
+};
+CATCH_REGISTER_LISTENER(summary_listener)
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "--worker") {
+    std::vector<std::string> args(argv + 3, argv + argc);
+    return dblock::test::run_worker(argv[2], args);
+  }
+  return Catch::Session().run(argc, argv);
+}
