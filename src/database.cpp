@@ -14,8 +14,8 @@ std::unique_ptr<pooled_session> database_impl::lease(const std::shared_ptr<datab
   auto wait_ms = static_cast<int>(std::min<long long>(options.pool_wait.count(), 1LL << 30));
   if (!pool.try_lease(pos, wait_ms))
     throw error(errc::timeout, "no pooled connection to " + redacted_url + " became free within " +
-                                   std::to_string(options.pool_wait.count()) +
-                                   " ms (pool_size " + std::to_string(options.pool_size) + ")");
+                                   std::to_string(options.pool_wait.count()) + " ms (pool_size " +
+                                   std::to_string(options.pool_size) + ")");
   auto s = std::make_unique<pooled_session>(self, pos);
   if (!opened[pos]) {
     soci::session& sql = s->sql();
@@ -83,10 +83,18 @@ database::database(const std::string& url, database_options options) {
 
 database::~database() = default;
 
-const std::string& database::backend() const noexcept { return impl_->backend; }
-const std::string& database::redacted_url() const noexcept { return impl_->redacted_url; }
-const database_options& database::options() const noexcept { return impl_->options; }
-const std::string& database::lock_table() const noexcept { return impl_->tables.lock; }
+const std::string& database::backend() const noexcept {
+  return impl_->backend;
+}
+const std::string& database::redacted_url() const noexcept {
+  return impl_->redacted_url;
+}
+const database_options& database::options() const noexcept {
+  return impl_->options;
+}
+const std::string& database::lock_table() const noexcept {
+  return impl_->tables.lock;
+}
 
 void database::ping() const {
   detail::with_session(impl_, "ping", [](soci::session& sql) {
@@ -99,11 +107,15 @@ database::connection::connection(std::unique_ptr<detail::pooled_session> s) : s_
 database::connection::connection(connection&&) noexcept = default;
 database::connection& database::connection::operator=(connection&&) noexcept = default;
 database::connection::~connection() = default;
-soci::session& database::connection::session() { return s_->sql(); }
+soci::session& database::connection::session() {
+  return s_->sql();
+}
 void database::connection::discard() noexcept {
   if (s_) s_->broken = true;
 }
 
-database::connection database::connect() const { return connection(impl_->lease(impl_)); }
+database::connection database::connect() const {
+  return connection(impl_->lease(impl_));
+}
 
 }  // namespace dblock

@@ -6,22 +6,38 @@ namespace dblock {
 
 const char* to_string(errc code) noexcept {
   switch (code) {
-    case errc::timeout: return "timeout";
-    case errc::cancelled: return "cancelled";
-    case errc::lock_not_available: return "lock_not_available";
-    case errc::deadlock: return "deadlock";
-    case errc::serialization_failure: return "serialization_failure";
-    case errc::unique_violation: return "unique_violation";
-    case errc::version_conflict: return "version_conflict";
-    case errc::lease_lost: return "lease_lost";
-    case errc::not_owner: return "not_owner";
-    case errc::connection_lost: return "connection_lost";
-    case errc::connection_failed: return "connection_failed";
-    case errc::in_doubt: return "in_doubt";
-    case errc::invalid_argument: return "invalid_argument";
-    case errc::schema_missing: return "schema_missing";
-    case errc::schema_mismatch: return "schema_mismatch";
-    case errc::backend_error: return "backend_error";
+    case errc::timeout:
+      return "timeout";
+    case errc::cancelled:
+      return "cancelled";
+    case errc::lock_not_available:
+      return "lock_not_available";
+    case errc::deadlock:
+      return "deadlock";
+    case errc::serialization_failure:
+      return "serialization_failure";
+    case errc::unique_violation:
+      return "unique_violation";
+    case errc::version_conflict:
+      return "version_conflict";
+    case errc::lease_lost:
+      return "lease_lost";
+    case errc::not_owner:
+      return "not_owner";
+    case errc::connection_lost:
+      return "connection_lost";
+    case errc::connection_failed:
+      return "connection_failed";
+    case errc::in_doubt:
+      return "in_doubt";
+    case errc::invalid_argument:
+      return "invalid_argument";
+    case errc::schema_missing:
+      return "schema_missing";
+    case errc::schema_mismatch:
+      return "schema_mismatch";
+    case errc::backend_error:
+      return "backend_error";
   }
   return "unknown";
 }

@@ -64,7 +64,8 @@ bool valid_utf8(std::string_view s) {
 void validate_identifier(std::string_view ident, const char* what) {
   bool ok = !ident.empty() && ident.size() <= 63 &&
             (std::isalpha(static_cast<unsigned char>(ident[0])) || ident[0] == '_');
-  for (unsigned char c : ident) ok = ok && (std::isalnum(c) || c == '_') && c < 0x80;
+  for (unsigned char c : ident)
+    ok = ok && (std::isalnum(c) || c == '_') && c < 0x80;
   if (!ok)
     throw error(errc::invalid_argument, std::string("invalid ") + what + " '" + printable(ident) +
                                             "': expected [A-Za-z_][A-Za-z0-9_]{0,62}");

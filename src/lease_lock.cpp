@@ -42,7 +42,8 @@ std::string new_owner_token() {
   std::string out(32, '0');
   for (int i = 0; i < 4; ++i) {
     std::uint32_t v = rd();
-    for (int k = 0; k < 8; ++k) out[i * 8 + k] = hex[(v >> (k * 4)) & 15];
+    for (int k = 0; k < 8; ++k)
+      out[i * 8 + k] = hex[(v >> (k * 4)) & 15];
   }
   return out;
 }
@@ -73,8 +74,7 @@ nanoseconds full_jitter(nanoseconds cap) {
 }
 
 bool transient_write_conflict(errc c) {
-  return c == errc::deadlock || c == errc::serialization_failure ||
-         c == errc::lock_not_available;
+  return c == errc::deadlock || c == errc::serialization_failure || c == errc::lock_not_available;
 }
 
 }  // namespace
@@ -121,8 +121,9 @@ struct lease_state {
   bool renew_sql(milliseconds lease) {
     auto sent = steady::now();
     bool ok = with_session(db, "renew lease '" + name + "'", [&](soci::session& sql) {
-      return db->dia->lease_renew(sql, db->tables, name, token,
-                                  std::chrono::duration_cast<std::chrono::microseconds>(lease).count());
+      return db->dia->lease_renew(
+          sql, db->tables, name, token,
+          std::chrono::duration_cast<std::chrono::microseconds>(lease).count());
     });
     if (ok) set_deadline(sent, lease);
     return ok;
@@ -142,8 +143,8 @@ struct lease_state {
       wait = interval;
       try {
         if (!renew_sql(ttl)) {
-          mark_lost(error(errc::lease_lost, "lease '" + name +
-                                                "' expired or was taken over; watchdog stopped"));
+          mark_lost(error(errc::lease_lost,
+                          "lease '" + name + "' expired or was taken over; watchdog stopped"));
           lk.lock();
           break;
         }
@@ -154,7 +155,8 @@ struct lease_state {
         if (steady::now() + retry >= deadline_tp()) {
           mark_lost(error(errc::lease_lost, "lease '" + name +
                                                 "' could not be renewed before its validity ran "
-                                                "out: " + e.what()));
+                                                "out: " +
+                                                e.what()));
           lk.lock();
           break;
         }
@@ -202,9 +204,8 @@ struct lease_state {
     }
     if (released) return;
     // Not matched: already released by an earlier attempt whose reply was lost, or lost.
-    auto row = with_session(db, what, [&](soci::session& sql) {
-      return db->dia->lease_read(sql, db->tables, name);
-    });
+    auto row = with_session(
+        db, what, [&](soci::session& sql) { return db->dia->lease_read(sql, db->tables, name); });
     if (row && row->owner_token == token && row->hold_count == left) return;
     if (in_doubt && (!row || row->owner_token != token)) {
       // Our release may have gone through before someone else took the free lease; either way
@@ -230,7 +231,9 @@ void cancellation::cancel() noexcept {
   }
   state_->cv.notify_all();
 }
-bool cancellation::cancelled() const noexcept { return state_->cancelled.load(); }
+bool cancellation::cancelled() const noexcept {
+  return state_->cancelled.load();
+}
 bool cancellation::sleep_for(nanoseconds d) const {
   std::unique_lock<std::mutex> lk(state_->mu);
   return state_->cv.wait_for(lk, d, [this] { return state_->cancelled.load(); });
@@ -271,9 +274,15 @@ lease_lock::~lease_lock() = default;
 lease_lock::lease_lock(lease_lock&&) noexcept = default;
 lease_lock& lease_lock::operator=(lease_lock&&) noexcept = default;
 
-const std::string& lease_lock::name() const noexcept { return impl_->name; }
-const database& lease_lock::db() const noexcept { return impl_->db; }
-const lease_options& lease_lock::options() const noexcept { return impl_->options; }
+const std::string& lease_lock::name() const noexcept {
+  return impl_->name;
+}
+const database& lease_lock::db() const noexcept {
+  return impl_->db;
+}
+const lease_options& lease_lock::options() const noexcept {
+  return impl_->options;
+}
 
 std::optional<lease_guard> lease_lock::impl::attempt() {
   const auto& dbi = db.impl();
@@ -310,15 +319,15 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
       // The upsert may have committed. Resolve by reading the row by owner token.
       std::optional<detail::lease_row> row;
       try {
-        row = detail::with_session(dbi, what + " (resolving a lost reply)",
-                                   [&](soci::session& sql) {
-                                     return dbi->dia->lease_read(sql, dbi->tables, name);
-                                   });
+        row = detail::with_session(
+            dbi, what + " (resolving a lost reply)",
+            [&](soci::session& sql) { return dbi->dia->lease_read(sql, dbi->tables, name); });
       } catch (const error& e2) {
-        throw error(errc::in_doubt, what + ": the connection broke after the request was sent "
-                                           "and the outcome could not be read back (" +
-                                           e2.what() + "); owner token " + p.owner_token +
-                                           " will expire unless renewed");
+        throw error(errc::in_doubt, what +
+                                        ": the connection broke after the request was sent "
+                                        "and the outcome could not be read back (" +
+                                        e2.what() + "); owner token " + p.owner_token +
+                                        " will expire unless renewed");
       }
       const int expected = reentry ? cur->holds.load() + 1 : 1;
       if (row && row->owner_token == p.owner_token && row->expires_at_us > row->now_us &&
@@ -354,7 +363,9 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
   return lease_guard(s);
 }
 
-std::optional<lease_guard> lease_lock::try_acquire() { return impl_->attempt(); }
+std::optional<lease_guard> lease_lock::try_acquire() {
+  return impl_->attempt();
+}
 
 lease_guard lease_lock::acquire(milliseconds wait, const cancellation& cancel) {
   const auto& dbi = impl_->db.impl();
@@ -374,14 +385,13 @@ lease_guard lease_lock::acquire(milliseconds wait, const cancellation& cancel) {
       nanoseconds cap = o.poll_initial * (1LL << std::min(attempt, 20));
       cap = std::min<nanoseconds>(cap, o.poll_max);
       nanoseconds sleep = detail::full_jitter(cap);
-      auto row = detail::with_session(dbi, "acquire lease '" + impl_->name + "'",
-                                      [&](soci::session& sql) {
-                                        return dbi->dia->lease_read(sql, dbi->tables, impl_->name);
-                                      });
+      auto row = detail::with_session(
+          dbi, "acquire lease '" + impl_->name + "'",
+          [&](soci::session& sql) { return dbi->dia->lease_read(sql, dbi->tables, impl_->name); });
       bool free = !row || row->hold_count == 0 || row->expires_at_us <= row->now_us;
       if (free) break;
-      auto until_expiry = std::chrono::microseconds(row->expires_at_us - row->now_us) +
-                          milliseconds(1);
+      auto until_expiry =
+          std::chrono::microseconds(row->expires_at_us - row->now_us) + milliseconds(1);
       sleep = std::min<nanoseconds>(sleep, until_expiry);
       sleep = std::min<nanoseconds>(sleep, deadline - now);
       if (cancel.sleep_for(sleep))
@@ -424,7 +434,9 @@ lease_guard::~lease_guard() {
   }
 }
 
-std::int64_t lease_guard::fence() const noexcept { return state_ ? state_->fence : 0; }
+std::int64_t lease_guard::fence() const noexcept {
+  return state_ ? state_->fence : 0;
+}
 const std::string& lease_guard::owner_token() const noexcept {
   static const std::string empty;
   return state_ ? state_->token : empty;
@@ -433,8 +445,12 @@ const std::string& lease_guard::name() const noexcept {
   static const std::string empty;
   return state_ ? state_->name : empty;
 }
-int lease_guard::hold_count() const noexcept { return state_ ? state_->holds.load() : 0; }
-bool lease_guard::valid() const noexcept { return state_ && state_->valid(); }
+int lease_guard::hold_count() const noexcept {
+  return state_ ? state_->holds.load() : 0;
+}
+bool lease_guard::valid() const noexcept {
+  return state_ && state_->valid();
+}
 milliseconds lease_guard::remaining() const noexcept {
   if (!valid()) return milliseconds(0);
   auto left = state_->deadline_tp() - steady::now();
@@ -511,8 +527,10 @@ void lease_guard::fenced(const std::function<void(soci::session&)>& write) {
   } catch (...) {
     error e = dbi->failure(what + " (COMMIT)", conn.get());
     if (e.code() == errc::connection_lost)
-      throw error(errc::in_doubt, what + ": the connection broke during COMMIT; the write may "
-                                          "or may not have been applied",
+      throw error(errc::in_doubt,
+                  what +
+                      ": the connection broke during COMMIT; the write may "
+                      "or may not have been applied",
                   e.backend(), e.sqlstate(), e.native_code());
     rollback();
     throw e;

@@ -70,7 +70,8 @@ migrate_result migrate(const database& db, migrate_options options) {
 
     std::map<int, applied_row> applied;
     if (!options.dry_run) {
-      for (const auto& stmt : detail::split_statements(detail::apply_prefix(dia.bootstrap().text, t.prefix)))
+      for (const auto& stmt :
+           detail::split_statements(detail::apply_prefix(dia.bootstrap().text, t.prefix)))
         sql << stmt;
     }
     if (dia.table_exists(sql, t.migrations)) applied = read_applied(sql, t);
@@ -95,21 +96,21 @@ migrate_result migrate(const database& db, migrate_options options) {
 
     for (auto& f : result.files) {
       if (f.applied) continue;
-      const auto& file = *std::find_if(dia.migrations().begin(), dia.migrations().end(),
-                                       [&](const detail::migration_file& m) {
-                                         return m.version == f.version;
-                                       });
+      const auto& file =
+          *std::find_if(dia.migrations().begin(), dia.migrations().end(),
+                        [&](const detail::migration_file& m) { return m.version == f.version; });
       sql << dia.begin_write_sql();
       try {
         int already = 0;
         sql << "SELECT count(*) FROM " << t.migrations << " WHERE version = :v",
             soci::use(f.version), soci::into(already);
         if (already == 0) {
-          for (const auto& stmt : detail::split_statements(detail::apply_prefix(file.text, t.prefix)))
+          for (const auto& stmt :
+               detail::split_statements(detail::apply_prefix(file.text, t.prefix)))
             sql << stmt;
           sql << "INSERT INTO " << t.migrations
-              << " (version, name, checksum, applied_at) VALUES (:v, :n, :c, "
-              << dia.now_sql() << ")",
+              << " (version, name, checksum, applied_at) VALUES (:v, :n, :c, " << dia.now_sql()
+              << ")",
               soci::use(f.version), soci::use(f.name), soci::use(f.checksum);
           result.applied_now.push_back(f.version);
         }
@@ -129,7 +130,8 @@ migrate_result migrate(const database& db, migrate_options options) {
 
 bool schema_up_to_date(const database& db) {
   auto r = migrate(db, migrate_options{true});
-  return std::all_of(r.files.begin(), r.files.end(), [](const migration_info& f) { return f.applied; });
+  return std::all_of(r.files.begin(), r.files.end(),
+                     [](const migration_info& f) { return f.applied; });
 }
 
 }  // namespace dblock

@@ -3,9 +3,9 @@
 #include <uriparser/Uri.h>
 
 #include <algorithm>
-#include <vector>
 #include <cctype>
 #include <memory>
+#include <vector>
 
 #include "dblock/error.hpp"
 
@@ -40,9 +40,8 @@ std::string redact(const std::string& url) {
   }
   auto auth_begin = scheme_end + 3;
   auto auth_end = url.find_first_of("/?#", auth_begin);
-  std::string authority = url.substr(auth_begin, auth_end == std::string::npos
-                                                     ? std::string::npos
-                                                     : auth_end - auth_begin);
+  std::string authority = url.substr(
+      auth_begin, auth_end == std::string::npos ? std::string::npos : auth_end - auth_begin);
   auto at = authority.rfind('@');
   if (at == std::string::npos) return url;
   auto colon = authority.find(':');
@@ -73,12 +72,14 @@ parsed_url parse_url(const std::string& url) {
     auto offset = error_pos ? static_cast<std::size_t>(error_pos - url.c_str()) : 0;
     bad(out.redacted, "syntax error near character " + std::to_string(offset + 1));
   }
-  std::unique_ptr<UriUriA, void (*)(UriUriA*)> guard(&uri, [](UriUriA* u) { uriFreeUriMembersA(u); });
+  std::unique_ptr<UriUriA, void (*)(UriUriA*)> guard(&uri,
+                                                     [](UriUriA* u) { uriFreeUriMembersA(u); });
 
   std::string scheme = range(uri.scheme);
   std::transform(scheme.begin(), scheme.end(), scheme.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (scheme.empty()) bad(out.redacted, "missing scheme (expected postgresql://, mysql:// or sqlite://)");
+  if (scheme.empty())
+    bad(out.redacted, "missing scheme (expected postgresql://, mysql:// or sqlite://)");
   if (scheme == "postgres" || scheme == "postgresql")
     out.scheme = "postgresql";
   else if (scheme == "mysql" || scheme == "mariadb")

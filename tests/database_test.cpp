@@ -3,8 +3,8 @@
 
 #include <thread>
 
-#include "harness.hpp"
 #include "database_impl.hpp"
+#include "harness.hpp"
 #include "url.hpp"
 
 using dblock::errc;

@@ -37,7 +37,8 @@ TEST_CASE("table prefixes are lower-case identifier parts", "[unit][identifier]"
   using dblock::detail::make_table_names;
   CHECK(make_table_names("").lock == "resource_lock");
   CHECK(make_table_names("app1_").lock == "app1_resource_lock");
-  for (std::string bad : std::vector<std::string>{"App_", "x;", "1a", "a b", std::string(33, 'a')}) {
+  for (std::string bad :
+       std::vector<std::string>{"App_", "x;", "1a", "a b", std::string(33, 'a')}) {
     INFO(bad);
     CHECK(code_of([&] { make_table_names(bad); }) == errc::invalid_argument);
     dblock::database_options o;
@@ -55,12 +56,14 @@ TEST_CASE("resource names: 1..255 bytes of UTF-8, never truncated", "[unit][iden
   CHECK(code_of([] { validate_resource_name(std::string(256, 'x')); }) == errc::invalid_argument);
   CHECK(code_of([] { validate_resource_name(""); }) == errc::invalid_argument);
   CHECK(code_of([] { validate_resource_name(std::string("a\0b", 3)); }) == errc::invalid_argument);
-  for (std::string bad : std::vector<std::string>{"\xff", "\xc0\xaf", "\xed\xa0\x80", "\xe2\x82", "\xf4\x90\x80\x80"}) {
+  for (std::string bad : std::vector<std::string>{"\xff", "\xc0\xaf", "\xed\xa0\x80", "\xe2\x82",
+                                                  "\xf4\x90\x80\x80"}) {
     CHECK(code_of([&] { validate_resource_name(bad); }) == errc::invalid_argument);
   }
   // Multi-byte characters count in bytes: 128 two-byte characters are 256 bytes.
   std::string two_byte;
-  for (int i = 0; i < 128; ++i) two_byte += "é";
+  for (int i = 0; i < 128; ++i)
+    two_byte += "é";
   CHECK(code_of([&] { validate_resource_name(two_byte); }) == errc::invalid_argument);
 }
 
@@ -76,7 +79,8 @@ TEST_CASE("errc composes with std::error_code and says how to retry", "[unit][er
 }
 
 TEST_CASE("migration files split into statements", "[unit][migrate]") {
-  auto s = dblock::detail::split_statements("-- c\nCREATE TABLE a (x INT);\n\nINSERT INTO a\n VALUES (1);\n");
+  auto s = dblock::detail::split_statements(
+      "-- c\nCREATE TABLE a (x INT);\n\nINSERT INTO a\n VALUES (1);\n");
   REQUIRE(s.size() == 2);
   CHECK(s[0].find("CREATE TABLE a") != std::string::npos);
   CHECK(s[1].find("VALUES (1)") != std::string::npos);

@@ -39,8 +39,9 @@ void expire_row(dblock::test::context& ctx, const std::string& name) {
   const auto& d = *ctx.db.impl()->dia;
   auto c = ctx.db.connect();
   long long minus = -3600LL * 1000000;
-  c.session() << "UPDATE " << ctx.db.lock_table() << " SET expires_at = "
-              << d.plus_us_sql(d.now_sql(), "ttl") << " WHERE resource_name = :name",
+  c.session() << "UPDATE " << ctx.db.lock_table()
+              << " SET expires_at = " << d.plus_us_sql(d.now_sql(), "ttl")
+              << " WHERE resource_name = :name",
       soci::use(minus, "ttl"), soci::use(name, "name");
 }
 
@@ -224,13 +225,14 @@ DBLOCK_TEST("acquire(wait) takes over an expired lease soon after its TTL", "[le
   REQUIRE(ga);
   auto gb = b.acquire(std::chrono::seconds(5));
   auto t2 = std::chrono::steady_clock::now();
-  CHECK(t2 - t0 >= milliseconds(500));                       // never before the TTL
-  CHECK(t2 - t1 <= milliseconds(500 + 100 + 250));           // TTL + one poll + epsilon
+  CHECK(t2 - t0 >= milliseconds(500));              // never before the TTL
+  CHECK(t2 - t1 <= milliseconds(500 + 100 + 250));  // TTL + one poll + epsilon
   CHECK(gb.fence() == ga->fence() + 1);
 }
 
 DBLOCK_TEST("fenced writes commit only while the lease is ours", "[lease]") {
-  ctx.exec("CREATE TABLE " + ctx.table("counter") + " (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)");
+  ctx.exec("CREATE TABLE " + ctx.table("counter") +
+           " (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)");
   ctx.exec("INSERT INTO " + ctx.table("counter") + " (id, n) VALUES (1, 0)");
   const std::string name = "fenced/" + dblock::test::random_suffix();
   lease_lock a(ctx.db, name, ttl_of(milliseconds(5000))), b(ctx.db, name);
@@ -250,8 +252,7 @@ DBLOCK_TEST("fenced writes commit only while the lease is ours", "[lease]") {
   expire_row(ctx, name);
   auto gb = b.try_acquire();
   REQUIRE(gb);
-  CHECK(code_of([&] { ga->fenced([&](soci::session& sql) { sql << bump; }); }) ==
-        errc::lease_lost);
+  CHECK(code_of([&] { ga->fenced([&](soci::session& sql) { sql << bump; }); }) == errc::lease_lost);
   CHECK(counter_value(ctx) == 1);
   CHECK_FALSE(ga->valid());
   gb->fenced([&](soci::session& sql) { sql << bump; });
@@ -260,9 +261,13 @@ DBLOCK_TEST("fenced writes commit only while the lease is ours", "[lease]") {
 
 DBLOCK_TEST("names are bound, byte-exact, and limited to 255 bytes", "[lease][names]") {
   const std::string base = dblock::test::random_suffix();
-  std::vector<std::string> names = {base + "a", base + "A", base + "a ", base + "a\t",
+  std::vector<std::string> names = {base + "a",
+                                    base + "A",
+                                    base + "a ",
+                                    base + "a\t",
                                     base + "'; DROP TABLE resource_lock; --",
-                                    base + "\\' OR 1=1 --", base + "ключ/日本/🔒",
+                                    base + "\\' OR 1=1 --",
+                                    base + "ключ/日本/🔒",
                                     base + std::string(255 - base.size(), 'x')};
   std::vector<lease_lock> locks;
   std::vector<dblock::lease_guard> guards;
@@ -288,8 +293,7 @@ DBLOCK_TEST("names are bound, byte-exact, and limited to 255 bytes", "[lease][na
         errc::invalid_argument);
 }
 
-DBLOCK_TEST_SERVERS("a guard destroyed after its connections dropped still releases",
-                    "[lease]") {
+DBLOCK_TEST_SERVERS("a guard destroyed after its connections dropped still releases", "[lease]") {
   const std::string name = "dropped/" + dblock::test::random_suffix();
   auto db = ctx.open();
   lease_lock lock(db, name);
@@ -304,7 +308,7 @@ DBLOCK_TEST_SERVERS("a guard destroyed after its connections dropped still relea
       held.push_back(db.connect());
       long long id = 0;
       held.back().session() << (ctx.backend == "postgresql" ? "SELECT pg_backend_pid()"
-                                                             : "SELECT CONNECTION_ID()"),
+                                                            : "SELECT CONNECTION_ID()"),
           soci::into(id);
       ids.push_back(id);
     }

@@ -27,8 +27,10 @@ DBLOCK_TEST("migrating twice changes nothing", "[migrate]") {
   CHECK(dblock::schema_up_to_date(db));
   auto second = dblock::migrate(db);
   CHECK(second.applied_now.empty());
-  for (const auto& f : second.files) CHECK(f.applied);
-  CHECK(count_rows(db, prefix + "dblock_schema_migrations") == static_cast<int>(first.files.size()));
+  for (const auto& f : second.files)
+    CHECK(f.applied);
+  CHECK(count_rows(db, prefix + "dblock_schema_migrations") ==
+        static_cast<int>(first.files.size()));
   CHECK(count_rows(db, prefix + "resource_lock_fence_floor") == 1);
 }
 
@@ -37,13 +39,15 @@ DBLOCK_TEST("a dry run reports pending files and creates nothing", "[migrate]") 
   auto db = ctx.open(dblock::test::with_prefix(prefix));
   auto r = dblock::migrate(db, dblock::migrate_options{true});
   CHECK(r.applied_now.empty());
-  for (const auto& f : r.files) CHECK_FALSE(f.applied);
+  for (const auto& f : r.files)
+    CHECK_FALSE(f.applied);
   CHECK_FALSE(db.impl()->dia->table_exists(db.connect().session(), prefix + "resource_lock"));
   CHECK_FALSE(dblock::schema_up_to_date(db));
 }
 
 DBLOCK_TEST("an edited applied migration is refused", "[migrate]") {
-  ctx.exec("UPDATE " + ctx.prefix + "dblock_schema_migrations SET checksum = '0000000000000000'"
+  ctx.exec("UPDATE " + ctx.prefix +
+           "dblock_schema_migrations SET checksum = '0000000000000000'"
            " WHERE version = 1");
   try {
     dblock::migrate(ctx.db);
@@ -91,7 +95,8 @@ DBLOCK_TEST("8 processes migrating one empty database apply each file once", "[m
   long long start = ts.tv_sec * 1000000000LL + ts.tv_nsec + 1500000000LL;  // 1.5 s from now
   std::vector<int> pids;
   for (int i = 0; i < 8; ++i)
-    pids.push_back(dblock::test::spawn_worker("migrate_worker", {ctx.url, prefix, std::to_string(start)}));
+    pids.push_back(
+        dblock::test::spawn_worker("migrate_worker", {ctx.url, prefix, std::to_string(start)}));
   int applied = 0;
   for (int pid : pids) {
     int rc = dblock::test::wait_worker(pid);

@@ -54,9 +54,9 @@ TEST_CASE("mysql and sqlite URLs", "[unit][url]") {
 
 TEST_CASE("malformed URLs are rejected with invalid_argument", "[unit][url]") {
   using dblock::errc;
-  for (const char* bad : {"", "nonsense", "redis://h/0", "postgresql://h", "postgresql://h:99999/db",
-                          "postgresql://h:12x/db", "mysql://u:p@h/a/b", "sqlite://",
-                          "sqlite:///", "sqlite://u:p@x.db", "postgresql://h/db#frag",
+  for (const char* bad : {"", "nonsense", "redis://h/0", "postgresql://h",
+                          "postgresql://h:99999/db", "postgresql://h:12x/db", "mysql://u:p@h/a/b",
+                          "sqlite://", "sqlite:///", "sqlite://u:p@x.db", "postgresql://h/db#frag",
                           "postgresql://h/db?a=1&a=2", "postgresql://h/d b"}) {
     INFO(bad);
     CHECK(code_of(bad) == errc::invalid_argument);

@@ -23,9 +23,9 @@ struct migrate_options {
 
 /// What migrate() found and did.
 struct migrate_result {
-  std::vector<migration_info> files;      ///< every shipped file, in version order
-  std::vector<int> applied_now;           ///< versions applied by this call (none if dry_run)
-  std::vector<int> unknown_applied;       ///< versions recorded in the database but not shipped
+  std::vector<migration_info> files;  ///< every shipped file, in version order
+  std::vector<int> applied_now;       ///< versions applied by this call (none if dry_run)
+  std::vector<int> unknown_applied;   ///< versions recorded in the database but not shipped
 };
 
 /**

@@ -1,8 +1,8 @@
 // The dblock command-line tool: migrate the schema, and guard commands with a lease lock.
-#include <CLI/CLI.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <atomic>
 #include <cerrno>
@@ -32,15 +32,21 @@ constexpr int exit_schema = 78;        // EX_CONFIG: schema missing or mismatche
 
 int exit_status_for(const dblock::error& e) {
   switch (e.code()) {
-    case dblock::errc::invalid_argument: return exit_usage;
+    case dblock::errc::invalid_argument:
+      return exit_usage;
     case dblock::errc::connection_failed:
-    case dblock::errc::connection_lost: return exit_unavailable;
+    case dblock::errc::connection_lost:
+      return exit_unavailable;
     case dblock::errc::schema_missing:
-    case dblock::errc::schema_mismatch: return exit_schema;
+    case dblock::errc::schema_mismatch:
+      return exit_schema;
     case dblock::errc::timeout:
-    case dblock::errc::lock_not_available: return exit_not_acquired;
-    case dblock::errc::lease_lost: return exit_lease_lost;
-    default: return exit_software;
+    case dblock::errc::lock_not_available:
+      return exit_not_acquired;
+    case dblock::errc::lease_lost:
+      return exit_lease_lost;
+    default:
+      return exit_software;
   }
 }
 
@@ -66,9 +72,9 @@ milliseconds parse_duration(const std::string& text, const char* option) {
   else if (unit == "h")
     factor = 3600000;
   if (factor == 0 || value * factor > 1e12)
-    throw dblock::error(dblock::errc::invalid_argument,
-                        std::string("invalid duration '") + text + "' for " + option +
-                            " (examples: 30s, 500ms, 2m, 1h)");
+    throw dblock::error(dblock::errc::invalid_argument, std::string("invalid duration '") + text +
+                                                            "' for " + option +
+                                                            " (examples: 30s, 500ms, 2m, 1h)");
   return milliseconds(static_cast<long long>(value * factor + 0.5));
 }
 
@@ -104,7 +110,8 @@ int run_migrate(const common_options& c, bool dry_run) {
   auto r = dblock::migrate(db, dblock::migrate_options{dry_run});
   std::size_t pending = 0;
   for (const auto& f : r.files) {
-    bool now = std::find(r.applied_now.begin(), r.applied_now.end(), f.version) != r.applied_now.end();
+    bool now =
+        std::find(r.applied_now.begin(), r.applied_now.end(), f.version) != r.applied_now.end();
     const char* state = now ? "applied now" : f.applied ? "applied" : "pending";
     if (!f.applied) ++pending;
     std::cout << "  " << f.name << "  " << f.checksum << "  " << state << "\n";
@@ -164,18 +171,21 @@ int run_exec(const common_options& c, const exec_options& x) {
   struct sigaction sa {};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+    sigaction(sig, &sa, nullptr);
 
   std::string fence = std::to_string(guard->fence());
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(sig, SIG_DFL);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+      signal(sig, SIG_DFL);
     setenv("DBLOCK_FENCE", fence.c_str(), 1);
     setenv("DBLOCK_OWNER", guard->owner_token().c_str(), 1);
     setenv("DBLOCK_LOCK", x.lock.c_str(), 1);
     std::vector<char*> argv;
-    for (const auto& a : x.command) argv.push_back(const_cast<char*>(a.c_str()));
+    for (const auto& a : x.command)
+      argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
     int err = errno;

@@ -19,7 +19,8 @@ void check_query_keys(const parsed_url& url, const std::set<std::string>& allowe
   for (const auto& kv : url.query) {
     if (!allowed.count(kv.first)) {
       std::string list;
-      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      for (const auto& a : allowed)
+        list += (list.empty() ? "" : ", ") + a;
       throw error(errc::invalid_argument, "invalid database URL '" + url.redacted +
                                               "': unknown parameter '" + kv.first +
                                               "' (accepted: " + list + ")");
@@ -44,13 +45,15 @@ void rethrow_if_dblock_error() {
 std::string one_line(std::string message) {
   for (char& c : message)
     if (c == '\n' || c == '\r' || c == '\t') c = ' ';
-  while (!message.empty() && message.back() == ' ') message.pop_back();
+  while (!message.empty() && message.back() == ' ')
+    message.pop_back();
   return message;
 }
 
 bool contains_nocase(const std::string& s, const std::string& needle) {
   auto it = std::search(s.begin(), s.end(), needle.begin(), needle.end(), [](char a, char b) {
-    return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+    return std::tolower(static_cast<unsigned char>(a)) ==
+           std::tolower(static_cast<unsigned char>(b));
   });
   return it != s.end();
 }

@@ -18,12 +18,12 @@ std::string dialect::quote(std::string_view ident) const {
 bool dialect::lease_renew(soci::session& sql, const table_names& t, const std::string& name,
                           const std::string& token, std::int64_t ttl_us) const {
   long long ttl = ttl_us;
-  soci::statement st = (sql.prepare << "UPDATE " << t.lock << " SET expires_at = "
-                                    << plus_us_sql(now_sql(), "ttl")
-                                    << " WHERE resource_name = :name AND owner_token = :token"
-                                       " AND hold_count > 0 AND expires_at > "
-                                    << now_sql(),
-                        soci::use(ttl, "ttl"), soci::use(name, "name"), soci::use(token, "token"));
+  soci::statement st =
+      (sql.prepare << "UPDATE " << t.lock << " SET expires_at = " << plus_us_sql(now_sql(), "ttl")
+                   << " WHERE resource_name = :name AND owner_token = :token"
+                      " AND hold_count > 0 AND expires_at > "
+                   << now_sql(),
+       soci::use(ttl, "ttl"), soci::use(name, "name"), soci::use(token, "token"));
   st.execute(true);
   return st.get_affected_rows() == 1;
 }
@@ -52,9 +52,8 @@ std::optional<lease_row> dialect::lease_read(soci::session& sql, const table_nam
   soci::statement st =
       (sql.prepare << "SELECT resource_name, owner_token, fence, hold_count, "
                    << epoch_us_sql("acquired_at") << ", " << epoch_us_sql("expires_at") << ", "
-                   << epoch_us_sql(now_sql())
-                   << ", holder_host, holder_pid, holder_thread FROM " << t.lock
-                   << " WHERE resource_name = :name",
+                   << epoch_us_sql(now_sql()) << ", holder_host, holder_pid, holder_thread FROM "
+                   << t.lock << " WHERE resource_name = :name",
        soci::use(name, "name"), soci::into(r.name), soci::into(r.owner_token), soci::into(fence),
        soci::into(r.hold_count), soci::into(acquired), soci::into(expires), soci::into(now),
        soci::into(r.holder_host), soci::into(pid), soci::into(r.holder_thread));
@@ -74,9 +73,10 @@ void dialect::atomic_write(soci::session& sql, const std::function<void()>& body
 
 table_names make_table_names(const std::string& prefix) {
   if (!prefix.empty()) {
-    bool ok = prefix.size() <= 32 && (std::islower(static_cast<unsigned char>(prefix[0])) ||
-                                      prefix[0] == '_');
-    for (unsigned char c : prefix) ok = ok && (std::islower(c) || std::isdigit(c) || c == '_');
+    bool ok = prefix.size() <= 32 &&
+              (std::islower(static_cast<unsigned char>(prefix[0])) || prefix[0] == '_');
+    for (unsigned char c : prefix)
+      ok = ok && (std::islower(c) || std::isdigit(c) || c == '_');
     if (!ok)
       throw error(errc::invalid_argument,
                   "invalid table prefix '" + prefix.substr(0, 40) +
@@ -147,7 +147,8 @@ std::vector<migration_file> load_migrations(const std::string& backend) {
   std::vector<migration_file> out;
   for (const auto& f : embedded_migrations()) {
     std::string name = f.name;
-    if (backend != f.backend || name.size() < 6 || !std::isdigit(static_cast<unsigned char>(name[0])))
+    if (backend != f.backend || name.size() < 6 ||
+        !std::isdigit(static_cast<unsigned char>(name[0])))
       continue;
     out.push_back({std::stoi(name.substr(0, 4)), name, f.text});
   }
@@ -159,8 +160,8 @@ std::vector<migration_file> load_migrations(const std::string& backend) {
 migration_file load_bootstrap(const std::string& backend) {
   for (const auto& f : embedded_migrations())
     if (backend == f.backend && std::string(f.name) == "bootstrap.sql") return {0, f.name, f.text};
-  throw error(errc::backend_error, "dblock was built without migrations/" + backend +
-                                       "/bootstrap.sql");
+  throw error(errc::backend_error,
+              "dblock was built without migrations/" + backend + "/bootstrap.sql");
 }
 
 const dialect& dialect_for_scheme(const std::string& scheme) {

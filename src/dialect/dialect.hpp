@@ -3,8 +3,8 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,7 +57,7 @@ struct lease_row {
   int hold_count = 0;
   std::int64_t acquired_at_us = 0;  // database clock, microseconds since the epoch
   std::int64_t expires_at_us = 0;
-  std::int64_t now_us = 0;          // database clock when read
+  std::int64_t now_us = 0;  // database clock when read
   std::string holder_host;
   std::int64_t holder_pid = 0;
   std::string holder_thread;
@@ -130,8 +130,8 @@ class dialect {
                            const std::string& token, std::int64_t ttl_us) const;
   /// Decrements the hold count of an unexpired lease owned by `token` (at zero the lease is
   /// free); false when it is no longer ours or has expired.
-  virtual bool lease_release(soci::session&, const table_names&,
-                                        const std::string& name, const std::string& token) const;
+  virtual bool lease_release(soci::session&, const table_names&, const std::string& name,
+                             const std::string& token) const;
   /// Runs `body` (single-statement writes) so that it cannot fail half-way on a stale snapshot:
   /// a no-op by default; SQLite wraps it in BEGIN IMMEDIATE ... COMMIT.
   virtual void atomic_write(soci::session&, const std::function<void()>& body) const;

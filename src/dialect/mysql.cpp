@@ -30,7 +30,8 @@ class mysql_dialect final : public dialect {
     if (!u.query.count("charset")) add("charset", "utf8mb4");
     if (!u.query.count("connect_timeout"))
       add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 1)));
-    for (const auto& kv : u.query) add(kv.first, kv.second);
+    for (const auto& kv : u.query)
+      add(kv.first, kv.second);
     return s;
   }
 
@@ -65,8 +66,12 @@ class mysql_dialect final : public dialect {
       unsigned n = e.err_num_;
       errc code = errc::backend_error;
       switch (n) {
-        case 1062: code = errc::unique_violation; break;
-        case 1213: code = errc::deadlock; break;
+        case 1062:
+          code = errc::unique_violation;
+          break;
+        case 1213:
+          code = errc::deadlock;
+          break;
         case 1205:  // lock wait timeout (also MariaDB's NOWAIT)
         case 3572:  // MySQL 8 NOWAIT
           code = errc::lock_not_available;
@@ -79,16 +84,26 @@ class mysql_dialect final : public dialect {
         case 4031:  // MySQL 8: disconnected by the server
           code = errc::connection_lost;
           break;
-        case 1045: case 1044: case 1049: case 2002: case 2003: case 2005:
+        case 1045:
+        case 1044:
+        case 1049:
+        case 2002:
+        case 2003:
+        case 2005:
           code = errc::connection_failed;
           break;
-        case 1146: code = errc::schema_missing; break;
-        case 1406: code = errc::invalid_argument; break;
+        case 1146:
+          code = errc::schema_missing;
+          break;
+        case 1406:
+          code = errc::invalid_argument;
+          break;
         case 1969:  // MariaDB max_statement_time
         case 3024:  // MySQL max_execution_time
           code = errc::timeout;
           break;
-        default: break;
+        default:
+          break;
       }
       return error(code, what + ": " + one_line(e.get_error_message()), name(), "",
                    static_cast<long long>(n));
@@ -158,8 +173,7 @@ class mysql_dialect final : public dialect {
         << " holder_host = IF(" << take << ", VALUES(holder_host), holder_host),"
         << " holder_pid = IF(" << take << ", VALUES(holder_pid), holder_pid),"
         << " holder_thread = IF(" << take << ", VALUES(holder_thread), holder_thread),"
-        << " hold_count = IF(" << reentry << ", hold_count + 1, IF(" << take
-        << ", 1, hold_count)),"
+        << " hold_count = IF(" << reentry << ", hold_count + 1, IF(" << take << ", 1, hold_count)),"
         << " owner_token = IF(" << take << ", VALUES(owner_token), owner_token),"
         << " expires_at = IF(" << take << ", VALUES(expires_at), expires_at)",
         soci::use(p.name, "name"), soci::use(p.owner_token, "token"), soci::use(ttl, "ttl"),

@@ -15,11 +15,11 @@ class postgresql_dialect final : public dialect {
   const soci::backend_factory& factory() const override { return *soci::factory_postgresql(); }
 
   std::string connect_string(const parsed_url& u, const database_options& o) const override {
-    check_query_keys(u, {"host", "hostaddr", "sslmode", "sslrootcert", "sslcert", "sslkey",
-                         "sslcrl", "application_name", "connect_timeout", "options",
-                         "target_session_attrs", "keepalives", "keepalives_idle",
-                         "keepalives_interval", "keepalives_count", "tcp_user_timeout",
-                         "gssencmode", "channel_binding", "passfile"});
+    check_query_keys(
+        u, {"host", "hostaddr", "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl",
+            "application_name", "connect_timeout", "options", "target_session_attrs", "keepalives",
+            "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout",
+            "gssencmode", "channel_binding", "passfile"});
     std::string s;
     auto add = [&s](const std::string& k, const std::string& v) {
       s += (s.empty() ? "" : " ") + k + "=" + conn_quote(v);
@@ -32,14 +32,16 @@ class postgresql_dialect final : public dialect {
     if (!u.query.count("connect_timeout"))
       add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 2)));
     if (!u.query.count("application_name")) add("application_name", "dblock");
-    for (const auto& kv : u.query) add(kv.first, kv.second);
+    for (const auto& kv : u.query)
+      add(kv.first, kv.second);
     return s;
   }
 
   void on_connect(soci::session& sql, const database_options&) const override {
     // The library never prints: libpq's default notice processor writes NOTICEs to stderr.
     auto* backend = static_cast<soci::postgresql_session_backend*>(sql.get_backend());
-    PQsetNoticeProcessor(backend->conn_, [](void*, const char*) {}, nullptr);
+    PQsetNoticeProcessor(
+        backend->conn_, [](void*, const char*) {}, nullptr);
   }
 
   std::string now_sql() const override { return "clock_timestamp()"; }

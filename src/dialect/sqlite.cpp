@@ -41,8 +41,8 @@ class sqlite_dialect final : public dialect {
     if (u.query.count("busy_timeout")) {
       const auto& v = u.query.at("busy_timeout");
       if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
-        throw error(errc::invalid_argument, "invalid database URL '" + u.redacted +
-                                                "': busy_timeout must be milliseconds");
+        throw error(errc::invalid_argument,
+                    "invalid database URL '" + u.redacted + "': busy_timeout must be milliseconds");
     }
     // SOCI's SQLite parser takes double quotes around values with spaces; a double quote in a
     // path cannot be expressed, so refuse it rather than open another file.
@@ -91,14 +91,22 @@ class sqlite_dialect final : public dialect {
       std::string msg = one_line(e.get_error_message());
       errc code = errc::backend_error;
       switch (rc) {
-        case SQLITE_BUSY_SNAPSHOT: code = errc::serialization_failure; break;
+        case SQLITE_BUSY_SNAPSHOT:
+          code = errc::serialization_failure;
+          break;
         case SQLITE_CONSTRAINT_UNIQUE:
         case SQLITE_CONSTRAINT_PRIMARYKEY:
           code = errc::unique_violation;
           break;
-        case SQLITE_CONSTRAINT_CHECK: code = errc::invalid_argument; break;
-        case SQLITE_INTERRUPT: code = errc::cancelled; break;
-        case SQLITE_CANTOPEN: code = errc::connection_failed; break;
+        case SQLITE_CONSTRAINT_CHECK:
+          code = errc::invalid_argument;
+          break;
+        case SQLITE_INTERRUPT:
+          code = errc::cancelled;
+          break;
+        case SQLITE_CANTOPEN:
+          code = errc::connection_failed;
+          break;
         default:
           if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED)
             code = errc::lock_not_available;

@@ -55,8 +55,9 @@ DBLOCK_TEST_SERVERS("NOWAIT on a locked row is lock_not_available", "[errors]") 
   a.session() << "BEGIN";
   a.session() << "SELECT v FROM " << ctx.table("items") << " WHERE id = 1" << d.for_update_sql();
   b.session() << "BEGIN";
-  CHECK(run(ctx.db, b, "SELECT v FROM " + ctx.table("items") + " WHERE id = 1" +
-                           d.for_update_nowait_sql()) == errc::lock_not_available);
+  CHECK(run(ctx.db, b,
+            "SELECT v FROM " + ctx.table("items") + " WHERE id = 1" + d.for_update_nowait_sql()) ==
+        errc::lock_not_available);
   b.session() << "ROLLBACK";
   a.session() << "ROLLBACK";
 }
@@ -153,8 +154,7 @@ DBLOCK_TEST_ONLY("sqlite", "a stale WAL snapshot upgrading to write is serializa
   b.session() << "ROLLBACK";
 }
 
-DBLOCK_TEST_SERVERS("a killed connection is connection_lost and the pool reconnects",
-                    "[errors]") {
+DBLOCK_TEST_SERVERS("a killed connection is connection_lost and the pool reconnects", "[errors]") {
   auto victim = ctx.db.connect();
   long long id = 0;
   const bool pg = ctx.backend == "postgresql";
@@ -177,7 +177,8 @@ DBLOCK_TEST_SERVERS("a killed connection is connection_lost and the pool reconne
   { auto gone = std::move(victim); }
   // Every pooled connection works again (the broken one is reopened on lease).
   std::vector<dblock::database::connection> all;
-  for (std::size_t i = 0; i < ctx.db.options().pool_size; ++i) all.push_back(ctx.db.connect());
+  for (std::size_t i = 0; i < ctx.db.options().pool_size; ++i)
+    all.push_back(ctx.db.connect());
   for (auto& c : all) {
     int one = 0;
     c.session() << "SELECT 1", soci::into(one);

@@ -33,7 +33,8 @@ std::string random_suffix(std::size_t n) {
   static const char* chars = "abcdefghijklmnopqrstuvwxyz0123456789";
   std::uniform_int_distribution<int> d(0, 35);
   std::string s;
-  for (std::size_t i = 0; i < n; ++i) s += chars[d(rng)];
+  for (std::size_t i = 0; i < n; ++i)
+    s += chars[d(rng)];
   return s;
 }
 
@@ -62,9 +63,13 @@ database_options context::options() const {
   return o;
 }
 
-database context::open() const { return database(url, options()); }
+database context::open() const {
+  return database(url, options());
+}
 
-database context::open(database_options o) const { return database(url, o); }
+database context::open(database_options o) const {
+  return database(url, o);
+}
 
 std::string context::new_prefix() {
   prefixes.push_back("u" + random_suffix(8) + "_");
@@ -96,7 +101,8 @@ void run_on(const std::string& backend, const std::function<void(context&)>& bod
     ~cleanup() {
       if (c.backend == "sqlite") {
         std::string path = c.url.substr(std::string("sqlite://").size());
-        for (const char* ext : {"", "-wal", "-shm"}) ::unlink((path + ext).c_str());
+        for (const char* ext : {"", "-wal", "-shm"})
+          ::unlink((path + ext).c_str());
         return;
       }
       // Best effort: servers from scripts/test-servers.sh are thrown away anyway, but users may
@@ -142,13 +148,16 @@ int spawn_worker(const std::string& name, const std::vector<std::string>& args,
   std::vector<std::string> argv_s = {"/proc/self/exe", "--worker", name};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
+  for (auto& a : argv_s)
+    argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> env_s;
-  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  for (char** e = environ; *e; ++e)
+    env_s.emplace_back(*e);
   env_s.insert(env_s.end(), extra_env.begin(), extra_env.end());
   std::vector<char*> envp;
-  for (auto& e : env_s) envp.push_back(e.data());
+  for (auto& e : env_s)
+    envp.push_back(e.data());
   envp.push_back(nullptr);
   pid_t pid = 0;
   int rc = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data());

@@ -19,10 +19,10 @@ namespace dblock::test {
 
 /// Everything a backend-parametrised test body needs.
 struct context {
-  std::string backend;  // "postgresql", "mysql", "sqlite"
-  std::string url;      // the URL (SQLite: a fresh file for this test)
-  std::string prefix;   // random table prefix of this test
-  database db;          // migrated, with `prefix`
+  std::string backend;                     // "postgresql", "mysql", "sqlite"
+  std::string url;                         // the URL (SQLite: a fresh file for this test)
+  std::string prefix;                      // random table prefix of this test
+  database db;                             // migrated, with `prefix`
   std::vector<std::string> prefixes = {};  // every prefix to drop afterwards
 
   /// Another handle on the same database and prefix (its own pool).
@@ -87,27 +87,27 @@ long long monotonic_ns();
 #define DBLOCK_CAT2(a, b) a##b
 #define DBLOCK_CAT(a, b) DBLOCK_CAT2(a, b)
 
-#define DBLOCK_TEST_CASE_ON(BACKEND, FN, NAME, TAGS)                               \
-  TEST_CASE(NAME " <" BACKEND ">", TAGS "[" BACKEND "]") {                       \
-    ::dblock::test::run_on(BACKEND, FN);                                           \
+#define DBLOCK_TEST_CASE_ON(BACKEND, FN, NAME, TAGS)       \
+  TEST_CASE(NAME " <" BACKEND ">", TAGS "[" BACKEND "]") { \
+    ::dblock::test::run_on(BACKEND, FN);                   \
   }
 
 /// A test body run on all three backends; `ctx` is a dblock::test::context&.
 #define DBLOCK_TEST(NAME, TAGS) DBLOCK_TEST_IMPL(DBLOCK_CAT(dblock_body_, __LINE__), NAME, TAGS)
-#define DBLOCK_TEST_IMPL(FN, NAME, TAGS)                       \
-  static void FN(::dblock::test::context& ctx);                \
-  DBLOCK_TEST_CASE_ON("postgresql", FN, NAME, TAGS)            \
-  DBLOCK_TEST_CASE_ON("mysql", FN, NAME, TAGS)                 \
-  DBLOCK_TEST_CASE_ON("sqlite", FN, NAME, TAGS)                \
+#define DBLOCK_TEST_IMPL(FN, NAME, TAGS)            \
+  static void FN(::dblock::test::context& ctx);     \
+  DBLOCK_TEST_CASE_ON("postgresql", FN, NAME, TAGS) \
+  DBLOCK_TEST_CASE_ON("mysql", FN, NAME, TAGS)      \
+  DBLOCK_TEST_CASE_ON("sqlite", FN, NAME, TAGS)     \
   static void FN([[maybe_unused]] ::dblock::test::context& ctx)
 
 /// A test body run on the two client/server backends only (phenomena SQLite does not have).
 #define DBLOCK_TEST_SERVERS(NAME, TAGS) \
   DBLOCK_TEST_SERVERS_IMPL(DBLOCK_CAT(dblock_body_, __LINE__), NAME, TAGS)
-#define DBLOCK_TEST_SERVERS_IMPL(FN, NAME, TAGS)               \
-  static void FN(::dblock::test::context& ctx);                \
-  DBLOCK_TEST_CASE_ON("postgresql", FN, NAME, TAGS)            \
-  DBLOCK_TEST_CASE_ON("mysql", FN, NAME, TAGS)                 \
+#define DBLOCK_TEST_SERVERS_IMPL(FN, NAME, TAGS)    \
+  static void FN(::dblock::test::context& ctx);     \
+  DBLOCK_TEST_CASE_ON("postgresql", FN, NAME, TAGS) \
+  DBLOCK_TEST_CASE_ON("mysql", FN, NAME, TAGS)      \
   static void FN([[maybe_unused]] ::dblock::test::context& ctx)
 
 /// A test body for one backend.
@@ -119,8 +119,7 @@ long long monotonic_ns();
   static void FN([[maybe_unused]] ::dblock::test::context& ctx)
 
 /// Registers a worker function `int NAME(const std::vector<std::string>& args)`.
-#define DBLOCK_WORKER(NAME)                                                   \
-  static int NAME(const std::vector<std::string>& args);                      \
-  static ::dblock::test::worker_registration DBLOCK_CAT(NAME, _registration)( \
-      #NAME, &NAME);                                                          \
+#define DBLOCK_WORKER(NAME)                                                                 \
+  static int NAME(const std::vector<std::string>& args);                                    \
+  static ::dblock::test::worker_registration DBLOCK_CAT(NAME, _registration)(#NAME, &NAME); \
   static int NAME([[maybe_unused]] const std::vector<std::string>& args)

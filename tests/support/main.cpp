@@ -1,7 +1,7 @@
 // Test runner: Catch2 plus worker-process dispatch and a per-backend summary.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cstdlib>
 #include <fstream>

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# The one test command: install dependencies, build, start throwaway
+# PostgreSQL + MariaDB servers, run the whole suite, print per-backend totals.
+#
+# Usage: scripts/test.sh [CTEST_ARGS...]      e.g. scripts/test.sh -R sqlite
+#
+# Environment:
+#   BUILD_DIR   build directory (default: build, relative to the repo root)
+#   CI=true     strict mode: every backend (postgresql, mysql, sqlite) must
+#               have passing tests and none may be skipped
+#   DBLOCK_SUMMARIZE_ONLY=DIR
+#               skip install/build/tests and only evaluate the summary files
+#               in DIR (for debugging this script)
+#
+# Exit status is non-zero if the build or ctest failed, if any test failed on
+# any backend, or (CI=true) if a backend did not run or had skipped tests.
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
+cd "$REPO_ROOT"
+
+BUILD_DIR=${BUILD_DIR:-build}
+# The backends the suite must cover; the test binary reports under these names.
+BACKENDS=(postgresql mysql sqlite)
+T0=$SECONDS
+
+msg() { printf '\n==> %s\n' "$*" >&2; }
+
+is_ci() { [ "${CI:-}" = true ]; }
+
+wall_time() {
+    local s=$((SECONDS - T0))
+    printf '%dm%02ds' $((s / 60)) $((s % 60))
+}
+
+banner() { # a message nobody scrolls past
+    local line
+    printf '\n%s\n' "################################################################################"
+    for line in "$@"; do printf '##  %s\n' "$line"; done
+    printf '%s\n\n' "################################################################################"
+}
+
+# summarize DIR CTEST_STATUS: add up the "backend=B passed=N failed=N
+# skipped=N" lines of all files in DIR (one file per test process), print a
+# table and return non-zero if the run must count as failed.
+summarize() {
+    local dir=$1 ctest_status=$2 totals backend passed failed skipped
+    local fail=0 problems=()
+
+    # awk does the parsing: keys may come in any order, unknown keys and
+    # malformed lines are reported (not silently ignored).
+    totals=$(find "$dir" -type f -print0 | sort -z | xargs -0 -r awk '
+        NF == 0 { next }
+        {
+            b = ""; p = ""; f = ""; s = ""
+            for (i = 1; i <= NF; i++) {
+                split($i, kv, "=")
+                if (kv[1] == "backend") b = kv[2]
+                else if (kv[1] == "passed") p = kv[2]
+                else if (kv[1] == "failed") f = kv[2]
+                else if (kv[1] == "skipped") s = kv[2]
+            }
+            if (b == "" || p !~ /^[0-9]+$/ || f !~ /^[0-9]+$/ || s !~ /^[0-9]+$/) {
+                printf "WARNING: ignoring malformed summary line in %s: %s\n", FILENAME, $0 > "/dev/stderr"
+                next
+            }
+            if (!(b in seen)) { seen[b] = 1; order[++n] = b }
+            P[b] += p; F[b] += f; S[b] += s
+        }
+        END { for (i = 1; i <= n; i++) print order[i], P[order[i]], F[order[i]], S[order[i]] }
+    ')
+
+    # Table: the required backends first (also when missing), then any
+    # others the binary reported (e.g. "none" for backend-independent tests).
+    local -A P=() F=() S=()
+    local others=()
+    while read -r backend passed failed skipped; do
+        [ -n "$backend" ] || continue
+        P[$backend]=$passed F[$backend]=$failed S[$backend]=$skipped
+        case " ${BACKENDS[*]} " in
+            *" $backend "*) ;;
+            *) others+=("$backend") ;;
+        esac
+    done <<<"$totals"
+
+    local tp=0 tf=0 ts=0
+    printf '\n%-12s %8s %8s %8s\n' backend passed failed skipped
+    printf '%-12s %8s %8s %8s\n' ------------ -------- -------- --------
+    for backend in "${BACKENDS[@]}" "${others[@]}"; do
+        if [ -z "${P[$backend]+set}" ]; then
+            printf '%-12s %8s %8s %8s\n' "$backend" - - -
+            continue
+        fi
+        printf '%-12s %8d %8d %8d\n' "$backend" "${P[$backend]}" "${F[$backend]}" "${S[$backend]}"
+        tp=$((tp + P[$backend])) tf=$((tf + F[$backend])) ts=$((ts + S[$backend]))
+    done
+    printf '%-12s %8s %8s %8s\n' ------------ -------- -------- --------
+    printf '%-12s %8d %8d %8d\n' total "$tp" "$tf" "$ts"
+
+    if [ "$ctest_status" -ne 0 ]; then
+        problems+=("ctest (or the test servers) failed with exit status $ctest_status")
+        fail=1
+    fi
+    for backend in "${BACKENDS[@]}" "${others[@]}"; do
+        if [ "${F[$backend]:-0}" -gt 0 ]; then
+            problems+=("$backend: ${F[$backend]} test(s) FAILED")
+            fail=1
+        fi
+    done
+
+    # A backend that silently did not run (server unreachable, tests
+    # filtered out, binary crashed before writing its summary) would make a
+    # green run meaningless. In CI that is an error; locally it is allowed
+    # (e.g. "-R sqlite") but must be impossible to overlook.
+    local gaps=()
+    for backend in "${BACKENDS[@]}"; do
+        if [ "${P[$backend]:-0}" -eq 0 ]; then
+            gaps+=("$backend: no test passed (backend did not run?)")
+        fi
+        if [ "${S[$backend]:-0}" -gt 0 ]; then
+            gaps+=("$backend: ${S[$backend]} test(s) SKIPPED")
+        fi
+    done
+    if [ "${#gaps[@]}" -gt 0 ]; then
+        if is_ci; then
+            problems+=("${gaps[@]}" "(CI=true: every backend must run completely)")
+            fail=1
+        else
+            banner "WARNING: NOT ALL BACKENDS WERE FULLY TESTED" "${gaps[@]}" \
+                "(with CI=true this would fail the run)"
+        fi
+    fi
+
+    if [ "$fail" -ne 0 ]; then
+        banner "TESTS FAILED" "${problems[@]}"
+        return 1
+    fi
+    printf '\nAll tests passed.\n'
+}
+
+if [ -n "${DBLOCK_SUMMARIZE_ONLY:-}" ]; then
+    summarize "$DBLOCK_SUMMARIZE_ONLY" 0
+    exit
+fi
+
+msg "checking dependencies"
+bash "$REPO_ROOT/scripts/install-deps.sh"
+
+msg "configuring ($BUILD_DIR)"
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDBLOCK_TESTS=ON -DDBLOCK_EXAMPLES=ON
+
+msg "building"
+cmake --build "$BUILD_DIR" -j"$(nproc)"
+BUILD_TIME=$(wall_time)
+
+# Each test process drops its per-backend counts here (see tests/support).
+# Fresh per run so that results of earlier runs cannot be counted.
+DBLOCK_TEST_SUMMARY_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dblock-summary.XXXXXX")
+export DBLOCK_TEST_SUMMARY_DIR
+trap 'rm -rf "$DBLOCK_TEST_SUMMARY_DIR"' EXIT
+
+msg "running tests against throwaway servers"
+ctest_status=0
+"$REPO_ROOT/scripts/test-servers.sh" run -- \
+    ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 --timeout 900 "$@" ||
+    ctest_status=$?
+
+status=0
+summarize "$DBLOCK_TEST_SUMMARY_DIR" "$ctest_status" || status=$?
+printf '\nWall time: %s (install + build: %s)\n' "$(wall_time)" "$BUILD_TIME"
+case "$ctest_status" in
+    # Ctrl-C / kill: keep the conventional status so callers see the interrupt.
+    130 | 143)
+        echo "Interrupted." >&2
+        exit "$ctest_status"
+        ;;
+esac
+exit "$status"
