@@ -23,6 +23,8 @@ std::unique_ptr<pooled_session> database_impl::lease(const std::shared_ptr<datab
       if (sql.get_backend() != nullptr) sql.close();
       sql.open(dia->factory(), connect_string);
       dia->on_connect(sql, options);
+      auto iso = dia->isolation_sql(options.isolation);
+      if (!iso.empty()) sql << iso;
     } catch (...) {
       error e = dia->classify_current("connect");
       try {

@@ -32,6 +32,8 @@ const char* to_string(errc code) noexcept {
       return "in_doubt";
     case errc::invalid_argument:
       return "invalid_argument";
+    case errc::not_found:
+      return "not_found";
     case errc::schema_missing:
       return "schema_missing";
     case errc::schema_mismatch:

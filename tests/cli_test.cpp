@@ -1,1 +1,327 @@
+// The `dblock` command-line tool, run as a separate process (DBLOCK_CLI_PATH) on each backend:
+// `exec` runs a command under a lease lock and maps outcomes to documented exit statuses;
+// `migrate` applies the schema once.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <soci/soci.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "database_impl.hpp"
 #include "harness.hpp"
+
+using std::chrono::milliseconds;
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+// Documented exit statuses of the CLI.
+constexpr int exit_usage = 2;
+constexpr int exit_not_acquired = 75;
+constexpr int exit_lease_lost = 76;
+constexpr int exit_schema = 78;
+
+struct cli_result {
+  int status = -1;     // exit status, 128+signal when killed, -1 when it had to be killed
+  std::string output;  // stdout and stderr, interleaved
+  double seconds = 0;  // from start to exit
+};
+
+// The CLI as a child process with stdout and stderr on one pipe (like `2>&1`).
+class cli_process {
+ public:
+  explicit cli_process(const std::vector<std::string>& args) {
+    std::vector<std::string> argv_s = {DBLOCK_CLI_PATH};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+    start_ = steady::now();
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      ::dup2(fds[1], 1);
+      ::dup2(fds[1], 2);
+      int devnull = ::open("/dev/null", O_RDONLY);
+      if (devnull >= 0) ::dup2(devnull, 0);
+      ::execv(argv[0], argv.data());
+      const char msg[] = "cli_test: execv of the dblock CLI failed\n";
+      (void)!::write(2, msg, sizeof msg - 1);
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    fd_ = fds[0];
+  }
+  cli_process(const cli_process&) = delete;
+  cli_process& operator=(const cli_process&) = delete;
+  ~cli_process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      reap();
+    }
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  int pid() const { return pid_; }
+
+  // Reads output until the process exits (killing it after `timeout`).
+  cli_result finish(milliseconds timeout = std::chrono::seconds(60)) {
+    cli_result r;
+    const auto deadline = steady::now() + timeout;
+    bool killed = false;
+    while (fd_ >= 0) {
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - steady::now()).count();
+      if (left <= 0 && !killed) {
+        ::kill(pid_, SIGKILL);
+        killed = true;
+      }
+      pollfd p{fd_, POLLIN, 0};
+      int n = ::poll(&p, 1, killed ? 1000 : static_cast<int>(std::min<long long>(left, 1000)));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) continue;
+      char buf[4096];
+      ssize_t got = ::read(fd_, buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        ::close(fd_);
+        fd_ = -1;
+        break;
+      }
+      output_.append(buf, static_cast<std::size_t>(got));
+    }
+    r.status = reap();
+    if (killed) r.status = -1;
+    r.seconds = std::chrono::duration<double>(steady::now() - start_).count();
+    r.output = output_;
+    return r;
+  }
+
+ private:
+  int reap() {
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0) {
+      if (errno != EINTR) return -2;
+    }
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  int pid_ = -1;
+  int fd_ = -1;
+  std::string output_;
+  steady::time_point start_;
+};
+
+cli_result run_cli(const std::vector<std::string>& args,
+                   milliseconds timeout = std::chrono::seconds(60)) {
+  cli_process p(args);
+  return p.finish(timeout);
+}
+
+// `dblock exec` on this test's database: exec --url URL --table-prefix PREFIX <args...>
+std::vector<std::string> exec_args(const dblock::test::context& ctx,
+                                   const std::vector<std::string>& rest) {
+  std::vector<std::string> a = {"exec", "--url", ctx.url, "--table-prefix", ctx.prefix};
+  a.insert(a.end(), rest.begin(), rest.end());
+  return a;
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+std::string lock_name() {
+  return "cli-" + dblock::test::random_suffix();
+}
+
+}  // namespace
+
+DBLOCK_TEST("cli exec: runs the command with DBLOCK_FENCE, DBLOCK_OWNER and DBLOCK_LOCK", "[cli]") {
+  const std::string name = lock_name();
+  auto r = run_cli(exec_args(ctx, {"--lock", name, "--", "sh", "-c",
+                                   "echo \"$DBLOCK_FENCE $DBLOCK_OWNER $DBLOCK_LOCK\""}));
+  INFO(r.output);
+  CHECK(r.status == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(r.output, m, std::regex("^([0-9]+) ([0-9a-f]{32}) (\\S+)\n")));
+  CHECK(std::stoll(m[1].str()) > 0);
+  CHECK(m[3].str() == name);
+
+  // The lock was released: a second run gets it at once, with a greater fence.
+  auto r2 = run_cli(exec_args(ctx, {"--lock", name, "--", "sh", "-c", "echo $DBLOCK_FENCE"}));
+  INFO(r2.output);
+  CHECK(r2.status == 0);
+  CHECK(std::stoll(r2.output) > std::stoll(m[1].str()));
+}
+
+DBLOCK_TEST("cli exec: passes the command's exit status through", "[cli]") {
+  auto r = run_cli(exec_args(ctx, {"--lock", lock_name(), "--", "sh", "-c", "exit 7"}));
+  INFO(r.output);
+  CHECK(r.status == 7);
+}
+
+DBLOCK_TEST("cli exec: a held lock exits 75, with and without --wait", "[cli]") {
+  const std::string name = lock_name();
+  dblock::lease_lock lock(ctx.db, name);
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+
+  auto now = run_cli(exec_args(ctx, {"--lock", name, "--wait", "0s", "--", "true"}));
+  {
+    INFO(now.output);
+    CHECK(now.status == exit_not_acquired);
+    CHECK(contains(now.output, "lock '" + name + "' is held by another owner"));
+    CHECK(contains(now.output, "not running the command"));
+  }
+
+  auto waited = run_cli(exec_args(ctx, {"--lock", name, "--wait", "1s", "--", "true"}));
+  {
+    INFO(waited.output << " (" << waited.seconds << " s)");
+    CHECK(waited.status == exit_not_acquired);
+    CHECK(contains(waited.output, "was not freed within 1s"));
+    CHECK(waited.seconds >= 1.0);
+  }
+
+  CHECK(g->valid());
+  g->release();
+  auto free = run_cli(exec_args(ctx, {"--lock", name, "--wait", "0s", "--", "true"}));
+  INFO(free.output);
+  CHECK(free.status == 0);
+}
+
+DBLOCK_TEST("cli exec --wait: acquires when the holder releases during the wait", "[cli]") {
+  const std::string name = lock_name();
+  dblock::lease_lock lock(ctx.db, name);
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  const long long held_fence = g->fence();
+  const auto start = steady::now();
+  std::string release_error;
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(milliseconds(500));
+    try {
+      g->release();
+    } catch (const std::exception& e) {
+      release_error = e.what();
+    }
+  });
+  auto r = run_cli(
+      exec_args(ctx, {"--lock", name, "--wait", "10s", "--", "sh", "-c", "echo $DBLOCK_FENCE"}));
+  releaser.join();
+  double seconds = std::chrono::duration<double>(steady::now() - start).count();
+  INFO(r.output << " (" << seconds << " s)");
+  CHECK(release_error.empty());
+  REQUIRE(r.status == 0);
+  CHECK(std::stoll(r.output) > held_fence);
+  CHECK(seconds >= 0.5);  // it cannot have run before the release
+}
+
+// The lease is made lost by force: the row's expiry is moved into the past and the test takes
+// the lease over. The CLI's watchdog (ttl 1 s, renewing every ~333 ms) then fails to renew, so
+// the CLI must SIGTERM `sleep 30`, say so on stderr and exit 76 within a few seconds.
+DBLOCK_TEST("cli exec: a lost lease terminates the command and exits 76", "[cli]") {
+  const std::string name = lock_name();
+  cli_process cli(exec_args(ctx, {"--lock", name, "--ttl", "1s", "--", "sleep", "30"}));
+
+  // Wait until the CLI holds the lease.
+  auto* impl = ctx.db.impl().get();
+  bool held = false;
+  for (auto deadline = steady::now() + std::chrono::seconds(20); steady::now() < deadline;) {
+    auto c = ctx.db.connect();
+    auto row = impl->dia->lease_read(c.session(), impl->tables, name);
+    if (row && row->hold_count > 0 && row->expires_at_us > row->now_us) {
+      held = true;
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  REQUIRE(held);
+
+  {
+    auto c = ctx.db.connect();
+    long long minus_hour_us = -3600LL * 1000000LL;
+    c.session() << "UPDATE " << ctx.db.lock_table()
+                << " SET expires_at = " << impl->dia->plus_us_sql(impl->dia->now_sql(), "d")
+                << " WHERE resource_name = :name",
+        soci::use(minus_hour_us, "d"), soci::use(name, "name");
+  }
+  dblock::lease_lock lock(ctx.db, name);
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  const auto taken = steady::now();
+
+  auto r = cli.finish(std::chrono::seconds(40));
+  double after_takeover = std::chrono::duration<double>(steady::now() - taken).count();
+  INFO(r.output << " (" << after_takeover << " s after the takeover)");
+  CHECK(r.status == exit_lease_lost);
+  CHECK(contains(r.output, "lost"));
+  CHECK(contains(r.output, "SIGTERM"));
+  CHECK(after_takeover < 5.0);
+  // The CLI left the successor's lease alone.
+  CHECK(g->valid());
+  CHECK_NOTHROW(g->release());
+}
+
+DBLOCK_TEST("cli exec: an unmigrated prefix exits 78 and says to run dblock migrate", "[cli]") {
+  const std::string fresh = ctx.new_prefix();
+  auto r = run_cli(
+      {"exec", "--url", ctx.url, "--table-prefix", fresh, "--lock", lock_name(), "--", "true"});
+  INFO(r.output);
+  CHECK(r.status == exit_schema);
+  CHECK(contains(r.output, "dblock migrate"));
+}
+
+DBLOCK_TEST("cli exec: a bad URL exits 2, a missing command 127", "[cli]") {
+  auto bad = run_cli({"exec", "--url", "nonsense://x", "--lock", "x", "--", "true"});
+  {
+    INFO(bad.output);
+    CHECK(bad.status == exit_usage);
+    CHECK(contains(bad.output, "nonsense"));
+  }
+  auto missing =
+      run_cli(exec_args(ctx, {"--lock", lock_name(), "--",
+                              "dblock-test-no-such-command-" + dblock::test::random_suffix()}));
+  INFO(missing.output);
+  CHECK(missing.status == 127);
+  CHECK(contains(missing.output, "cannot run"));
+}
+
+DBLOCK_TEST("cli migrate: applies a fresh prefix once, then nothing", "[cli]") {
+  const std::string fresh = ctx.new_prefix();
+  auto first = run_cli({"migrate", "--url", ctx.url, "--table-prefix", fresh});
+  {
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+    std::smatch m;
+    REQUIRE(std::regex_search(first.output, m, std::regex("([0-9]+) migration\\(s\\) applied")));
+    CHECK(std::stoi(m[1].str()) > 0);
+    CHECK(contains(first.output, "applied now"));
+  }
+  auto second = run_cli({"migrate", "--url", ctx.url, "--table-prefix", fresh});
+  {
+    INFO(second.output);
+    CHECK(second.status == 0);
+    CHECK(contains(second.output, "0 migration(s) applied"));
+    CHECK_FALSE(contains(second.output, "applied now"));
+  }
+  // The migrated prefix works for exec.
+  auto r = run_cli(
+      {"exec", "--url", ctx.url, "--table-prefix", fresh, "--lock", lock_name(), "--", "true"});
+  INFO(r.output);
+  CHECK(r.status == 0);
+}

@@ -17,6 +17,15 @@ struct database_impl;
 struct pooled_session;
 }  // namespace detail
 
+/// Transaction isolation level for the pooled connections.
+enum class isolation_level {
+  server_default,   ///< leave the server's setting (PostgreSQL: READ COMMITTED, InnoDB: REPEATABLE
+                    ///< READ)
+  read_committed,   ///< READ COMMITTED (PostgreSQL, MySQL)
+  repeatable_read,  ///< REPEATABLE READ (PostgreSQL, MySQL)
+  serializable,     ///< SERIALIZABLE (PostgreSQL, MySQL); SQLite is always serializable
+};
+
 /// Settings of a database handle; all have safe defaults.
 struct database_options {
   /// Prefix of every dblock table name (for example "app1_"); validated as an identifier part
@@ -31,6 +40,8 @@ struct database_options {
   std::chrono::milliseconds connect_timeout{10000};
   /// SQLite busy timeout: how long a statement waits for another writer.
   std::chrono::milliseconds sqlite_busy_timeout{5000};
+  /// Isolation level set on every pooled connection when it connects (SQLite ignores it).
+  isolation_level isolation = isolation_level::server_default;
 };
 
 /**
@@ -92,6 +103,8 @@ class database {
     soci::session& session();
     /// Marks the connection as broken so the pool reconnects it before its next use.
     void discard() noexcept;
+    /// Internal: dblock's own components reach the pool slot through this.
+    detail::pooled_session& internal() noexcept { return *s_; }
 
    private:
     friend class database;

@@ -6,3 +6,6 @@
 #include "dblock/error.hpp"
 #include "dblock/lease_lock.hpp"
 #include "dblock/migrate.hpp"
+#include "dblock/optimistic.hpp"
+#include "dblock/retry.hpp"
+#include "dblock/row_lock.hpp"

@@ -1,6 +1,7 @@
 // dblock: distributed locks and safe concurrent updates on the database you already run.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -16,8 +17,8 @@ namespace dblock {
  * - retry the whole read-modify-write transaction: `deadlock`, `serialization_failure`,
  *   `version_conflict`;
  * - do not retry blindly: `in_doubt` (resolve by reading the row by owner token), `lease_lost`,
- *   `not_owner`, `unique_violation`, `invalid_argument`, `schema_missing`, `schema_mismatch`,
- *   `connection_failed`, `cancelled`, `backend_error`.
+ *   `not_owner`, `unique_violation`, `invalid_argument`, `not_found`, `schema_missing`,
+ * `schema_mismatch`, `connection_failed`, `cancelled`, `backend_error`.
  */
 enum class errc : int {
   timeout = 1,            ///< our own wait or time budget ran out (also PostgreSQL 57014)
@@ -33,6 +34,7 @@ enum class errc : int {
   connection_failed,      ///< could not connect: unreachable, refused, bad credentials
   in_doubt,               ///< the outcome of a COMMIT or release is unknown
   invalid_argument,       ///< bad URL, identifier, resource name, duration, ...
+  not_found,              ///< the row to update does not exist
   schema_missing,         ///< dblock's tables do not exist: run `dblock migrate`
   schema_mismatch,        ///< an applied migration differs from the one shipped
   backend_error,          ///< any other error reported by the database
@@ -86,12 +88,24 @@ class error : public std::runtime_error {
   long long native_code() const noexcept { return native_code_; }
   /// How a caller should react (see errc).
   retry_advice advice() const noexcept { return advice_for(code_); }
+  /// Attempts made when a retry loop gave up (0 when the error is not from a retry loop).
+  int attempts() const noexcept { return attempts_; }
+  /// Time spent by the retry loop that gave up (zero when not from a retry loop).
+  std::chrono::microseconds elapsed() const noexcept { return elapsed_; }
+  /// Records how many attempts a retry loop made and how long it ran.
+  error& with_retry_info(int attempts, std::chrono::microseconds elapsed) noexcept {
+    attempts_ = attempts;
+    elapsed_ = elapsed;
+    return *this;
+  }
 
  private:
   errc code_;
   std::string backend_;
   std::string sqlstate_;
   long long native_code_ = 0;
+  int attempts_ = 0;
+  std::chrono::microseconds elapsed_{0};
 };
 
 }  // namespace dblock

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -227,7 +228,11 @@ int run_exec(const common_options& c, const exec_options& x) {
       std::cerr << "dblock exec: " << e.what() << "\n";
       return exit_lease_lost;
     }
-    throw;
+    // The command ran to its end under the lease; only the release failed (for example the
+    // connection broke). The lease expires by itself within --ttl, nobody renews it. Report
+    // and keep the command's status, which is what the caller scripts on.
+    std::cerr << "dblock exec: warning: could not release '" << x.lock << "' (" << e.what()
+              << "); it expires within " << x.ttl << "\n";
   }
   return code;
 }

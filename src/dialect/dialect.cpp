@@ -15,6 +15,39 @@ std::string dialect::quote(std::string_view ident) const {
   return "\"" + std::string(ident) + "\"";
 }
 
+std::string dialect::isolation_sql(isolation_level level) const {
+  switch (level) {
+    case isolation_level::read_committed:
+      return "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+    case isolation_level::repeatable_read:
+      return "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ";
+    case isolation_level::serializable:
+      return "SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE";
+    case isolation_level::server_default:
+      break;
+  }
+  return {};
+}
+
+void dialect::begin_transaction(soci::session& sql, std::chrono::milliseconds lock_timeout) const {
+  set_lock_timeout(sql, lock_timeout);
+  sql << begin_write_sql();
+}
+
+void dialect::ensure_lock_row(soci::session& sql, const table_names& t,
+                              const std::string& name) const {
+  // A free, expired row (hold_count 0, expires_at = now) whose fence starts above the floor.
+  std::string empty;
+  long long zero = 0;
+  sql << "INSERT INTO " << t.lock
+      << " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at, holder_host,"
+         " holder_pid, holder_thread) VALUES (:name, :empty, COALESCE((SELECT max_fence FROM "
+      << t.floor << " WHERE id = 1), 0) + 1, 0, " << now_sql() << ", " << now_sql()
+      << ", :empty2, :zero, :empty3) ON CONFLICT (resource_name) DO NOTHING",
+      soci::use(name, "name"), soci::use(empty, "empty"), soci::use(empty, "empty2"),
+      soci::use(zero, "zero"), soci::use(empty, "empty3");
+}
+
 bool dialect::lease_renew(soci::session& sql, const table_names& t, const std::string& name,
                           const std::string& token, std::int64_t ttl_us) const {
   long long ttl = ttl_us;

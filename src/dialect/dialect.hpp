@@ -78,6 +78,9 @@ class dialect {
   /// Session set-up right after connecting (pragmas, session variables, clock function).
   virtual void on_connect(soci::session&, const database_options&) const {}
 
+  /// Statement setting the session's isolation level; empty when the backend has no choice.
+  virtual std::string isolation_sql(isolation_level level) const;
+
   /// Quotes an already validated identifier.
   virtual std::string quote(std::string_view ident) const;
 
@@ -101,6 +104,18 @@ class dialect {
   virtual std::string for_update_nowait_sql() const { return " FOR UPDATE NOWAIT"; }
   /// Suffix for a row-locking SELECT that skips locked rows.
   virtual std::string for_update_skip_locked_sql() const { return " FOR UPDATE SKIP LOCKED"; }
+
+  /// Begins a transaction whose lock waits last at most `lock_timeout` (zero: do not wait).
+  virtual void begin_transaction(soci::session&, std::chrono::milliseconds lock_timeout) const;
+  /// Undoes per-transaction session settings after COMMIT or ROLLBACK.
+  virtual void end_transaction(soci::session&, const database_options&) const {}
+  /// Creates the lock row of `name` when absent (race-safe on the unique index; never
+  /// changes an existing row).
+  virtual void ensure_lock_row(soci::session&, const table_names&, const std::string& name) const;
+  /// True when `column` of `table` has a unique index on exactly that one column (or is the
+  /// whole primary key), so that a lookup by it touches at most one row.
+  virtual bool has_unique_index(soci::session&, const std::string& table,
+                                const std::string& column) const = 0;
 
   // ---- errors --------------------------------------------------------------------------------
   /// Classifies the exception currently being handled (call from a catch block) into a

@@ -58,6 +58,34 @@ class mysql_dialect final : public dialect {
     sql << "SET SESSION innodb_lock_wait_timeout = " << ceil_seconds(ms, 0);
   }
 
+  void ensure_lock_row(soci::session& sql, const table_names& t,
+                       const std::string& name) const override {
+    // Not INSERT IGNORE: it would turn real errors (a too-long value) into warnings.
+    std::string empty;
+    long long zero = 0;
+    sql << "INSERT INTO " << t.lock
+        << " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
+           " holder_host, holder_pid, holder_thread) VALUES (:name, :empty, COALESCE((SELECT"
+           " max_fence FROM "
+        << t.floor << " WHERE id = 1), 0) + 1, 0, " << now_sql() << ", " << now_sql()
+        << ", :empty2, :zero, :empty3) ON DUPLICATE KEY UPDATE resource_name = resource_name",
+        soci::use(name, "name"), soci::use(empty, "empty"), soci::use(empty, "empty2"),
+        soci::use(zero, "zero"), soci::use(empty, "empty3");
+  }
+
+  bool has_unique_index(soci::session& sql, const std::string& table,
+                        const std::string& column) const override {
+    int n = 0;
+    sql << "SELECT count(*) FROM information_schema.statistics s"
+           " WHERE s.table_schema = DATABASE() AND s.table_name = :t AND s.column_name = :c"
+           " AND s.non_unique = 0 AND s.seq_in_index = 1 AND NOT EXISTS (SELECT 1 FROM"
+           " information_schema.statistics s2 WHERE s2.table_schema = s.table_schema"
+           " AND s2.table_name = s.table_name AND s2.index_name = s.index_name"
+           " AND s2.seq_in_index = 2)",
+        soci::use(table, "t"), soci::use(column, "c"), soci::into(n);
+    return n > 0;
+  }
+
   error classify_current(const std::string& what) const override {
     rethrow_if_dblock_error();
     try {

@@ -44,6 +44,15 @@ class postgresql_dialect final : public dialect {
         backend->conn_, [](void*, const char*) {}, nullptr);
   }
 
+  std::string isolation_sql(isolation_level level) const override {
+    std::string s = dialect::isolation_sql(level);
+    // PostgreSQL spells the session default differently from MySQL.
+    const std::string mysql_form = "SET SESSION TRANSACTION";
+    if (s.compare(0, mysql_form.size(), mysql_form) == 0)
+      s = "SET SESSION CHARACTERISTICS AS TRANSACTION" + s.substr(mysql_form.size());
+    return s;
+  }
+
   std::string now_sql() const override { return "clock_timestamp()"; }
   std::string plus_us_sql(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + CAST(:" + param + " AS DOUBLE PRECISION) * INTERVAL '1 microsecond')";
@@ -55,6 +64,26 @@ class postgresql_dialect final : public dialect {
   void set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const override {
     std::string value = std::to_string(std::max<long long>(ms.count(), 1)) + "ms", out;
     sql << "SELECT set_config('lock_timeout', :v, false)", soci::use(value), soci::into(out);
+  }
+
+  void begin_transaction(soci::session& sql, std::chrono::milliseconds ms) const override {
+    // lock_timeout 0 would mean "no limit" on PostgreSQL; 1 ms is "do not wait".
+    sql << "BEGIN";
+    std::string value = std::to_string(std::max<long long>(ms.count(), 1)) + "ms", out;
+    sql << "SELECT set_config('lock_timeout', :v, true)", soci::use(value), soci::into(out);
+  }
+
+  bool has_unique_index(soci::session& sql, const std::string& table,
+                        const std::string& column) const override {
+    int n = 0;
+    sql << "SELECT count(*) FROM pg_catalog.pg_index i"
+           " JOIN pg_catalog.pg_class c ON c.oid = i.indrelid"
+           " JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace"
+           " JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0]"
+           " WHERE ns.nspname = current_schema() AND c.relname = :t AND a.attname = :c"
+           " AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL",
+        soci::use(table, "t"), soci::use(column, "c"), soci::into(n);
+    return n > 0;
   }
 
   error classify_current(const std::string& what) const override {

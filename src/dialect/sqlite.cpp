@@ -68,6 +68,9 @@ class sqlite_dialect final : public dialect {
     sql << "PRAGMA journal_mode=WAL", soci::into(mode);
   }
 
+  // One writer at a time: every transaction is serializable.
+  std::string isolation_sql(isolation_level) const override { return {}; }
+
   std::string now_sql() const override { return "dblock_now_us()"; }
   std::string plus_us_sql(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + :" + param + ")";
@@ -80,6 +83,34 @@ class sqlite_dialect final : public dialect {
 
   void set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const override {
     sqlite3_busy_timeout(raw(sql), static_cast<int>(ms.count()));
+  }
+
+  void begin_transaction(soci::session& sql, std::chrono::milliseconds ms) const override {
+    // The wait for SQLite's single write lock happens here, not at the row.
+    set_lock_timeout(sql, ms);
+    sql << "BEGIN IMMEDIATE";
+  }
+  void end_transaction(soci::session& sql, const database_options& o) const override {
+    set_lock_timeout(sql, o.sqlite_busy_timeout);
+  }
+  void ensure_lock_row(soci::session& sql, const table_names& t,
+                       const std::string& name) const override {
+    atomic_write(sql, [&] { dialect::ensure_lock_row(sql, t, name); });
+  }
+
+  bool has_unique_index(soci::session& sql, const std::string& table,
+                        const std::string& column) const override {
+    int n = 0;
+    // A unique, non-partial index on exactly this column, or a one-column primary key.
+    sql << "SELECT (SELECT count(*) FROM pragma_index_list(:t) il"
+           " WHERE il.\"unique\" = 1 AND il.partial = 0"
+           " AND (SELECT count(*) FROM pragma_index_info(il.name)) = 1"
+           " AND (SELECT name FROM pragma_index_info(il.name)) = :c)"
+           " + (SELECT count(*) FROM pragma_table_info(:t2) WHERE name = :c2 AND pk = 1"
+           " AND (SELECT count(*) FROM pragma_table_info(:t3) WHERE pk > 0) = 1)",
+        soci::use(table, "t"), soci::use(column, "c"), soci::use(table, "t2"),
+        soci::use(column, "c2"), soci::use(table, "t3"), soci::into(n);
+    return n > 0;
   }
 
   error classify_current(const std::string& what) const override {

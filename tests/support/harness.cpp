@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -151,9 +152,15 @@ int spawn_worker(const std::string& name, const std::vector<std::string>& args,
   for (auto& a : argv_s)
     argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Inherited variables that extra_env sets again are dropped: getenv() returns the first match.
+  auto key_of = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
   std::vector<std::string> env_s;
-  for (char** e = environ; *e; ++e)
-    env_s.emplace_back(*e);
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    bool overridden = std::any_of(extra_env.begin(), extra_env.end(),
+                                  [&](const std::string& x) { return key_of(x) == key_of(kv); });
+    if (!overridden) env_s.push_back(kv);
+  }
   env_s.insert(env_s.end(), extra_env.begin(), extra_env.end());
   std::vector<char*> envp;
   for (auto& e : env_s)

@@ -1,0 +1,94 @@
+// dblock: distributed locks and safe concurrent updates on the database you already run.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dblock/error.hpp"
+
+namespace dblock {
+
+/// What a retry loop reports before each retry (for metrics and logs).
+struct retry_event {
+  int attempt;                        ///< the attempt that just failed (1-based)
+  const error& cause;                 ///< why it failed
+  std::chrono::microseconds backoff;  ///< sleep before the next attempt
+  std::chrono::microseconds elapsed;  ///< time since the loop started
+};
+
+/// Counts of one retry loop, filled in whether it succeeds or gives up.
+struct retry_stats {
+  int attempts = 0;                      ///< attempts started
+  int conflicts = 0;                     ///< attempts that failed with a retryable error
+  std::chrono::microseconds elapsed{0};  ///< total time of the loop
+};
+
+/**
+ * @brief A bounded retry loop: attempts, time budget, exponential backoff with full jitter.
+ *
+ * Used by optimistic updates, CAS updates and the transaction runner. Only errors whose code is
+ * in `retryable` are retried; any other error propagates at once. When attempts or time run out,
+ * the loop throws errc::version_conflict with attempts() and elapsed() set and the last cause in
+ * the message. Thread-safety: a policy is a value; share copies freely.
+ */
+struct retry_policy {
+  /// Maximum attempts, including the first (at least 1).
+  int max_attempts = 3;
+  /// Total time budget; no new attempt starts after it (zero: no budget).
+  std::chrono::milliseconds time_budget{100};
+  /// Backoff before retry n is uniform in [0, min(max_backoff, initial_backoff * 2^(n-1))].
+  std::chrono::milliseconds initial_backoff{1};
+  std::chrono::milliseconds max_backoff{50};
+  /// Codes worth retrying. SQLite BUSY is lock_not_available.
+  std::vector<errc> retryable{errc::version_conflict, errc::serialization_failure, errc::deadlock,
+                              errc::lock_not_available};
+  /// Called before each retry (from the retrying thread); empty by default.
+  std::function<void(const retry_event&)> on_retry;
+
+  /// A policy that retries until success (no attempt limit, no time budget).
+  static retry_policy until_success() {
+    retry_policy p;
+    p.max_attempts = 0x7fffffff;
+    p.time_budget = std::chrono::milliseconds(0);
+    return p;
+  }
+  /// A policy that makes exactly one attempt.
+  static retry_policy once() {
+    retry_policy p;
+    p.max_attempts = 1;
+    return p;
+  }
+  /// True when `code` is in `retryable`.
+  bool is_retryable(errc code) const noexcept;
+};
+
+/// Runs `attempt` under `policy` (see retry_policy); non-template core of retry().
+void run_with_retry(const retry_policy& policy, const std::function<void()>& attempt,
+                    retry_stats* stats = nullptr);
+
+/**
+ * @brief Calls `f()` until it returns, retrying retryable dblock::error codes under `policy`.
+ * @return what `f` returned.
+ * @throws dblock::error errc::version_conflict when the policy is exhausted (attempts() and
+ *         elapsed() set); errc::invalid_argument for a policy with max_attempts < 1; any
+ *         non-retryable error of `f` as is.
+ */
+template <class F>
+auto retry(const retry_policy& policy, F&& f, retry_stats* stats = nullptr) -> decltype(f()) {
+  using R = decltype(f());
+  if constexpr (std::is_void_v<R>) {
+    run_with_retry(
+        policy, [&] { f(); }, stats);
+  } else {
+    std::optional<R> out;
+    run_with_retry(
+        policy, [&] { out.emplace(f()); }, stats);
+    return std::move(*out);
+  }
+}
+
+}  // namespace dblock
