@@ -62,6 +62,12 @@ versioned_result attempt(const detail::database_impl& db, soci::session& sql,
   const long long old_version = std::get<long long>(version);
 
   mutate(values);
+  if (values.size() != spec.columns.size() ||
+      !std::all_of(spec.columns.begin(), spec.columns.end(),
+                   [&](const std::string& c) { return values.count(c) == 1; }))
+    throw error(errc::invalid_argument, "versioned update of " + spec.table +
+                                            ": the mutation removed or added columns; set a "
+                                            "column to std::monostate{} to write NULL");
   for (const auto& kv : values) {
     if (std::find(spec.columns.begin(), spec.columns.end(), kv.first) == spec.columns.end())
       throw error(errc::invalid_argument, "versioned update of " + spec.table +
@@ -96,16 +102,19 @@ versioned_result attempt(const detail::database_impl& db, soci::session& sql,
   return r;
 }
 
-std::uint64_t run_cas(const detail::database_impl& db, soci::session& sql, const cas_update& u) {
+void validate(const cas_update& u) {
   detail::validate_identifier(u.table, "table name");
   if (u.set.empty() || u.where.empty())
     throw error(errc::invalid_argument, "compare_and_set: set and where must not be empty");
+  for (const auto& p : u.params)
+    detail::validate_identifier(p.first, "parameter name");
+}
+
+std::uint64_t run_cas(const detail::database_impl& db, soci::session& sql, const cas_update& u) {
   detail::value_binder b;
   soci::statement st(sql);
-  for (const auto& p : u.params) {
-    detail::validate_identifier(p.first, "parameter name");
+  for (const auto& p : u.params)
     b.bind(st, p.second, p.first);
-  }
   st.alloc();
   st.prepare("UPDATE " + db.dia->quote(u.table) + " SET " + u.set + " WHERE " + u.where);
   st.define_and_bind();
@@ -153,6 +162,7 @@ versioned_result versioned_update(database::connection& conn, const versioned_ta
 
 std::uint64_t compare_and_set(const database& db, const cas_update& update,
                               const retry_policy& policy) {
+  validate(update);
   const auto& impl = db.impl();
   return retry(policy, [&] {
     return detail::with_session(
@@ -165,6 +175,7 @@ std::uint64_t compare_and_set(const database& db, const cas_update& update,
 }
 
 std::uint64_t compare_and_set(database::connection& conn, const cas_update& update) {
+  validate(update);
   auto& ps = conn.internal();
   try {
     return run_cas(*ps.db, ps.sql(), update);

@@ -7,5 +7,6 @@
 #include "dblock/lease_lock.hpp"
 #include "dblock/migrate.hpp"
 #include "dblock/optimistic.hpp"
+#include "dblock/reaper.hpp"
 #include "dblock/retry.hpp"
 #include "dblock/row_lock.hpp"

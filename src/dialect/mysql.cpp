@@ -100,6 +100,9 @@ class mysql_dialect final : public dialect {
         case 1213:
           code = errc::deadlock;
           break;
+        case 1020:  // MariaDB: record changed since last read (innodb_snapshot_isolation)
+          code = errc::serialization_failure;
+          break;
         case 1205:  // lock wait timeout (also MariaDB's NOWAIT)
         case 3572:  // MySQL 8 NOWAIT
           code = errc::lock_not_available;

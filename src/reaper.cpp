@@ -1,0 +1,243 @@
+#include "dblock/reaper.hpp"
+
+#include <soci/soci.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "database_impl.hpp"
+#include "dblock/retry.hpp"
+#include "values.hpp"
+
+namespace dblock {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+using clock_type = std::chrono::steady_clock;
+
+void validate(const reaper_options& o) {
+  if (o.retention < milliseconds(0))
+    throw error(errc::invalid_argument, "reaper retention must not be negative");
+  if (o.batch_size < 1 || o.batch_size > 10000)
+    throw error(errc::invalid_argument, "reaper batch_size must be 1..10000");
+  if (o.jitter < 0 || o.jitter > 1)
+    throw error(errc::invalid_argument, "reaper jitter must be 0..1");
+  if (o.interval < milliseconds(1))
+    throw error(errc::invalid_argument, "reaper interval must be at least 1 ms");
+}
+
+// SQL condition "this lease expired more than `retention` ago" (bound parameter :neg_retention).
+std::string expired_long_ago(const detail::dialect& d) {
+  return "expires_at < " + d.plus_us_sql(d.now_sql(), "neg_retention");
+}
+
+long long neg_micros(milliseconds retention) {
+  return -std::chrono::duration_cast<microseconds>(retention).count();
+}
+
+retry_policy batch_retry_policy() {
+  retry_policy p;
+  p.max_attempts = 10;
+  p.time_budget = std::chrono::seconds(30);
+  p.initial_backoff = milliseconds(5);
+  p.max_backoff = milliseconds(200);
+  return p;
+}
+
+// Phase 1: raise the fence floor to cover every row that is reapable now. Rows created later
+// start above the floor, so deleting a row never lets its name's fence go back.
+void raise_floor(const std::shared_ptr<detail::database_impl>& db, milliseconds retention) {
+  const auto& d = *db->dia;
+  const auto& t = db->tables;
+  retry(batch_retry_policy(), [&] {
+    detail::with_session(db, "reaper: raise fence floor", [&](soci::session& sql) {
+      long long neg = neg_micros(retention), top = 0;
+      soci::indicator ind = soci::i_null;
+      sql << "SELECT MAX(fence) FROM " << t.lock << " WHERE " << expired_long_ago(d),
+          soci::use(neg, "neg_retention"), soci::into(top, ind);
+      if (ind == soci::i_null) return;
+      d.atomic_write(sql, [&] {
+        sql << "UPDATE " << t.floor << " SET max_fence = :top WHERE id = 1 AND max_fence < :top2",
+            soci::use(top, "top"), soci::use(top, "top2");
+      });
+    });
+  });
+}
+
+// Phase 2, one batch: pick unlocked reapable rows covered by the floor, delete them with the
+// conditions checked again. Returns rows deleted.
+std::uint64_t delete_batch_once(const std::shared_ptr<detail::database_impl>& db,
+                                const reaper_options& o) {
+  const auto& d = *db->dia;
+  const auto& t = db->tables;
+  return detail::with_session(db, "reaper: delete expired rows", [&](soci::session& sql) {
+    const std::string covered = "fence <= (SELECT max_fence FROM " + t.floor + " WHERE id = 1)";
+    long long neg = neg_micros(o.retention);
+    d.begin_transaction(sql, milliseconds(5000));
+    try {
+      std::vector<std::string> names;
+      {
+        soci::rowset<std::string> rs =
+            (sql.prepare << "SELECT resource_name FROM " << t.lock << " WHERE "
+                         << expired_long_ago(d) << " AND " << covered
+                         << " ORDER BY expires_at LIMIT " << o.batch_size
+                         << d.for_update_skip_locked_sql(),
+             soci::use(neg, "neg_retention"));
+        for (const auto& n : rs)
+          names.push_back(n);
+      }
+      std::uint64_t deleted = 0;
+      if (!names.empty()) {
+        std::string q = "DELETE FROM " + t.lock + " WHERE resource_name IN (";
+        detail::value_binder b;
+        soci::statement st(sql);
+        for (std::size_t i = 0; i < names.size(); ++i) {
+          std::string p = "n" + std::to_string(i);
+          q += (i ? ", :" : ":") + p;
+          b.bind(st, names[i], p);
+        }
+        // Re-checked here: a lease renewed or re-acquired since the SELECT is not removed.
+        q += ") AND " + expired_long_ago(d) + " AND " + covered;
+        b.bind(st, neg, "neg_retention");
+        st.alloc();
+        st.prepare(q);
+        st.define_and_bind();
+        st.execute(true);
+        deleted = static_cast<std::uint64_t>(st.get_affected_rows());
+      }
+      sql << "COMMIT";
+      d.end_transaction(sql, db->options);
+      return deleted;
+    } catch (...) {
+      try {
+        sql << "ROLLBACK";
+        d.end_transaction(sql, db->options);
+      } catch (...) {
+      }
+      throw;
+    }
+  });
+}
+
+// A batch that meets a deadlock or a busy database (other reapers, SQLite's single writer) is
+// retried: it changed nothing.
+std::uint64_t delete_batch(const std::shared_ptr<detail::database_impl>& db,
+                           const reaper_options& o) {
+  return retry(batch_retry_policy(), [&] { return delete_batch_once(db, o); });
+}
+
+// Phase 2: batches until nothing is left or the budget is spent.
+void delete_all(const std::shared_ptr<detail::database_impl>& db, const reaper_options& o,
+                reap_result& r, clock_type::time_point start,
+                const std::function<bool()>& stop_requested) {
+  for (;;) {
+    if (stop_requested && stop_requested()) return;
+    if (o.time_budget.count() > 0 && clock_type::now() - start >= o.time_budget) return;
+    std::uint64_t n = delete_batch(db, o);
+    ++r.batches;
+    r.rows_reaped += n;
+    r.elapsed = std::chrono::duration_cast<microseconds>(clock_type::now() - start);
+    if (n < o.batch_size) r.complete = true;
+    if (o.on_batch) o.on_batch(r);
+    if (r.complete) return;
+  }
+}
+
+}  // namespace
+
+reap_result reap_once(const database& db, const reaper_options& options) {
+  validate(options);
+  const auto start = clock_type::now();
+  reap_result r;
+  raise_floor(db.impl(), options.retention);
+  if (options.floor_grace.count() > 0) std::this_thread::sleep_for(options.floor_grace);
+  delete_all(db.impl(), options, r, start, nullptr);
+  r.elapsed = std::chrono::duration_cast<microseconds>(clock_type::now() - start);
+  return r;
+}
+
+struct reaper::impl {
+  database db;
+  reaper_options options;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  reaper_metrics metrics;
+  std::thread thread;
+
+  impl(database d, reaper_options o) : db(std::move(d)), options(std::move(o)) {}
+
+  void run() {
+    std::mt19937_64 rng(std::random_device{}());
+    for (;;) {
+      // Delete what the previous run's floor covers, then raise the floor for the next run:
+      // the interval between runs is the floor grace.
+      const auto start = clock_type::now();
+      reap_result r;
+      std::optional<error> failure;
+      try {
+        delete_all(db.impl(), options, r, start, [this] {
+          std::lock_guard<std::mutex> lk(mu);
+          return stopping;
+        });
+        raise_floor(db.impl(), options.retention);
+      } catch (const error& e) {
+        failure = e;
+      } catch (const std::exception& e) {
+        failure = error(errc::backend_error, std::string("reaper: ") + e.what());
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        metrics.rows_reaped += r.rows_reaped;
+        metrics.batches += r.batches;
+        ++metrics.runs;
+        if (failure) {
+          ++metrics.failed_runs;
+          metrics.last_error = failure->what();
+        }
+      }
+      if (failure && options.on_error) {
+        try {
+          options.on_error(*failure);
+        } catch (...) {
+        }
+      }
+      double factor =
+          1.0 + std::uniform_real_distribution<double>(-options.jitter, options.jitter)(rng);
+      auto wait = std::chrono::duration_cast<milliseconds>(options.interval * factor);
+      std::unique_lock<std::mutex> lk(mu);
+      if (cv.wait_for(lk, wait, [this] { return stopping; })) return;
+    }
+  }
+};
+
+reaper::reaper(database db, reaper_options options) {
+  validate(options);
+  impl_ = std::make_unique<impl>(std::move(db), std::move(options));
+  impl_->thread = std::thread([this] { impl_->run(); });
+}
+
+reaper::~reaper() {
+  stop();
+}
+
+void reaper::stop() noexcept {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+reaper_metrics reaper::metrics() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->metrics;
+}
+
+}  // namespace dblock

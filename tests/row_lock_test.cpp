@@ -1,0 +1,1594 @@
+// Row locks and the transaction runner (include/dblock/row_lock.hpp), on PostgreSQL, MariaDB and
+// SQLite, with threads and with worker processes.
+//
+// Every test checks invariants that do not depend on timing (exact counts, each stock level sold
+// once, each job claimed once by the worker that logged it, uncommitted writes of a killed holder
+// discarded). Where a bound on time is part of the promise (NOWAIT latency, the lock wait timeout,
+// takeover after kill -9) it is measured and printed as a "[rowlock-metric]" line on stderr.
+//
+// A call that should return quickly but may block on a library bug is run on a helper thread
+// with a deadline (run_bounded): past the deadline the test records the failure and releases the
+// lock the call waits for, so that a bug costs seconds, never the server's 50 s lock wait.
+#include <signal.h>
+#include <soci/soci.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.hpp"
+
+using dblock::errc;
+using dblock::lock_wait;
+using dblock::row_selector;
+using dblock::transaction;
+using dblock::transaction_options;
+using dblock::test::monotonic_ns;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr long long ns_per_ms = 1000000LL;
+
+double ms_since(long long t0_ns) {
+  return static_cast<double>(monotonic_ns() - t0_ns) / 1e6;
+}
+
+void sleep_until_monotonic(long long t_ns) {
+  long long now = monotonic_ns();
+  if (t_ns > now) std::this_thread::sleep_for(std::chrono::nanoseconds(t_ns - now));
+}
+
+// One line per measurement, easy to grep out of a run.
+void metric(const std::string& backend, const std::string& text) {
+  std::cerr << "[rowlock-metric] " << backend << ": " << text << std::endl;
+}
+
+// ---- files and processes -----------------------------------------------------------------------
+
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    const char* t = std::getenv("TMPDIR");
+    std::string tmpl = std::string(t && *t ? t : "/tmp") + "/dblock-rowlock-XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+    path = buf.data();
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error("cannot rename " + tmp + ": " + std::strerror(errno));
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool wait_for_file(const std::string& path, milliseconds timeout) {
+  long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (monotonic_ns() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  return true;
+}
+
+// Worker processes of one test, killed and reaped if the test ends before waiting for them.
+struct process_set {
+  std::vector<int> pids;
+  ~process_set() {
+    for (int pid : pids) {
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  int spawn(const std::string& name, const std::vector<std::string>& args) {
+    int pid = dblock::test::spawn_worker(name, args);
+    pids.push_back(pid);
+    return pid;
+  }
+  // Exit status (128+signal when killed); -1 when still running at the deadline (then killed).
+  int wait(int pid, milliseconds timeout) {
+    long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
+    int status = 0;
+    for (;;) {
+      pid_t r = ::waitpid(pid, &status, WNOHANG);
+      if (r == pid) break;
+      if (r < 0 && errno != EINTR) return -2;
+      if (monotonic_ns() > deadline) {
+        ::kill(pid, SIGKILL);
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        forget(pid);
+        return -1;
+      }
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+    forget(pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::vector<int> wait_all(milliseconds timeout) {
+    long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
+    std::vector<int> all = pids, out;
+    for (int pid : all) {
+      long long left = std::max(0LL, (deadline - monotonic_ns()) / ns_per_ms);
+      out.push_back(wait(pid, milliseconds(left)));
+    }
+    return out;
+  }
+  void forget(int pid) { pids.erase(std::remove(pids.begin(), pids.end(), pid), pids.end()); }
+};
+
+dblock::database open_db(const std::string& url, const std::string& prefix, std::size_t pool) {
+  dblock::database_options o;
+  o.table_prefix = prefix;
+  o.pool_size = pool;
+  return dblock::database(url, o);
+}
+
+// ---- database helpers --------------------------------------------------------------------------
+
+// Drops the test's own tables at the end (the harness drops only dblock's and "items"); SQLite
+// files are removed whole by the harness.
+struct drop_tables {
+  const dblock::test::context& ctx;
+  std::vector<std::string> tables;
+  ~drop_tables() {
+    if (ctx.backend == "sqlite") return;
+    for (const auto& t : tables) {
+      try {
+        ctx.exec("DROP TABLE IF EXISTS " + t);
+      } catch (...) {
+      }
+    }
+  }
+};
+
+long long query_ll(const dblock::database& db, const std::string& sql) {
+  auto c = db.connect();
+  long long n = -1;
+  c.session() << sql, soci::into(n);
+  return n;
+}
+
+long long count_rows(const dblock::database& db, const std::string& table,
+                     const std::string& where = "1 = 1") {
+  return query_ll(db, "SELECT count(*) FROM " + table + " WHERE " + where);
+}
+
+long long lock_rows_for(const dblock::database& db, const std::string& name) {
+  auto c = db.connect();
+  long long n = -1;
+  c.session() << "SELECT count(*) FROM " << db.lock_table() << " WHERE resource_name = :n",
+      soci::use(name), soci::into(n);
+  return n;
+}
+
+// Opens every pooled connection now, so that measured calls do not pay for connecting.
+void warm_pool(const dblock::database& db, std::size_t n) {
+  std::vector<dblock::database::connection> cs;
+  for (std::size_t i = 0; i < n; ++i)
+    cs.push_back(db.connect());
+}
+
+long long as_int(const dblock::value& v) {
+  if (auto* i = std::get_if<long long>(&v)) return *i;
+  if (auto* s = std::get_if<std::string>(&v)) return std::stoll(*s);
+  if (auto* d = std::get_if<double>(&v)) return static_cast<long long>(*d);
+  throw std::runtime_error("NULL where an integer was expected");
+}
+
+// Column i of a soci::row as an integer, whatever integer type the backend reports.
+long long row_int(const soci::row& r, std::size_t i) {
+  switch (r.get_properties(i).get_data_type()) {
+    case soci::dt_integer:
+      return r.get<int>(i);
+    case soci::dt_long_long:
+      return r.get<long long>(i);
+    case soci::dt_unsigned_long_long:
+      return static_cast<long long>(r.get<unsigned long long>(i));
+    case soci::dt_double:
+      return static_cast<long long>(r.get<double>(i));
+    case soci::dt_string:
+      return std::stoll(r.get<std::string>(i));
+    default:
+      throw std::runtime_error("unexpected column type");
+  }
+}
+
+std::string as_text(const dblock::value& v) {
+  if (auto* s = std::get_if<std::string>(&v)) return *s;
+  if (auto* i = std::get_if<long long>(&v)) return std::to_string(*i);
+  return "<null>";
+}
+
+void create_items(const dblock::test::context& ctx, long long stock, int n_items = 1) {
+  ctx.exec("CREATE TABLE " + ctx.table("items") +
+           " (item_id INTEGER PRIMARY KEY, stock INTEGER NOT NULL)");
+  for (int i = 1; i <= n_items; ++i)
+    ctx.exec("INSERT INTO " + ctx.table("items") + " (item_id, stock) VALUES (" +
+             std::to_string(i) + ", " + std::to_string(stock) + ")");
+}
+
+long long read_stock(const dblock::database& db, const std::string& table, long long id = 1) {
+  return query_ll(db, "SELECT stock FROM " + table + " WHERE item_id = " + std::to_string(id));
+}
+
+row_selector item(const std::string& table, long long id = 1) {
+  return row_selector{table, "item_id", id, {"stock"}};
+}
+
+// ---- outcomes of calls that may block --------------------------------------------------------
+
+struct outcome {
+  bool acquired = false;           // a lock was obtained (and released again by the probe)
+  std::optional<errc> code;        // set when the call threw dblock::error
+  std::string message;             // what() of any exception
+  bool foreign_exception = false;  // threw something other than dblock::error
+  double ms = 0;                   // duration of the call
+  bool in_time = true;             // returned before run_bounded's limit
+  long long end_ns = 0;            // CLOCK_MONOTONIC when the call returned
+};
+
+// Calls f (which returns true when it obtained a lock) and records how it ended.
+outcome timed(const std::function<bool()>& f) {
+  outcome o;
+  long long t0 = monotonic_ns();
+  try {
+    o.acquired = f();
+  } catch (const dblock::error& e) {
+    o.code = e.code();
+    o.message = e.what();
+  } catch (const std::exception& e) {
+    o.foreign_exception = true;
+    o.message = e.what();
+  }
+  o.end_ns = monotonic_ns();
+  o.ms = static_cast<double>(o.end_ns - t0) / 1e6;
+  return o;
+}
+
+// Runs f on another thread and waits up to `limit`. When it has not returned by then, calls
+// `unblock` (which must make it return, e.g. by releasing the lock it waits for) and waits for it.
+outcome run_bounded(const std::function<bool()>& f, milliseconds limit,
+                    const std::function<void()>& unblock) {
+  auto fut = std::async(std::launch::async, [f] { return timed(f); });
+  if (fut.wait_for(limit) == std::future_status::ready) return fut.get();
+  unblock();
+  outcome o = fut.get();
+  o.in_time = false;
+  return o;
+}
+
+std::string describe(const outcome& o) {
+  std::ostringstream s;
+  s << (o.acquired ? "acquired" : "not acquired") << " after " << o.ms << " ms";
+  if (o.code) s << ", error " << dblock::to_string(*o.code);
+  if (o.foreign_exception) s << ", non-dblock exception";
+  if (!o.message.empty()) s << " (" << o.message << ")";
+  if (!o.in_time) s << " [did not return in time: the test released the lock to unblock it]";
+  return s.str();
+}
+
+// try_lock_resource as a probe: true when it got the lock (released again at once).
+std::function<bool()> try_resource(const dblock::database& db, const std::string& name) {
+  return [db, name] {
+    auto t = dblock::try_lock_resource(db, name);
+    if (!t) return false;
+    t->rollback();
+    return true;
+  };
+}
+
+// A cyclic barrier for threads, with a timeout so that a broken test cannot hang.
+class rendezvous {
+ public:
+  explicit rendezvous(int parties) : parties_(parties) {}
+  bool arrive_and_wait(milliseconds timeout = std::chrono::seconds(20)) {
+    std::unique_lock<std::mutex> lk(mu_);
+    long gen = generation_;
+    if (++waiting_ == parties_) {
+      waiting_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return true;
+    }
+    return cv_.wait_for(lk, timeout, [&] { return generation_ != gen; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int parties_;
+  int waiting_ = 0;
+  long generation_ = 0;
+};
+
+}  // namespace
+
+// =================================================================================================
+// 1. Flash sale under FOR UPDATE
+// =================================================================================================
+
+// args: url prefix items_table sales_table attempts worker_id out_file start_ns
+// Each attempt is one run_transaction: lock the item row, sell one if stock > 0 (decrement and
+// insert a sale row in the same transaction). Writes "sold N", "min M" and one "s <stock_before>"
+// line per sale.
+DBLOCK_WORKER(rowlock_flash_worker) {
+  const std::string url = args.at(0), prefix = args.at(1), items = args.at(2), sales = args.at(3);
+  const int attempts = std::stoi(args.at(4));
+  const int worker = std::stoi(args.at(5));
+  const std::string out_file = args.at(6);
+  const long long start_ns = std::stoll(args.at(7));
+  auto db = open_db(url, prefix, 2);
+  db.ping();
+  sleep_until_monotonic(start_ns);
+  int sold = 0;
+  long long min_seen = LLONG_MAX;
+  std::ostringstream log;
+  for (int a = 0; a < attempts; ++a) {
+    long long before = dblock::run_transaction(db, [&](transaction& t) -> long long {
+      auto rows = t.lock_rows(row_selector{items, "item_id", 1LL, {"stock"}});
+      if (rows.size() != 1) throw std::runtime_error("item row not found");
+      long long stock = as_int(rows[0].at("stock"));
+      min_seen = std::min(min_seen, stock);
+      if (stock <= 0) return 0;
+      t.session() << "UPDATE " << items << " SET stock = stock - 1 WHERE item_id = 1";
+      t.session() << "INSERT INTO " << sales
+                  << " (worker, attempt, stock_before) VALUES (:w, :a, :s)",
+          soci::use(worker, "w"), soci::use(a, "a"), soci::use(stock, "s");
+      return stock;
+    });
+    if (before > 0) {
+      ++sold;
+      log << "s " << before << "\n";
+    }
+  }
+  write_file_atomic(out_file, "sold " + std::to_string(sold) + "\nmin " + std::to_string(min_seen) +
+                                  "\n" + log.str());
+  return 0;
+}
+
+// SQLite runs the same workload: BEGIN IMMEDIATE serialises the 16 processes (the default busy
+// handler is not fair, but 800 short transactions finish well inside the 10 s lock timeout).
+DBLOCK_TEST("flash sale: 16 processes x 50 purchases under FOR UPDATE sell exactly the stock",
+            "[rowlock][process]") {
+  const int procs = 16, attempts = 50;
+  const long long stock = 100;
+  const std::string items = ctx.table("items"), sales = ctx.table("sales");
+  drop_tables drop{ctx, {sales}};
+  create_items(ctx, stock);
+  ctx.exec("CREATE TABLE " + sales +
+           " (worker INTEGER NOT NULL, attempt INTEGER NOT NULL, stock_before INTEGER NOT NULL,"
+           " PRIMARY KEY (worker, attempt))");
+  temp_dir dir;
+  process_set ps;
+  const long long start_ns = monotonic_ns() + 1500 * ns_per_ms;  // after all have connected
+  for (int w = 0; w < procs; ++w)
+    ps.spawn("rowlock_flash_worker",
+             {ctx.url, ctx.prefix, items, sales, std::to_string(attempts), std::to_string(w),
+              dir.file("w" + std::to_string(w)), std::to_string(start_ns)});
+  auto statuses = ps.wait_all(std::chrono::seconds(120));
+  for (std::size_t i = 0; i < statuses.size(); ++i) {
+    INFO("flash worker " << i << " exit status " << statuses[i] << " (see its stderr above)");
+    REQUIRE(statuses[i] == 0);
+  }
+  double run_ms = ms_since(start_ns);
+  long long sold = 0, min_seen = LLONG_MAX;
+  std::vector<long long> befores;
+  for (int w = 0; w < procs; ++w) {
+    std::istringstream in(read_file(dir.file("w" + std::to_string(w))));
+    std::string tag;
+    long long v = 0;
+    while (in >> tag >> v) {
+      if (tag == "sold") sold += v;
+      if (tag == "min") min_seen = std::min(min_seen, v);
+      if (tag == "s") befores.push_back(v);
+    }
+  }
+  metric(ctx.backend, "flash sale: " + std::to_string(procs * attempts) + " purchases in " +
+                          std::to_string(static_cast<long long>(run_ms)) + " ms");
+  CHECK(sold == stock);
+  CHECK(read_stock(ctx.db, items) == 0);
+  CHECK(min_seen >= 0);
+  CHECK(count_rows(ctx.db, sales) == stock);
+  // Each stock level was sold exactly once: the reads under the lock were never stale.
+  std::sort(befores.begin(), befores.end());
+  std::vector<long long> expected;
+  for (long long s = 1; s <= stock; ++s)
+    expected.push_back(s);
+  CHECK(befores == expected);
+  CHECK(query_ll(ctx.db, "SELECT count(DISTINCT stock_before) FROM " + sales) == stock);
+  CHECK(query_ll(ctx.db, "SELECT min(stock_before) FROM " + sales) == 1);
+  CHECK(query_ll(ctx.db, "SELECT max(stock_before) FROM " + sales) == stock);
+}
+
+// =================================================================================================
+// 2. Lock-table rows: try_lock_resource, lock_resource with a timeout, first use
+// =================================================================================================
+
+DBLOCK_TEST("lock_resource: try fails fast while held, the wait times out on time, rows appear",
+            "[rowlock]") {
+  const std::string name = "rl-" + dblock::test::random_suffix();
+  warm_pool(ctx.db, 4);
+  CHECK(lock_rows_for(ctx.db, name) == 0);
+
+  auto held = dblock::try_lock_resource(ctx.db, name);
+  REQUIRE(held);
+  CHECK(held->active());
+  // Created on first use, outside the transaction (visible to others at once).
+  CHECK(lock_rows_for(ctx.db, name) == 1);
+
+  // While held, a second try returns nothing, quickly. Each probe runs on a helper thread: if
+  // it blocks, the holder is released after 2 s so that the test goes on (and fails).
+  std::vector<double> lat;
+  for (int i = 0; i < 7 && held; ++i) {
+    auto o = run_bounded(try_resource(ctx.db, name), std::chrono::seconds(2), [&] {
+      held->rollback();
+      held.reset();
+    });
+    INFO("try_lock_resource while held: " << describe(o));
+    CHECK(o.in_time);
+    CHECK_FALSE(o.acquired);
+    CHECK_FALSE(o.code);
+    CHECK_FALSE(o.foreign_exception);
+    lat.push_back(o.ms);
+  }
+  std::sort(lat.begin(), lat.end());
+  double median = lat.empty() ? 0 : lat[lat.size() / 2];
+  std::ostringstream m;
+  m << "try_lock_resource while held: median " << median << " ms, max "
+    << (lat.empty() ? 0 : lat.back()) << " ms over " << lat.size() << " tries";
+  metric(ctx.backend, m.str());
+  CHECK(median < 50);
+
+  // After commit (and after rollback) it can be taken again.
+  if (held) held->commit();
+  held.reset();
+  auto again = dblock::try_lock_resource(ctx.db, name);
+  REQUIRE(again);
+  again->rollback();
+  auto third = dblock::try_lock_resource(ctx.db, name);
+  REQUIRE(third);
+
+  // lock_resource with a 2 s timeout while held: lock_not_available after 2 s +- 25 %. A fresh
+  // handle, so that no earlier transaction has touched its connection's session settings.
+  const milliseconds timeout(2000);
+  auto other = ctx.open();
+  auto o = run_bounded(
+      [&] {
+        auto t = dblock::lock_resource(other, name, timeout);
+        t.rollback();
+        return true;
+      },
+      milliseconds(4000), [&] { third->rollback(); });
+  INFO("lock_resource(2 s) while held: " << describe(o));
+  metric(ctx.backend, "lock_resource(2000 ms) while held: " + describe(o));
+  CHECK(o.in_time);
+  CHECK_FALSE(o.acquired);
+  CHECK(o.code == errc::lock_not_available);
+  CHECK(o.ms >= 1500);
+  CHECK(o.ms <= 2500);
+  if (third) third->rollback();
+}
+
+DBLOCK_TEST("lock_resource: 8 threads on 16 fresh names at once raise no error", "[rowlock]") {
+  const int threads = 8, names = 16;
+  auto o = ctx.options();
+  o.pool_size = threads + 2;
+  auto db = ctx.open(o);  // fresh connections: nothing left over by other tests
+  warm_pool(db, threads);
+  std::vector<std::string> ns;
+  for (int i = 0; i < names; ++i)
+    ns.push_back("fresh-" + dblock::test::random_suffix() + "-" + std::to_string(i));
+  rendezvous start(threads);
+  std::vector<std::string> errors(threads);
+  std::vector<int> got(threads, 0);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < names; ++i) {
+        start.arrive_and_wait();  // everyone hits the same absent name at the same moment
+        try {
+          auto tx = dblock::lock_resource(db, ns[i], std::chrono::seconds(10));
+          ++got[t];
+          tx.commit();
+        } catch (const std::exception& e) {
+          if (errors[t].empty()) errors[t] = ns[i] + ": " + e.what();
+        }
+      }
+    });
+  for (auto& t : ts)
+    t.join();
+  for (int t = 0; t < threads; ++t) {
+    INFO("thread " << t);
+    CHECK(errors[t] == "");
+    CHECK(got[t] == names);
+  }
+  for (const auto& n : ns)
+    CHECK(lock_rows_for(db, n) == 1);
+
+  // The same with try_lock_resource: at least one winner per name, no error.
+  std::vector<std::string> tns;
+  for (int i = 0; i < names; ++i)
+    tns.push_back("fresh-try-" + dblock::test::random_suffix() + "-" + std::to_string(i));
+  std::vector<std::atomic<int>> winners(names);
+  std::vector<std::thread> ts2;
+  std::vector<std::string> errors2(threads);
+  for (int t = 0; t < threads; ++t)
+    ts2.emplace_back([&, t] {
+      for (int i = 0; i < names; ++i) {
+        start.arrive_and_wait();
+        try {
+          auto tx = dblock::try_lock_resource(db, tns[i]);
+          if (tx) {
+            ++winners[i];
+            tx->commit();
+          }
+        } catch (const std::exception& e) {
+          if (errors2[t].empty()) errors2[t] = tns[i] + ": " + e.what();
+        }
+      }
+    });
+  for (auto& t : ts2)
+    t.join();
+  for (int t = 0; t < threads; ++t) {
+    INFO("thread " << t);
+    CHECK(errors2[t] == "");
+  }
+  for (int i = 0; i < names; ++i) {
+    CHECK(winners[i].load() >= 1);
+    CHECK(lock_rows_for(db, tns[i]) == 1);
+  }
+}
+
+// =================================================================================================
+// 3. NOWAIT and SKIP LOCKED on business rows
+// =================================================================================================
+
+// Row-level NOWAIT is a server phenomenon; SQLite's equivalent is the next test.
+DBLOCK_TEST_SERVERS("lock_rows: nowait fails fast and skip_locked skips a row another tx holds",
+                    "[rowlock]") {
+  create_items(ctx, 10, 2);
+  const std::string items = ctx.table("items");
+  warm_pool(ctx.db, 4);
+  transaction a(ctx.db);
+  auto rows = a.lock_rows(item(items, 1));
+  REQUIRE(rows.size() == 1);
+  CHECK(as_int(rows[0].at("item_id")) == 1);
+  CHECK(as_int(rows[0].at("stock")) == 10);
+
+  std::vector<double> lat;
+  for (int i = 0; i < 7; ++i) {
+    transaction b(ctx.db);
+    auto o = timed([&] {
+      b.lock_rows(item(items, 1), lock_wait::nowait);
+      return true;
+    });
+    INFO("nowait while held: " << describe(o));
+    CHECK_FALSE(o.acquired);
+    CHECK(o.code == errc::lock_not_available);
+    lat.push_back(o.ms);
+  }
+  std::sort(lat.begin(), lat.end());
+  std::ostringstream m;
+  m << "lock_rows(nowait) while held: median " << lat[lat.size() / 2] << " ms, max " << lat.back()
+    << " ms";
+  metric(ctx.backend, m.str());
+  CHECK(lat[lat.size() / 2] < 50);
+
+  {
+    transaction b(ctx.db);
+    CHECK(b.lock_rows(item(items, 1), lock_wait::skip_locked).empty());
+    // The other row is free: nowait takes it.
+    auto r2 = b.lock_rows(item(items, 2), lock_wait::nowait);
+    REQUIRE(r2.size() == 1);
+    CHECK(as_int(r2[0].at("item_id")) == 2);
+    // A key that matches nothing is an empty result, not an error.
+    CHECK(b.lock_rows(item(items, 99), lock_wait::nowait).empty());
+  }
+  a.commit();
+  transaction c(ctx.db);
+  CHECK(c.lock_rows(item(items, 1), lock_wait::nowait).size() == 1);
+  c.commit();
+}
+
+// SQLite has no row locks: a transaction takes the database's single write lock at BEGIN
+// IMMEDIATE. The honest equivalent of NOWAIT is that a second writer cannot even begin.
+DBLOCK_TEST_ONLY("sqlite", "sqlite: an open row-lock transaction excludes every other writer",
+                 "[rowlock]") {
+  create_items(ctx, 10, 2);
+  const std::string items = ctx.table("items");
+  warm_pool(ctx.db, 4);
+  transaction a(ctx.db);
+  REQUIRE(a.lock_rows(item(items, 1)).size() == 1);
+  a.session() << "UPDATE " << items << " SET stock = 9 WHERE item_id = 1";
+
+  // Even a different row: the whole database is locked for writers.
+  transaction_options zero;
+  zero.lock_timeout = milliseconds(0);
+  for (long long id : {1LL, 2LL}) {
+    transaction b(ctx.db, zero);
+    auto o = timed([&] {
+      b.lock_rows(item(items, id), lock_wait::nowait);
+      return true;
+    });
+    INFO("second writer, row " << id << ": " << describe(o));
+    metric(ctx.backend,
+           "second writer (lock_timeout 0) while a transaction is open: " + describe(o));
+    CHECK_FALSE(o.acquired);
+    CHECK(o.code == errc::lock_not_available);
+    CHECK(o.ms < 50);
+  }
+  // try_lock_resource: nothing, quickly (bounded: past 2 s the holder is released).
+  bool released = false;
+  auto o = run_bounded(try_resource(ctx.db, "sqlite-excl"), std::chrono::seconds(2), [&] {
+    a.rollback();
+    released = true;
+  });
+  INFO("try_lock_resource while another transaction is open: " << describe(o));
+  metric(ctx.backend, "try_lock_resource while another transaction is open: " + describe(o));
+  CHECK(o.in_time);
+  CHECK_FALSE(o.acquired);
+  CHECK(o.ms < 50);
+
+  // Readers are not blocked (WAL) and see the committed state only.
+  CHECK(read_stock(ctx.db, items) == 10);
+  if (!released) {
+    a.commit();
+    CHECK(read_stock(ctx.db, items) == 9);
+    transaction c(ctx.db, zero);
+    CHECK(c.lock_rows(item(items, 2), lock_wait::nowait).size() == 1);
+  }
+}
+
+// =================================================================================================
+// 4. Keys without a unique index are refused
+// =================================================================================================
+
+DBLOCK_TEST("lock_rows refuses a key without a single-column unique index", "[rowlock]") {
+  const std::string t = ctx.table("products");
+  drop_tables drop{ctx, {t}};
+  ctx.exec("CREATE TABLE " + t +
+           " (id INTEGER PRIMARY KEY, sku VARCHAR(32) NOT NULL, code VARCHAR(32) NOT NULL,"
+           " ean VARCHAR(32) NOT NULL, region VARCHAR(8) NOT NULL, qty INTEGER NOT NULL)");
+  ctx.exec("CREATE INDEX " + ctx.prefix + "products_code ON " + t + " (code)");
+  ctx.exec("CREATE UNIQUE INDEX " + ctx.prefix + "products_ean ON " + t + " (ean)");
+  ctx.exec("CREATE UNIQUE INDEX " + ctx.prefix + "products_region_sku ON " + t + " (region, sku)");
+  ctx.exec("INSERT INTO " + t +
+           " (id, sku, code, ean, region, qty) VALUES (1, 'A-1', 'C1', '4000000000001', 'eu', 5)");
+  ctx.exec("INSERT INTO " + t +
+           " (id, sku, code, ean, region, qty) VALUES (2, 'A-1', 'C1', '4000000000002', 'us', 6)");
+
+  auto refused = [&](const std::string& column, const dblock::value& key) {
+    transaction tx(ctx.db);
+    try {
+      tx.lock_rows(row_selector{t, column, key, {"qty"}});
+      FAIL_CHECK("lock_rows by " << column << " was not refused");
+    } catch (const dblock::error& e) {
+      INFO("by " << column << ": " << e.what());
+      CHECK(e.code() == errc::invalid_argument);
+      CHECK(std::string(e.what()).find("unique index") != std::string::npos);
+    }
+  };
+  refused("sku", std::string("A-1"));    // no index at all
+  refused("code", std::string("C1"));    // a non-unique index
+  refused("region", std::string("eu"));  // first column of a two-column unique index
+  refused("sku", std::string("A-1"));    // again: the refusal is not cached as a success
+
+  {
+    transaction tx(ctx.db);
+    auto rows = tx.lock_rows(row_selector{t, "sku", std::string("A-1"), {"qty"}, true});
+    CHECK(rows.size() == 2);
+    auto rows2 = tx.lock_rows(row_selector{t, "code", std::string("C1"), {"qty", "ean"}, true});
+    CHECK(rows2.size() == 2);
+    tx.commit();
+  }
+  {
+    transaction tx(ctx.db);
+    auto by_ean = tx.lock_rows(row_selector{t, "ean", std::string("4000000000002"), {"qty"}});
+    REQUIRE(by_ean.size() == 1);
+    CHECK(as_int(by_ean[0].at("qty")) == 6);
+    CHECK(as_text(by_ean[0].at("ean")) == "4000000000002");  // the key column is always there
+    auto by_pk = tx.lock_rows(row_selector{t, "id", 1LL, {"qty", "sku"}});
+    REQUIRE(by_pk.size() == 1);
+    CHECK(as_int(by_pk[0].at("id")) == 1);
+    CHECK(as_text(by_pk[0].at("sku")) == "A-1");
+    CHECK(by_pk[0].size() == 3);
+    tx.commit();
+  }
+  // Bad identifiers are rejected, never spliced.
+  transaction tx(ctx.db);
+  for (const auto& sel :
+       {row_selector{t + "; DROP TABLE x", "id", 1LL, {}}, row_selector{t, "id = 1 OR 1", 1LL, {}},
+        row_selector{t, "id", 1LL, {"qty, (SELECT 1)"}}}) {
+    try {
+      tx.lock_rows(sel);
+      FAIL_CHECK("bad identifier accepted");
+    } catch (const dblock::error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+    }
+  }
+  CHECK(count_rows(ctx.db, t) == 2);
+}
+
+// =================================================================================================
+// 5. Deadlocks
+// =================================================================================================
+
+namespace {
+
+void create_accounts(const dblock::test::context& ctx, const std::string& t) {
+  ctx.exec("CREATE TABLE " + t + " (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)");
+  ctx.exec("INSERT INTO " + t + " (id, v) VALUES (1, 0)");
+  ctx.exec("INSERT INTO " + t + " (id, v) VALUES (2, 0)");
+}
+
+long long account(const dblock::database& db, const std::string& t, int id) {
+  return query_ll(db, "SELECT v FROM " + t + " WHERE id = " + std::to_string(id));
+}
+
+row_selector acct(const std::string& t, long long id) {
+  return row_selector{t, "id", id, {"v"}};
+}
+
+}  // namespace
+
+// PostgreSQL detects the cycle after deadlock_timeout (1 s), InnoDB at once. SQLite cannot
+// deadlock on rows: its second writer waits at BEGIN IMMEDIATE (shown by the SQLite test below).
+DBLOCK_TEST_SERVERS("deadlock: without the runner one transaction gets errc::deadlock",
+                    "[rowlock]") {
+  const std::string t = ctx.table("acct");
+  drop_tables drop{ctx, {t}};
+  create_accounts(ctx, t);
+  warm_pool(ctx.db, 4);
+  rendezvous both(2);
+  struct result {
+    bool committed = false;
+    std::optional<errc> code;
+    std::string message;
+  };
+  result r[2];
+  auto run = [&](int k) {
+    const long long first = k == 0 ? 1 : 2, second = k == 0 ? 2 : 1, delta = k == 0 ? 1 : 10;
+    try {
+      transaction tx(ctx.db);
+      tx.lock_rows(acct(t, first));
+      both.arrive_and_wait();
+      tx.lock_rows(acct(t, second));
+      tx.session() << "UPDATE " << t << " SET v = v + " << delta << " WHERE id IN (1, 2)";
+      tx.commit();
+      r[k].committed = true;
+    } catch (const dblock::error& e) {
+      r[k].code = e.code();
+      r[k].message = e.what();
+    } catch (const std::exception& e) {
+      r[k].message = std::string("non-dblock exception: ") + e.what();
+    }
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  INFO("tx 0: " << r[0].message << " / tx 1: " << r[1].message);
+  CHECK(r[0].committed + r[1].committed == 1);
+  int victim = r[0].committed ? 1 : 0;
+  CHECK(r[victim].code == errc::deadlock);
+  long long expected = r[0].committed ? 1 : 10;
+  CHECK(account(ctx.db, t, 1) == expected);
+  CHECK(account(ctx.db, t, 2) == expected);
+}
+
+DBLOCK_TEST_SERVERS("deadlock: run_transaction retries the victim, both apply exactly once",
+                    "[rowlock]") {
+  const std::string t = ctx.table("acct");
+  drop_tables drop{ctx, {t}};
+  create_accounts(ctx, t);
+  warm_pool(ctx.db, 4);
+  rendezvous both(2);
+  std::atomic<int> retries{0};
+  std::atomic<int> deadlock_retries{0};
+  dblock::retry_stats stats[2];
+  std::string errors[2];
+  auto run = [&](int k) {
+    const long long first = k == 0 ? 1 : 2, second = k == 0 ? 2 : 1, delta = k == 0 ? 1 : 10;
+    auto policy = dblock::transaction_retry_policy();
+    policy.on_retry = [&](const dblock::retry_event& e) {
+      ++retries;
+      if (e.cause.code() == errc::deadlock) ++deadlock_retries;
+    };
+    int attempt = 0;
+    try {
+      dblock::run_transaction(
+          ctx.db,
+          [&](transaction& tx) {
+            ++attempt;
+            tx.lock_rows(acct(t, first));
+            if (attempt == 1) both.arrive_and_wait();  // only the first attempts interleave
+            tx.lock_rows(acct(t, second));
+            tx.session() << "UPDATE " << t << " SET v = v + " << delta << " WHERE id IN (1, 2)";
+          },
+          policy, {}, &stats[k]);
+    } catch (const std::exception& e) {
+      errors[k] = e.what();
+    }
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  INFO("attempts " << stats[0].attempts << " + " << stats[1].attempts << ", retries "
+                   << retries.load());
+  CHECK(retries.load() >= 1);
+  CHECK(deadlock_retries.load() >= 1);
+  CHECK(stats[0].conflicts + stats[1].conflicts == retries.load());
+  CHECK(stats[0].attempts + stats[1].attempts == 2 + retries.load());
+  CHECK(account(ctx.db, t, 1) == 11);
+  CHECK(account(ctx.db, t, 2) == 11);
+}
+
+// The body's own statements (t.session()) can deadlock too: the runner promises to retry the
+// whole transaction on deadlock, whichever statement of the body hit it.
+DBLOCK_TEST_SERVERS("deadlock in the body's own UPDATE (t.session()) is retried by the runner",
+                    "[rowlock]") {
+  const std::string t = ctx.table("acct");
+  drop_tables drop{ctx, {t}};
+  create_accounts(ctx, t);
+  warm_pool(ctx.db, 4);
+  rendezvous both(2);
+  std::atomic<int> retries{0};
+  std::string errors[2];
+  auto run = [&](int k) {
+    const long long first = k == 0 ? 1 : 2, second = k == 0 ? 2 : 1, delta = k == 0 ? 1 : 10;
+    auto policy = dblock::transaction_retry_policy();
+    policy.on_retry = [&](const dblock::retry_event&) { ++retries; };
+    int attempt = 0;
+    try {
+      dblock::run_transaction(
+          ctx.db,
+          [&](transaction& tx) {
+            ++attempt;
+            tx.session() << "UPDATE " << t << " SET v = v + " << delta << " WHERE id = " << first;
+            if (attempt == 1) both.arrive_and_wait();
+            tx.session() << "UPDATE " << t << " SET v = v + " << delta << " WHERE id = " << second;
+          },
+          policy);
+    } catch (const dblock::error& e) {
+      errors[k] = std::string("dblock::error ") + dblock::to_string(e.code()) + ": " + e.what();
+    } catch (const std::exception& e) {
+      errors[k] = std::string("non-dblock exception escaped run_transaction: ") + e.what();
+    }
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  CHECK(retries.load() >= 1);
+  long long one = account(ctx.db, t, 1), two = account(ctx.db, t, 2);
+  INFO("final values " << one << ", " << two);
+  CHECK(one == 11);
+  CHECK(two == 11);
+}
+
+// SQLite's honest equivalent: opposite lock orders cannot deadlock, because the second writer
+// waits at BEGIN IMMEDIATE until the first commits; both apply exactly once.
+DBLOCK_TEST_ONLY("sqlite", "sqlite: opposite lock orders serialise at BEGIN IMMEDIATE",
+                 "[rowlock]") {
+  const std::string t = ctx.table("acct");
+  create_accounts(ctx, t);
+  warm_pool(ctx.db, 4);
+  std::atomic<long long> first_commit_sent_ns{0}, second_began_ns{0};
+  std::atomic<bool> first_locked{false};
+  std::string errors[2];
+  std::thread a([&] {
+    try {
+      dblock::run_transaction(ctx.db, [&](transaction& tx) {
+        tx.lock_rows(acct(t, 1));
+        first_locked = true;
+        std::this_thread::sleep_for(milliseconds(300));  // the other thread tries meanwhile
+        tx.lock_rows(acct(t, 2));
+        tx.session() << "UPDATE " << t << " SET v = v + 1 WHERE id IN (1, 2)";
+        first_commit_sent_ns = monotonic_ns();
+        tx.commit();
+      });
+    } catch (const std::exception& e) {
+      errors[0] = e.what();
+    }
+  });
+  while (!first_locked)
+    std::this_thread::sleep_for(milliseconds(1));
+  std::thread b([&] {
+    try {
+      dblock::run_transaction(ctx.db, [&](transaction& tx) {
+        tx.lock_rows(acct(t, 2));
+        second_began_ns = monotonic_ns();
+        tx.lock_rows(acct(t, 1));
+        tx.session() << "UPDATE " << t << " SET v = v + 10 WHERE id IN (1, 2)";
+      });
+    } catch (const std::exception& e) {
+      errors[1] = e.what();
+    }
+  });
+  a.join();
+  b.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  CHECK(second_began_ns.load() >= first_commit_sent_ns.load());
+  CHECK(account(ctx.db, t, 1) == 11);
+  CHECK(account(ctx.db, t, 2) == 11);
+}
+
+// =================================================================================================
+// 6. Holder killed with SIGKILL
+// =================================================================================================
+
+// args: url prefix mode(resource|rows) name_or_table ready_file
+// Takes the lock, makes an uncommitted write (rows mode), signals readiness, then sleeps (exits
+// by itself after a minute so it never outlives a broken test for long).
+DBLOCK_WORKER(rowlock_holder_worker) {
+  const std::string url = args.at(0), prefix = args.at(1), mode = args.at(2), target = args.at(3),
+                    ready = args.at(4);
+  auto db = open_db(url, prefix, 2);
+  std::optional<transaction> tx;
+  if (mode == "resource") {
+    tx.emplace(dblock::lock_resource(db, target, std::chrono::seconds(10)));
+  } else {
+    tx.emplace(db);
+    auto rows = tx->lock_rows(row_selector{target, "item_id", 1LL, {"stock"}});
+    if (rows.size() != 1) return 4;
+    tx->session() << "UPDATE " << target << " SET stock = -1 WHERE item_id = 1";
+  }
+  write_file_atomic(ready, "locked\n");
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 5;
+}
+
+namespace {
+
+// The lock of one mode: true when obtained without waiting (released again at once).
+std::function<bool()> try_mode(const dblock::database& db, const std::string& mode,
+                               const std::string& target) {
+  if (mode == "resource") return try_resource(db, target);
+  return [db, target] {
+    transaction_options zero;
+    zero.lock_timeout = milliseconds(0);
+    transaction t(db, zero);
+    try {
+      auto rows = t.lock_rows(row_selector{target, "item_id", 1LL, {"stock"}}, lock_wait::nowait);
+      if (rows.size() != 1) throw std::runtime_error("item row not found");
+      // The killed holder's uncommitted write must be gone.
+      if (as_int(rows[0].at("stock")) != 100)
+        throw std::runtime_error("stock is " + as_text(rows[0].at("stock")) + ", not 100");
+      t.rollback();
+      return true;
+    } catch (const dblock::error& e) {
+      if (e.code() == errc::lock_not_available) return false;
+      throw;
+    }
+  };
+}
+
+void killed_holder(dblock::test::context& ctx, const std::string& mode) {
+  const std::string target =
+      mode == "resource" ? "killed-" + dblock::test::random_suffix() : ctx.table("items");
+  temp_dir dir;
+  process_set ps;
+  warm_pool(ctx.db, 4);
+  int pid =
+      ps.spawn("rowlock_holder_worker", {ctx.url, ctx.prefix, mode, target, dir.file("ready")});
+  REQUIRE(wait_for_file(dir.file("ready"), std::chrono::seconds(15)));
+
+  // While the holder lives, a try fails (bounded: a blocked try is left running; it may only
+  // succeed after the kill).
+  auto probe =
+      std::async(std::launch::async, [f = try_mode(ctx.db, mode, target)] { return timed(f); });
+  bool probe_in_time = probe.wait_for(std::chrono::seconds(1)) == std::future_status::ready;
+  std::optional<outcome> before;
+  if (probe_in_time) before = probe.get();
+  CHECK(probe_in_time);
+  if (before) {
+    INFO("try while the holder lives: " << describe(*before));
+    CHECK_FALSE(before->acquired);
+    CHECK_FALSE(before->code);
+    CHECK_FALSE(before->foreign_exception);
+    CHECK(before->ms < 50);
+  }
+
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  const long long kill_ns = monotonic_ns();
+  CHECK(ps.wait(pid, std::chrono::seconds(10)) == 128 + SIGKILL);  // it was alive until then
+  if (!probe_in_time) {
+    outcome late = probe.get();
+    INFO("the blocked try ended " << (late.end_ns - kill_ns) / 1000000
+                                  << " ms after the kill: " << describe(late));
+    CHECK(late.end_ns >= kill_ns);  // never granted while the holder was alive
+  }
+
+  outcome got;
+  int tries = 0;
+  const long long deadline = kill_ns + 10000 * ns_per_ms;
+  while (monotonic_ns() < deadline) {
+    ++tries;
+    got = timed(try_mode(ctx.db, mode, target));
+    if (got.acquired || got.code || got.foreign_exception) break;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  double takeover_ms = static_cast<double>(got.end_ns - kill_ns) / 1e6;
+  std::ostringstream m;
+  m << "takeover after kill -9 (" << mode << "): " << takeover_ms << " ms, " << tries << " tries";
+  metric(ctx.backend, m.str());
+  INFO(m.str() << "; last try: " << describe(got));
+  CHECK_FALSE(got.code);
+  CHECK_FALSE(got.foreign_exception);
+  REQUIRE(got.acquired);
+  CHECK(takeover_ms < 3000);
+  if (mode == "rows") CHECK(read_stock(ctx.db, ctx.table("items")) == 100);
+}
+
+}  // namespace
+
+DBLOCK_TEST("holder of lock_resource killed with SIGKILL: the lock frees within seconds",
+            "[rowlock][process]") {
+  killed_holder(ctx, "resource");
+}
+
+DBLOCK_TEST("holder of lock_rows killed with SIGKILL: the row frees, its write is discarded",
+            "[rowlock][process]") {
+  create_items(ctx, 100);
+  killed_holder(ctx, "rows");
+}
+
+// =================================================================================================
+// 7. A work queue with SKIP LOCKED
+// =================================================================================================
+
+// args: url prefix jobs_table worker_id out_file start_ns
+// Claims batches of 10 until no 'new' job is left; logs "c <id>" per job it marked done and
+// "d <id>" per claimed job someone else had already done (a double claim), "x <id>" per claimed
+// row that was not 'new'.
+DBLOCK_WORKER(rowlock_queue_worker) {
+  const std::string url = args.at(0), prefix = args.at(1), jobs = args.at(2);
+  const int worker = std::stoi(args.at(3));
+  const std::string out_file = args.at(4);
+  const long long start_ns = std::stoll(args.at(5));
+  auto db = open_db(url, prefix, 2);
+  db.ping();
+  sleep_until_monotonic(start_ns);
+  std::ostringstream log;
+  int empty_rounds = 0;
+  for (;;) {
+    auto lines = dblock::run_transaction(db, [&](transaction& t) {
+      std::vector<std::string> out;
+      auto rows = t.claim(
+          dblock::claim_spec{jobs, "id", {"status"}, "status = :s", {{"s", std::string("new")}}},
+          10);
+      for (const auto& r : rows) {
+        long long id = as_int(r.at("id"));
+        if (as_text(r.at("status")) != "new") out.push_back("x " + std::to_string(id));
+        soci::statement st =
+            (t.session().prepare << "UPDATE " << jobs
+                                 << " SET status = 'done', claimed_by = :w WHERE id = :id AND"
+                                    " status = 'new'",
+             soci::use(worker, "w"), soci::use(id, "id"));
+        st.execute(true);
+        out.push_back((st.get_affected_rows() == 1 ? "c " : "d ") + std::to_string(id));
+      }
+      return out;
+    });
+    for (const auto& l : lines)
+      log << l << "\n";
+    if (!lines.empty()) continue;
+    // Nothing claimable: done when no job is new, else the rest is locked by others.
+    if (count_rows(db, jobs, "status = 'new'") == 0) break;
+    ++empty_rounds;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  log << "e " << empty_rounds << "\n";
+  write_file_atomic(out_file, log.str());
+  return 0;
+}
+
+// On SQLite the claimers' write transactions exclude each other, so this runs too.
+DBLOCK_TEST("work queue: 8 processes claim 1000 jobs with SKIP LOCKED, each exactly once",
+            "[rowlock][process]") {
+  const int procs = 8, n_jobs = 1000;
+  const std::string jobs = ctx.table("jobs");
+  drop_tables drop{ctx, {jobs}};
+  ctx.exec("CREATE TABLE " + jobs +
+           " (id INTEGER PRIMARY KEY, status VARCHAR(16) NOT NULL, claimed_by INTEGER)");
+  dblock::run_transaction(ctx.db, [&](transaction& t) {
+    for (int base = 1; base <= n_jobs; base += 100) {
+      std::string q = "INSERT INTO " + jobs + " (id, status) VALUES ";
+      for (int id = base; id < base + 100; ++id)
+        q += (id == base ? "(" : ", (") + std::to_string(id) + ", 'new')";
+      t.session() << q;
+    }
+  });
+  REQUIRE(count_rows(ctx.db, jobs, "status = 'new'") == n_jobs);
+
+  temp_dir dir;
+  process_set ps;
+  const long long start_ns = monotonic_ns() + 1000 * ns_per_ms;
+  for (int w = 1; w <= procs; ++w)
+    ps.spawn("rowlock_queue_worker", {ctx.url, ctx.prefix, jobs, std::to_string(w),
+                                      dir.file("w" + std::to_string(w)), std::to_string(start_ns)});
+  auto statuses = ps.wait_all(std::chrono::seconds(120));
+  for (std::size_t i = 0; i < statuses.size(); ++i) {
+    INFO("queue worker " << i + 1 << " exit status " << statuses[i] << " (see its stderr above)");
+    REQUIRE(statuses[i] == 0);
+  }
+  double run_ms = ms_since(start_ns);
+  std::map<long long, std::vector<int>> claimed;  // id -> workers that logged it done
+  long long doubles = 0, not_new = 0, empty_rounds = 0;
+  std::map<int, int> per_worker;
+  for (int w = 1; w <= procs; ++w) {
+    std::istringstream in(read_file(dir.file("w" + std::to_string(w))));
+    std::string tag;
+    long long v = 0;
+    while (in >> tag >> v) {
+      if (tag == "c") {
+        claimed[v].push_back(w);
+        ++per_worker[w];
+      }
+      if (tag == "d") ++doubles;
+      if (tag == "x") ++not_new;
+      if (tag == "e") empty_rounds += v;
+    }
+  }
+  std::ostringstream m;
+  m << "queue: " << n_jobs << " jobs in " << static_cast<long long>(run_ms) << " ms; per worker";
+  for (const auto& kv : per_worker)
+    m << " " << kv.second;
+  m << "; empty claims " << empty_rounds;
+  metric(ctx.backend, m.str());
+  CHECK(doubles == 0);
+  CHECK(not_new == 0);
+  CHECK(claimed.size() == static_cast<std::size_t>(n_jobs));
+  long long twice = 0;
+  for (const auto& kv : claimed)
+    if (kv.second.size() != 1) ++twice;
+  CHECK(twice == 0);
+  CHECK(claimed.begin()->first == 1);
+  CHECK(claimed.rbegin()->first == n_jobs);
+  CHECK(count_rows(ctx.db, jobs, "status = 'done'") == n_jobs);
+  CHECK(count_rows(ctx.db, jobs) == n_jobs);
+  // The database agrees with the logs on who did each job.
+  auto c = ctx.db.connect();
+  soci::rowset<soci::row> rs = (c.session().prepare << "SELECT id, claimed_by FROM " << jobs);
+  long long mismatches = 0;
+  for (const auto& r : rs) {
+    long long id = r.get_indicator(0) == soci::i_ok ? row_int(r, 0) : -1;
+    long long by = r.get_indicator(1) == soci::i_ok ? row_int(r, 1) : -1;
+    auto it = claimed.find(id);
+    if (it == claimed.end() || it->second.empty() || it->second.front() != by) ++mismatches;
+  }
+  CHECK(mismatches == 0);
+}
+
+// =================================================================================================
+// 8. The transaction runner
+// =================================================================================================
+
+namespace {
+
+void create_log(const dblock::test::context& ctx, const std::string& t) {
+  ctx.exec("CREATE TABLE " + t + " (id INTEGER PRIMARY KEY, attempt INTEGER NOT NULL)");
+}
+
+}  // namespace
+
+DBLOCK_TEST("run_transaction: a non-retryable error rolls back and propagates unchanged",
+            "[rowlock]") {
+  const std::string log = ctx.table("log");
+  drop_tables drop{ctx, {log}};
+  create_log(ctx, log);
+  dblock::retry_stats stats;
+  int calls = 0;
+  try {
+    dblock::run_transaction(
+        ctx.db,
+        [&](transaction& t) {
+          ++calls;
+          t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (1, 1)";
+          throw std::runtime_error("boom");
+        },
+        dblock::transaction_retry_policy(), {}, &stats);
+    FAIL_CHECK("no exception");
+  } catch (const dblock::error& e) {
+    FAIL_CHECK("std::runtime_error turned into dblock::error: " << e.what());
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "boom");
+  }
+  CHECK(calls == 1);
+  CHECK(stats.attempts == 1);
+  CHECK(count_rows(ctx.db, log) == 0);
+
+  calls = 0;
+  try {
+    dblock::run_transaction(
+        ctx.db,
+        [&](transaction& t) {
+          ++calls;
+          t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (2, 1)";
+          throw dblock::error(errc::not_found, "no such order");
+        },
+        dblock::transaction_retry_policy(), {}, &stats);
+    FAIL_CHECK("no exception");
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == errc::not_found);
+    CHECK(std::string(e.what()) == "no such order");
+  }
+  CHECK(calls == 1);
+  CHECK(count_rows(ctx.db, log) == 0);
+
+  // A body that commits itself is not committed again; one that rolls back leaves nothing.
+  dblock::run_transaction(ctx.db, [&](transaction& t) {
+    t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (3, 1)";
+    t.commit();
+  });
+  dblock::run_transaction(ctx.db, [&](transaction& t) {
+    t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (4, 1)";
+    t.rollback();
+  });
+  CHECK(count_rows(ctx.db, log) == 1);
+  CHECK(count_rows(ctx.db, log, "id = 3") == 1);
+
+  // The returned value comes from the committed attempt.
+  int v = dblock::run_transaction(ctx.db, [&](transaction& t) {
+    int n = 0;
+    t.session() << "SELECT count(*) FROM " << log, soci::into(n);
+    return n + 41;
+  });
+  CHECK(v == 42);
+}
+
+DBLOCK_TEST("run_transaction: lock_not_available twice, then success, commits once", "[rowlock]") {
+  const std::string log = ctx.table("log");
+  drop_tables drop{ctx, {log}};
+  create_log(ctx, log);
+  dblock::retry_stats stats;
+  std::vector<int> seen_retries;
+  auto policy = dblock::transaction_retry_policy();
+  policy.on_retry = [&](const dblock::retry_event& e) {
+    seen_retries.push_back(e.attempt);
+    CHECK(e.cause.code() == errc::lock_not_available);
+  };
+  int attempt = 0;
+  dblock::run_transaction(
+      ctx.db,
+      [&](transaction& t) {
+        ++attempt;
+        t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (1, " << attempt << ")";
+        if (attempt <= 2) throw dblock::error(errc::lock_not_available, "simulated");
+      },
+      policy, {}, &stats);
+  CHECK(attempt == 3);
+  CHECK(stats.attempts == 3);
+  CHECK(stats.conflicts == 2);
+  CHECK(seen_retries == std::vector<int>{1, 2});
+  CHECK(count_rows(ctx.db, log) == 1);
+  CHECK(query_ll(ctx.db, "SELECT attempt FROM " + log + " WHERE id = 1") == 3);
+
+  // Exhausted: version_conflict with the attempt count, nothing committed.
+  auto p2 = dblock::transaction_retry_policy();
+  p2.max_attempts = 2;
+  int n = 0;
+  try {
+    dblock::run_transaction(
+        ctx.db,
+        [&](transaction& t) {
+          ++n;
+          t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (2, " << n << ")";
+          throw dblock::error(errc::deadlock, "simulated");
+        },
+        p2);
+    FAIL_CHECK("no exception");
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == errc::version_conflict);
+    CHECK(e.attempts() == 2);
+  }
+  CHECK(n == 2);
+  CHECK(count_rows(ctx.db, log) == 1);
+}
+
+namespace {
+
+// A runner transaction whose lock_rows times out on the first attempt (another transaction
+// holds the row), after an INSERT in the same attempt. The holder is released in on_retry.
+// `own_statement`: the statement that times out is the body's own UPDATE through t.session()
+// instead of lock_rows.
+void timeout_then_retry(dblock::test::context& ctx, bool own_statement) {
+  create_items(ctx, 100);
+  const std::string items = ctx.table("items"), log = ctx.table("log");
+  drop_tables drop{ctx, {log}};
+  create_log(ctx, log);
+  warm_pool(ctx.db, 4);
+  std::optional<transaction> holder;
+  holder.emplace(ctx.db);
+  REQUIRE(holder->lock_rows(item(items)).size() == 1);
+
+  transaction_options o;
+  o.lock_timeout = milliseconds(1000);
+  std::vector<std::string> causes;
+  auto policy = dblock::transaction_retry_policy();
+  policy.on_retry = [&](const dblock::retry_event& e) {
+    causes.push_back(std::string(dblock::to_string(e.cause.code())) + " native " +
+                     std::to_string(e.cause.native_code()) + " sqlstate " + e.cause.sqlstate());
+    if (holder) {
+      holder->rollback();
+      holder.reset();
+    }
+  };
+  int attempt = 0;
+  dblock::retry_stats stats;
+  std::string escaped;
+  long long t0 = monotonic_ns();
+  try {
+    dblock::run_transaction(
+        ctx.db,
+        [&](transaction& t) {
+          ++attempt;
+          t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (" << attempt << ", "
+                      << attempt << ")";
+          if (own_statement)
+            t.session() << "UPDATE " << items << " SET stock = stock - 1 WHERE item_id = 1";
+          else
+            t.lock_rows(item(items));
+          t.session() << "UPDATE " << items << " SET stock = 99 WHERE item_id = 1";
+        },
+        policy, o, &stats);
+  } catch (const std::exception& e) {
+    escaped = e.what();
+  }
+  double ms = ms_since(t0);
+  if (holder) holder->rollback();
+  INFO("retry causes: " << (causes.empty() ? std::string("none") : causes.front())
+                        << "; escaped: " << escaped);
+  metric(ctx.backend, std::string("runner with a ") +
+                          (own_statement ? "timed-out own UPDATE" : "timed-out lock_rows") + ": " +
+                          std::to_string(static_cast<long long>(ms)) + " ms, " +
+                          std::to_string(stats.attempts) + " attempts");
+  CHECK(escaped == "");
+  CHECK(attempt == 2);
+  CHECK(stats.attempts == 2);
+  REQUIRE(causes.size() == 1);
+  CHECK(causes[0].rfind("lock_not_available", 0) == 0);
+  if (ctx.backend == "mysql") CHECK(causes[0].find("native 1205") != std::string::npos);
+  // Nothing of the failed attempt remains (MySQL's 1205 rolled back only the statement).
+  CHECK(count_rows(ctx.db, log) == 1);
+  CHECK(count_rows(ctx.db, log, "attempt = 2") == 1);
+  CHECK(read_stock(ctx.db, items) == 99);
+}
+
+}  // namespace
+
+// Lock wait timeouts on rows are a server phenomenon; SQLite's wait is at BEGIN IMMEDIATE
+// (the lock_resource timeout test covers it).
+DBLOCK_TEST_SERVERS("run_transaction: a lock wait timeout (MySQL 1205) leaves no partial attempt",
+                    "[rowlock]") {
+  timeout_then_retry(ctx, false);
+}
+
+DBLOCK_TEST_SERVERS("run_transaction: a lock wait timeout in the body's own UPDATE is retried",
+                    "[rowlock]") {
+  timeout_then_retry(ctx, true);
+}
+
+// =================================================================================================
+// 9. Transaction basics
+// =================================================================================================
+
+DBLOCK_TEST("transaction: destructor rolls back, commit publishes, ended means not_owner",
+            "[rowlock]") {
+  const std::string log = ctx.table("log");
+  drop_tables drop{ctx, {log}};
+  create_log(ctx, log);
+  {
+    transaction t(ctx.db);
+    CHECK(t.active());
+    t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (1, 0)";
+  }
+  CHECK(count_rows(ctx.db, log) == 0);
+
+  transaction t(ctx.db);
+  t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (2, 0)";
+  CHECK(count_rows(ctx.db, log) == 0);  // not visible to others before commit
+  t.commit();
+  CHECK_FALSE(t.active());
+  CHECK(count_rows(ctx.db, log, "id = 2") == 1);
+
+  auto not_owner = [](const std::function<void()>& f, const char* what) {
+    try {
+      f();
+      FAIL_CHECK(what << ": no exception");
+    } catch (const dblock::error& e) {
+      INFO(what << ": " << e.what());
+      CHECK(e.code() == errc::not_owner);
+    }
+  };
+  not_owner([&] { t.commit(); }, "second commit");
+  not_owner([&] { t.session(); }, "session() after commit");
+  not_owner([&] { t.connection(); }, "connection() after commit");
+  not_owner([&] { t.lock_rows(row_selector{log, "id", 2LL, {}}); }, "lock_rows after commit");
+  not_owner([&] { t.lock_resource("after-commit"); }, "lock_resource after commit");
+  t.rollback();  // a no-op now
+  CHECK(count_rows(ctx.db, log, "id = 2") == 1);
+
+  // Explicit rollback; then the same not_owner rules.
+  transaction r(ctx.db);
+  r.session() << "INSERT INTO " << log << " (id, attempt) VALUES (3, 0)";
+  r.rollback();
+  CHECK_FALSE(r.active());
+  not_owner([&] { r.commit(); }, "commit after rollback");
+  CHECK(count_rows(ctx.db, log, "id = 3") == 0);
+
+  // A transaction never used commits without error.
+  transaction unused(ctx.db);
+  unused.commit();
+  CHECK_FALSE(unused.active());
+
+  // Move: the moved-from transaction is inactive; assigning over an open one rolls it back.
+  transaction m1(ctx.db);
+  m1.session() << "INSERT INTO " << log << " (id, attempt) VALUES (4, 0)";
+  transaction m2(std::move(m1));
+  CHECK_FALSE(m1.active());
+  CHECK(m2.active());
+  not_owner([&] { m1.commit(); }, "commit of a moved-from transaction");
+  transaction m3(ctx.db);
+  m3.session() << "INSERT INTO " << log << " (id, attempt) VALUES (5, 0)";
+  m3 = std::move(m2);  // m3's own insert (5) is rolled back; it now carries m2's (4)
+  m3.commit();
+  CHECK(count_rows(ctx.db, log, "id = 4") == 1);
+  CHECK(count_rows(ctx.db, log, "id = 5") == 0);
+
+  // The connection goes back to the pool when the transaction ends.
+  auto o = ctx.options();
+  o.pool_size = 1;
+  o.pool_wait = milliseconds(2000);
+  auto one = ctx.open(o);
+  for (int i = 0; i < 3; ++i) {
+    transaction x(one);
+    x.session() << "SELECT 1";
+    if (i == 1) x.commit();
+  }
+  CHECK(query_ll(one, "SELECT 1") == 1);
+}
+
+// args: url prefix. Calls members of a moved-from transaction; exit 0 when each throws
+// not_owner (a crash shows as 128 + signal).
+DBLOCK_WORKER(rowlock_moved_from_worker) {
+  auto db = open_db(args.at(0), args.at(1), 2);
+  transaction a(db);
+  transaction b(std::move(a));
+  int failures = 0;
+  auto expect = [&](const std::function<void()>& f) {
+    try {
+      f();
+      ++failures;
+    } catch (const dblock::error& e) {
+      if (e.code() != errc::not_owner) ++failures;
+    }
+  };
+  expect([&] { a.commit(); });
+  expect([&] { a.session(); });
+  expect([&] { a.connection(); });
+  expect([&] { a.lock_resource("x"); });
+  expect([&] { a.lock_rows(row_selector{"t", "id", 1LL, {}}); });
+  return failures;
+}
+
+DBLOCK_TEST("transaction: a moved-from transaction throws not_owner instead of crashing",
+            "[rowlock][process]") {
+  process_set ps;
+  int pid = ps.spawn("rowlock_moved_from_worker", {ctx.url, ctx.prefix});
+  int status = ps.wait(pid, std::chrono::seconds(30));
+  INFO("worker exit status " << status
+                             << " (128+11 = SIGSEGV; 1..5 = calls not throwing "
+                                "not_owner)");
+  CHECK(status == 0);
+}
+
+// The per-transaction lock timeout must not stay on the pooled connection afterwards, or the
+// next user of that connection (a plain query, a lease lock, the next lock_resource) inherits it.
+DBLOCK_TEST("transaction: its lock timeout does not leak into the pooled connection", "[rowlock]") {
+  auto o = ctx.options();
+  o.pool_size = 1;
+  auto db = ctx.open(o);
+  auto setting = [&] {
+    auto c = db.connect();
+    std::string v;
+    long long n = -1;
+    if (ctx.backend == "postgresql") {
+      c.session() << "SHOW lock_timeout", soci::into(v);
+      return v;
+    }
+    if (ctx.backend == "mysql")
+      c.session() << "SELECT @@SESSION.innodb_lock_wait_timeout", soci::into(n);
+    else
+      c.session() << "PRAGMA busy_timeout", soci::into(n);
+    return std::to_string(n);
+  };
+  const std::string before = setting();
+  const std::string name = "leak-" + dblock::test::random_suffix();
+  {
+    auto t = dblock::try_lock_resource(db, name);
+    REQUIRE(t);
+    t->commit();
+  }
+  CHECK(setting() == before);
+  {
+    auto t = dblock::lock_resource(db, name, milliseconds(3000));
+    t.rollback();
+  }
+  CHECK(setting() == before);
+  {
+    transaction_options to;
+    to.lock_timeout = milliseconds(0);
+    transaction t(db, to);
+    t.session() << "SELECT 1";
+  }
+  INFO("session setting before: " << before
+                                  << ", after a transaction with lock_timeout 0: " << setting());
+  CHECK(setting() == before);
+
+  // Consequence: lock_resource(3 s) on that connection while another handle holds the lock must
+  // wait (about) 3 s, not give up at once.
+  auto other = ctx.open();
+  auto held = dblock::try_lock_resource(other, name);
+  REQUIRE(held);
+  auto out = run_bounded(
+      [&] {
+        auto t = dblock::lock_resource(db, name, milliseconds(3000));
+        t.rollback();
+        return true;
+      },
+      milliseconds(6000), [&] { held->rollback(); });
+  INFO("lock_resource(3 s) on the reused connection: " << describe(out));
+  metric(ctx.backend,
+         "lock_resource(3000 ms) on a connection reused after lock_timeout 0: " + describe(out));
+  CHECK(out.ms >= 2250);
+  CHECK(out.code == errc::lock_not_available);
+  if (held) held->rollback();
+}
