@@ -3,6 +3,7 @@
 #include <soci/soci.h>
 
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "database_impl.hpp"
@@ -17,6 +18,7 @@ struct transaction::impl {
   transaction_options options;
   bool begun = false;
   bool finished = false;
+  std::optional<error> last_failure;  // the latest error raised inside this transaction
 
   impl(const database& d, transaction_options o) : db(d), conn(d.connect()), options(o) {}
 
@@ -36,6 +38,10 @@ struct transaction::impl {
     try {
       dia().begin_transaction(sql(), options.lock_timeout);
     } catch (...) {
+      // BEGIN may have gone through before a later set-up statement failed: never hand the
+      // connection back inside an open transaction.
+      conn.discard();
+      finished = true;
       fail("begin transaction");
     }
     begun = true;
@@ -142,12 +148,14 @@ transaction& transaction::operator=(transaction&& other) noexcept {
 }
 
 soci::session& transaction::session() {
+  if (!impl_) throw error(errc::not_owner, "session: moved-from transaction");
   impl_->check_open("session");
   impl_->begin();
   return impl_->sql();
 }
 
 database::connection& transaction::connection() {
+  if (!impl_) throw error(errc::not_owner, "connection: moved-from transaction");
   impl_->check_open("connection");
   impl_->begin();
   return impl_->conn;
@@ -163,6 +171,15 @@ void transaction::commit() {
   if (!impl_->begun) {
     impl_->end();
     return;
+  }
+  if (impl_->dia().transaction_failed(impl_->sql())) {
+    // PostgreSQL would answer COMMIT with a silent ROLLBACK: say so instead.
+    std::optional<error> cause = impl_->last_failure;
+    rollback();
+    std::string why = cause ? std::string(": ") + cause->what() : std::string();
+    throw error(
+        cause ? cause->code() : errc::backend_error,
+        "commit: the transaction had failed and was rolled back, nothing was written" + why);
   }
   try {
     impl_->sql() << "COMMIT";
@@ -199,45 +216,43 @@ void transaction::rollback() noexcept {
 }
 
 bool transaction::lock_resource(const std::string& name, lock_wait mode) {
+  if (!impl_) throw error(errc::not_owner, "lock_resource: moved-from transaction");
   detail::validate_resource_name(name);
   auto& m = *impl_;
   m.check_open("lock_resource");
   const std::string what = "lock resource '" + name + "'";
+  const auto& tables = m.dbi().tables;
+  if (!m.begun) {
+    // Create the row before the transaction starts: the insert's locks (MySQL gap and
+    // insert-intention locks, SQLite's write lock) are then not held for the life of the
+    // transaction. An existing row is only read, so its holder is never waited for here.
+    try {
+      m.dia().ensure_lock_row(m.sql(), tables, name, m.options.lock_timeout);
+    } catch (...) {
+      error e = m.dbi().failure(what, &m.conn.internal());
+      if (e.code() == errc::lock_not_available && mode != lock_wait::wait) return false;
+      throw e;
+    }
+  }
+  m.begin();
+  // NOWAIT is done as SKIP LOCKED plus an existence check: the answer is the same, and no
+  // error is raised, which on PostgreSQL would abort the whole transaction.
+  const lock_wait how = mode == lock_wait::wait ? lock_wait::wait : lock_wait::skip_locked;
   try {
-    if (!m.begun) {
-      // Create the row before the transaction starts: the insert's locks (MySQL gap and
-      // insert-intention locks) are then not held for the life of the transaction.
-      m.dia().ensure_lock_row(m.sql(), m.dbi().tables, name);
+    for (int round = 0; round < 2; ++round) {
+      if (m.select_lock_row(name, how)) return true;
+      if (how != lock_wait::wait && m.dia().lock_row_exists(m.sql(), tables, name)) return false;
+      // Removed (by a reaper) since it was created: create it inside the transaction.
+      m.dia().insert_lock_row(m.sql(), tables, name);
     }
   } catch (...) {
     m.fail(what);
-  }
-  m.begin();
-  try {
-    for (int round = 0; round < 2; ++round) {
-      if (m.select_lock_row(name, mode)) return true;
-      if (mode != lock_wait::wait) {
-        // Absent rows are created first, so "no row" here means "locked by someone else"
-        // (skip_locked), unless a reaper removed it in between: check without locking.
-        int n = 0;
-        m.sql() << "SELECT count(*) FROM " << m.dbi().tables.lock << " WHERE resource_name = :name",
-            soci::use(name, "name"), soci::into(n);
-        if (n > 0) return false;
-      }
-      // Removed (by a reaper) since we created it: create it inside the transaction.
-      m.dia().ensure_lock_row(m.sql(), m.dbi().tables, name);
-    }
-  } catch (const error&) {
-    throw;
-  } catch (...) {
-    error e = m.dbi().failure(what, &m.conn.internal());
-    if (e.code() == errc::lock_not_available && mode == lock_wait::nowait) return false;
-    throw e;
   }
   throw error(errc::backend_error, what + ": the lock row keeps disappearing");
 }
 
 std::vector<record> transaction::lock_rows(const row_selector& rows, lock_wait mode) {
+  if (!impl_) throw error(errc::not_owner, "lock_rows: moved-from transaction");
   detail::validate_identifier(rows.table, "table name");
   detail::validate_identifier(rows.key_column, "key column");
   auto& m = *impl_;
@@ -258,6 +273,7 @@ std::vector<record> transaction::lock_rows(const row_selector& rows, lock_wait m
 }
 
 std::vector<record> transaction::claim(const claim_spec& spec, std::size_t limit) {
+  if (!impl_) throw error(errc::not_owner, "claim: moved-from transaction");
   detail::validate_identifier(spec.table, "table name");
   detail::validate_identifier(spec.key_column, "key column");
   if (limit == 0 || limit > 100000)
@@ -320,7 +336,14 @@ void run_transaction_void(const database& db, const std::function<void(transacti
       policy,
       [&] {
         transaction t(db, options);  // a failed attempt is rolled back whole by ~transaction
-        body(t);
+        try {
+          body(t);
+        } catch (const soci::soci_error&) {
+          // The caller's own statements on t.session(): classify them like dblock's, so that a
+          // deadlock or lock wait timeout there is retried too.
+          throw db.impl()->failure("transaction",
+                                   t.active() ? &t.connection().internal() : nullptr);
+        }
         if (t.active()) t.commit();
       },
       stats);

@@ -361,6 +361,7 @@ DBLOCK_WORKER(rowlock_flash_worker) {
   const int worker = std::stoi(args.at(5));
   const std::string out_file = args.at(6);
   const long long start_ns = std::stoll(args.at(7));
+  const bool use_lock = args.at(8) == "lock";
   auto db = open_db(url, prefix, 2);
   db.ping();
   sleep_until_monotonic(start_ns);
@@ -369,11 +370,17 @@ DBLOCK_WORKER(rowlock_flash_worker) {
   std::ostringstream log;
   for (int a = 0; a < attempts; ++a) {
     long long before = dblock::run_transaction(db, [&](transaction& t) -> long long {
-      auto rows = t.lock_rows(row_selector{items, "item_id", 1LL, {"stock"}});
-      if (rows.size() != 1) throw std::runtime_error("item row not found");
-      long long stock = as_int(rows[0].at("stock"));
+      long long stock = -1000000;
+      if (use_lock) {
+        auto rows = t.lock_rows(row_selector{items, "item_id", 1LL, {"stock"}});
+        if (rows.size() != 1) throw std::runtime_error("item row not found");
+        stock = as_int(rows[0].at("stock"));
+      } else {  // negative control: a plain read, no row lock
+        t.session() << "SELECT stock FROM " << items << " WHERE item_id = 1", soci::into(stock);
+      }
       min_seen = std::min(min_seen, stock);
       if (stock <= 0) return 0;
+      std::this_thread::sleep_for(std::chrono::microseconds(500));  // widen the race window
       t.session() << "UPDATE " << items << " SET stock = stock - 1 WHERE item_id = 1";
       t.session() << "INSERT INTO " << sales
                   << " (worker, attempt, stock_before) VALUES (:w, :a, :s)",
@@ -390,14 +397,16 @@ DBLOCK_WORKER(rowlock_flash_worker) {
   return 0;
 }
 
-// SQLite runs the same workload: BEGIN IMMEDIATE serialises the 16 processes (the default busy
-// handler is not fair, but 800 short transactions finish well inside the 10 s lock timeout).
-DBLOCK_TEST("flash sale: 16 processes x 50 purchases under FOR UPDATE sell exactly the stock",
-            "[rowlock][process]") {
-  const int procs = 16, attempts = 50;
-  const long long stock = 100;
+namespace {
+
+struct flash_result {
+  long long sold = 0, min_seen = LLONG_MAX, final_stock = 0, sales_rows = 0;
+  std::vector<long long> befores;  // stock level before each sale, sorted
+};
+
+flash_result run_flash_sale(dblock::test::context& ctx, int procs, int attempts, long long stock,
+                            bool use_lock) {
   const std::string items = ctx.table("items"), sales = ctx.table("sales");
-  drop_tables drop{ctx, {sales}};
   create_items(ctx, stock);
   ctx.exec("CREATE TABLE " + sales +
            " (worker INTEGER NOT NULL, attempt INTEGER NOT NULL, stock_before INTEGER NOT NULL,"
@@ -406,42 +415,73 @@ DBLOCK_TEST("flash sale: 16 processes x 50 purchases under FOR UPDATE sell exact
   process_set ps;
   const long long start_ns = monotonic_ns() + 1500 * ns_per_ms;  // after all have connected
   for (int w = 0; w < procs; ++w)
-    ps.spawn("rowlock_flash_worker",
-             {ctx.url, ctx.prefix, items, sales, std::to_string(attempts), std::to_string(w),
-              dir.file("w" + std::to_string(w)), std::to_string(start_ns)});
+    ps.spawn("rowlock_flash_worker", {ctx.url, ctx.prefix, items, sales, std::to_string(attempts),
+                                      std::to_string(w), dir.file("w" + std::to_string(w)),
+                                      std::to_string(start_ns), use_lock ? "lock" : "nolock"});
   auto statuses = ps.wait_all(std::chrono::seconds(120));
   for (std::size_t i = 0; i < statuses.size(); ++i) {
     INFO("flash worker " << i << " exit status " << statuses[i] << " (see its stderr above)");
     REQUIRE(statuses[i] == 0);
   }
   double run_ms = ms_since(start_ns);
-  long long sold = 0, min_seen = LLONG_MAX;
-  std::vector<long long> befores;
+  flash_result r;
   for (int w = 0; w < procs; ++w) {
     std::istringstream in(read_file(dir.file("w" + std::to_string(w))));
     std::string tag;
     long long v = 0;
     while (in >> tag >> v) {
-      if (tag == "sold") sold += v;
-      if (tag == "min") min_seen = std::min(min_seen, v);
-      if (tag == "s") befores.push_back(v);
+      if (tag == "sold") r.sold += v;
+      if (tag == "min") r.min_seen = std::min(r.min_seen, v);
+      if (tag == "s") r.befores.push_back(v);
     }
   }
-  metric(ctx.backend, "flash sale: " + std::to_string(procs * attempts) + " purchases in " +
-                          std::to_string(static_cast<long long>(run_ms)) + " ms");
-  CHECK(sold == stock);
-  CHECK(read_stock(ctx.db, items) == 0);
-  CHECK(min_seen >= 0);
-  CHECK(count_rows(ctx.db, sales) == stock);
+  std::sort(r.befores.begin(), r.befores.end());
+  r.final_stock = read_stock(ctx.db, items);
+  r.sales_rows = count_rows(ctx.db, sales);
+  metric(ctx.backend, std::string("flash sale") + (use_lock ? "" : " WITHOUT the lock") + ": " +
+                          std::to_string(procs * attempts) + " purchases in " +
+                          std::to_string(static_cast<long long>(run_ms)) + " ms, sold " +
+                          std::to_string(r.sold) + ", final stock " +
+                          std::to_string(r.final_stock));
+  return r;
+}
+
+}  // namespace
+
+// SQLite runs the same workload: BEGIN IMMEDIATE serialises the 16 processes (the default busy
+// handler is not fair, but 800 short transactions finish well inside the 10 s lock timeout).
+DBLOCK_TEST("flash sale: 16 processes x 50 purchases under FOR UPDATE sell exactly the stock",
+            "[rowlock][process]") {
+  const long long stock = 100;
+  const std::string sales = ctx.table("sales");
+  drop_tables drop{ctx, {sales}};
+  auto r = run_flash_sale(ctx, 16, 50, stock, true);
+  CHECK(r.sold == stock);
+  CHECK(r.final_stock == 0);
+  CHECK(r.min_seen >= 0);
+  CHECK(r.sales_rows == stock);
   // Each stock level was sold exactly once: the reads under the lock were never stale.
-  std::sort(befores.begin(), befores.end());
   std::vector<long long> expected;
   for (long long s = 1; s <= stock; ++s)
     expected.push_back(s);
-  CHECK(befores == expected);
+  CHECK(r.befores == expected);
   CHECK(query_ll(ctx.db, "SELECT count(DISTINCT stock_before) FROM " + sales) == stock);
   CHECK(query_ll(ctx.db, "SELECT min(stock_before) FROM " + sales) == 1);
   CHECK(query_ll(ctx.db, "SELECT max(stock_before) FROM " + sales) == stock);
+}
+
+// Negative control: the same workload with a plain read instead of lock_rows must be caught
+// overselling, so the checks above can fail. (Not on SQLite: BEGIN IMMEDIATE serialises even
+// the unlocked variant, so it cannot oversell.)
+DBLOCK_TEST_SERVERS("flash sale without the row lock oversells (negative control)",
+                    "[rowlock][process]") {
+  const long long stock = 100;
+  drop_tables drop{ctx, {ctx.table("sales")}};
+  auto r = run_flash_sale(ctx, 16, 50, stock, false);
+  INFO("sold " << r.sold << ", final stock " << r.final_stock);
+  CHECK(r.sold > stock);
+  CHECK(r.final_stock < 0);
+  CHECK(r.sales_rows == r.sold);
 }
 
 // =================================================================================================
@@ -681,6 +721,160 @@ DBLOCK_TEST_ONLY("sqlite", "sqlite: an open row-lock transaction excludes every 
     transaction c(ctx.db, zero);
     CHECK(c.lock_rows(item(items, 2), lock_wait::nowait).size() == 1);
   }
+}
+
+// SKIP LOCKED on a server: a second claimer gets exactly the rows the first did not lock.
+// (SQLite: the second claimer cannot begin while the first is open; the queue test covers it.)
+DBLOCK_TEST_SERVERS("claim: a second claimer skips exactly the rows the first one holds",
+                    "[rowlock]") {
+  const std::string jobs = ctx.table("jobs");
+  drop_tables drop{ctx, {jobs}};
+  ctx.exec("CREATE TABLE " + jobs +
+           " (id INTEGER PRIMARY KEY, status VARCHAR(16) NOT NULL, claimed_by INTEGER)");
+  for (int id = 1; id <= 7; ++id)
+    ctx.exec("INSERT INTO " + jobs + " (id, status) VALUES (" + std::to_string(id) + ", '" +
+             (id == 3 ? "done" : "new") + "')");
+  const dblock::claim_spec spec{jobs, "id", {"status"}, "status = :s", {{"s", std::string("new")}}};
+  auto ids = [](const std::vector<dblock::record>& rows) {
+    std::vector<long long> out;
+    for (const auto& r : rows)
+      out.push_back(as_int(r.at("id")));
+    return out;
+  };
+  warm_pool(ctx.db, 4);
+  transaction a(ctx.db);
+  auto first = a.claim(spec, 2);
+  CHECK(ids(first) == std::vector<long long>{1, 2});  // in key order, 'done' rows left out
+  transaction b(ctx.db);
+  auto second = b.claim(spec, 10);
+  CHECK(ids(second) == std::vector<long long>{4, 5, 6, 7});
+  transaction c(ctx.db);
+  CHECK(c.claim(spec, 10).empty());
+  c.rollback();
+  a.rollback();  // released: claimable again
+  transaction d(ctx.db);
+  CHECK(ids(d.claim(spec, 10)) == std::vector<long long>{1, 2});
+  for (std::size_t bad : {std::size_t(0), std::size_t(100001)}) {
+    try {
+      d.claim(spec, bad);
+      FAIL_CHECK("limit " << bad << " accepted");
+    } catch (const dblock::error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+    }
+  }
+}
+
+// lock_resource() on a transaction that has already begun: the row is created inside it;
+// locking the same name again in the same transaction succeeds.
+DBLOCK_TEST("lock_resource inside a begun transaction creates the row and is reentrant",
+            "[rowlock]") {
+  const std::string a = "inside-" + dblock::test::random_suffix(),
+                    b = "inside-" + dblock::test::random_suffix();
+  transaction t(ctx.db);
+  t.session() << "SELECT 1";  // begins
+  CHECK(t.lock_resource(a));
+  CHECK(t.lock_resource(a));
+  CHECK(t.lock_resource(b, lock_wait::nowait));
+  t.commit();
+  CHECK(lock_rows_for(ctx.db, a) == 1);
+  CHECK(lock_rows_for(ctx.db, b) == 1);
+  // Bad names are refused before anything is sent.
+  transaction u(ctx.db);
+  for (const std::string& bad : {std::string(), std::string(300, 'x')}) {
+    try {
+      u.lock_resource(bad);
+      FAIL_CHECK("name of length " << bad.size() << " accepted");
+    } catch (const dblock::error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+    }
+  }
+}
+
+// The nowait and skip_locked modes of lock_resource() report "held" as false. On servers only:
+// a second SQLite transaction cannot begin while the first is open.
+DBLOCK_TEST_SERVERS("lock_resource: nowait and skip_locked return false while another holds",
+                    "[rowlock]") {
+  const std::string name = "held-" + dblock::test::random_suffix();
+  const std::string log = ctx.table("log");
+  drop_tables drop{ctx, {log}};
+  ctx.exec("CREATE TABLE " + log + " (id INTEGER PRIMARY KEY, attempt INTEGER NOT NULL)");
+  warm_pool(ctx.db, 4);
+  auto held = dblock::try_lock_resource(ctx.db, name);
+  REQUIRE(held);
+  int id = 0;
+  for (auto mode : {lock_wait::nowait, lock_wait::skip_locked}) {
+    INFO("mode " << (mode == lock_wait::nowait ? "nowait" : "skip_locked"));
+    ++id;
+    transaction t(ctx.db);
+    t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (" << id << ", 0)";
+    auto o = timed([&] { return t.lock_resource(name, mode); });
+    INFO("lock_resource while held: " << describe(o));
+    CHECK_FALSE(o.acquired);
+    CHECK_FALSE(o.code);
+    CHECK(o.ms < 50);
+    // "false" is an answer, not a failure: the transaction stays usable, e.g. to take another
+    // (free) resource or to run the caller's own statements, and its earlier writes commit.
+    const std::string other = "free-" + dblock::test::random_suffix();
+    auto o2 = timed([&] { return t.lock_resource(other, lock_wait::nowait); });
+    INFO("then locking a free resource in the same transaction: " << describe(o2));
+    CHECK(o2.acquired);
+    auto o3 = timed([&] {
+      int one = 0;
+      t.session() << "SELECT 1", soci::into(one);
+      return one == 1;
+    });
+    INFO("then SELECT 1 in the same transaction: " << describe(o3));
+    CHECK(o3.acquired);
+    auto o4 = timed([&] {
+      t.commit();
+      return true;
+    });
+    INFO("then commit: " << describe(o4));
+    CHECK(o4.acquired);
+    // commit() returned: the INSERT made before the refused lock must be there.
+    CHECK((o4.acquired ? count_rows(ctx.db, log, "id = " + std::to_string(id)) : 1) == 1);
+  }
+  held->rollback();
+  transaction t(ctx.db);
+  t.session() << "SELECT 1";
+  CHECK(t.lock_resource(name, lock_wait::nowait));
+}
+
+// A caller may catch lock_not_available from a NOWAIT lock and go on (lock something else, or
+// just commit what it wrote). Then commit() must either make the earlier writes durable or
+// throw; returning normally after a rollback would lose them silently. (PostgreSQL aborts the
+// whole transaction on any error, and answers COMMIT of an aborted transaction with ROLLBACK.)
+DBLOCK_TEST_SERVERS("commit after a caught nowait failure never loses writes silently",
+                    "[rowlock]") {
+  create_items(ctx, 10, 2);
+  const std::string items = ctx.table("items"), log = ctx.table("log");
+  drop_tables drop{ctx, {log}};
+  ctx.exec("CREATE TABLE " + log + " (id INTEGER PRIMARY KEY, attempt INTEGER NOT NULL)");
+  warm_pool(ctx.db, 4);
+  transaction holder(ctx.db);
+  REQUIRE(holder.lock_rows(item(items, 1)).size() == 1);
+
+  transaction t(ctx.db);
+  t.session() << "INSERT INTO " << log << " (id, attempt) VALUES (1, 0)";
+  try {
+    t.lock_rows(item(items, 1), lock_wait::nowait);
+    FAIL_CHECK("nowait did not fail while the row is held");
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == errc::lock_not_available);
+  }
+  bool committed = false;
+  std::string commit_error;
+  try {
+    t.commit();
+    committed = true;
+  } catch (const std::exception& e) {
+    commit_error = e.what();
+  }
+  holder.rollback();
+  long long rows = count_rows(ctx.db, log, "id = 1");
+  INFO("commit " << (committed ? "returned normally" : "threw: " + commit_error) << "; row "
+                 << (rows ? "present" : "absent"));
+  CHECK(committed == (rows == 1));
 }
 
 // =================================================================================================
@@ -1039,11 +1233,15 @@ void killed_holder(dblock::test::context& ctx, const std::string& mode) {
   REQUIRE(::kill(pid, SIGKILL) == 0);
   const long long kill_ns = monotonic_ns();
   CHECK(ps.wait(pid, std::chrono::seconds(10)) == 128 + SIGKILL);  // it was alive until then
+  std::optional<double> late_takeover_ms;
   if (!probe_in_time) {
     outcome late = probe.get();
     INFO("the blocked try ended " << (late.end_ns - kill_ns) / 1000000
                                   << " ms after the kill: " << describe(late));
     CHECK(late.end_ns >= kill_ns);  // never granted while the holder was alive
+    if (late.acquired) late_takeover_ms = static_cast<double>(late.end_ns - kill_ns) / 1e6;
+    metric(ctx.backend,
+           "the try blocked while the holder lived ended after the kill: " + describe(late));
   }
 
   outcome got;
@@ -1056,6 +1254,7 @@ void killed_holder(dblock::test::context& ctx, const std::string& mode) {
     std::this_thread::sleep_for(milliseconds(5));
   }
   double takeover_ms = static_cast<double>(got.end_ns - kill_ns) / 1e6;
+  if (late_takeover_ms) takeover_ms = std::min(takeover_ms, *late_takeover_ms);
   std::ostringstream m;
   m << "takeover after kill -9 (" << mode << "): " << takeover_ms << " ms, " << tries << " tries";
   metric(ctx.backend, m.str());
@@ -1104,6 +1303,7 @@ DBLOCK_WORKER(rowlock_queue_worker) {
       auto rows = t.claim(
           dblock::claim_spec{jobs, "id", {"status"}, "status = :s", {{"s", std::string("new")}}},
           10);
+      if (!rows.empty()) std::this_thread::sleep_for(milliseconds(2));  // the work, under lock
       for (const auto& r : rows) {
         long long id = as_int(r.at("id"));
         if (as_text(r.at("status")) != "new") out.push_back("x " + std::to_string(id));
@@ -1119,7 +1319,10 @@ DBLOCK_WORKER(rowlock_queue_worker) {
     });
     for (const auto& l : lines)
       log << l << "\n";
-    if (!lines.empty()) continue;
+    if (!lines.empty()) {
+      std::this_thread::sleep_for(milliseconds(1));  // between batches, outside the transaction
+      continue;
+    }
     // Nothing claimable: done when no job is new, else the rest is locked by others.
     if (count_rows(db, jobs, "status = 'new'") == 0) break;
     ++empty_rounds;
@@ -1470,15 +1673,17 @@ DBLOCK_TEST("transaction: destructor rolls back, commit publishes, ended means n
   CHECK_FALSE(unused.active());
 
   // Move: the moved-from transaction is inactive; assigning over an open one rolls it back.
+  // (m2 has not begun yet: on SQLite two write transactions cannot be open at once.)
   transaction m1(ctx.db);
-  m1.session() << "INSERT INTO " << log << " (id, attempt) VALUES (4, 0)";
   transaction m2(std::move(m1));
   CHECK_FALSE(m1.active());
   CHECK(m2.active());
   not_owner([&] { m1.commit(); }, "commit of a moved-from transaction");
+  m1.rollback();  // a no-op
   transaction m3(ctx.db);
   m3.session() << "INSERT INTO " << log << " (id, attempt) VALUES (5, 0)";
-  m3 = std::move(m2);  // m3's own insert (5) is rolled back; it now carries m2's (4)
+  m3 = std::move(m2);  // m3's own insert (5) is rolled back; it now is m2's transaction
+  m3.session() << "INSERT INTO " << log << " (id, attempt) VALUES (4, 0)";
   m3.commit();
   CHECK(count_rows(ctx.db, log, "id = 4") == 1);
   CHECK(count_rows(ctx.db, log, "id = 5") == 0);

@@ -27,9 +27,10 @@ enum class lock_wait {
 struct transaction_options {
   /**
    * How long a lock wait may last inside the transaction: PostgreSQL `lock_timeout` (for this
-   * transaction only), MySQL `innodb_lock_wait_timeout` (whole seconds, rounded up; set on the
-   * session when the transaction begins), SQLite busy timeout (the wait happens at BEGIN
-   * IMMEDIATE, which takes the database's single write lock). Zero means "do not wait".
+   * transaction only), MySQL `innodb_lock_wait_timeout` (whole seconds, rounded up, at least 1; set
+   * on the session when the transaction begins, reset to the server default when it ends), SQLite
+   * busy timeout (the wait happens at BEGIN IMMEDIATE, which takes the database's single write
+   * lock). Zero means "do not wait".
    */
   std::chrono::milliseconds lock_timeout{std::chrono::seconds(10)};
 };

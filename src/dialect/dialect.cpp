@@ -34,7 +34,16 @@ void dialect::begin_transaction(soci::session& sql, std::chrono::milliseconds lo
   sql << begin_write_sql();
 }
 
-void dialect::ensure_lock_row(soci::session& sql, const table_names& t,
+bool dialect::lock_row_exists(soci::session& sql, const table_names& t,
+                              const std::string& name) const {
+  // A plain read: it takes no lock, so it never waits for a transaction holding the row.
+  int n = 0;
+  sql << "SELECT count(*) FROM " << t.lock << " WHERE resource_name = :name",
+      soci::use(name, "name"), soci::into(n);
+  return n > 0;
+}
+
+void dialect::insert_lock_row(soci::session& sql, const table_names& t,
                               const std::string& name) const {
   // A free, expired row (hold_count 0, expires_at = now) whose fence starts above the floor.
   std::string empty;
@@ -43,9 +52,16 @@ void dialect::ensure_lock_row(soci::session& sql, const table_names& t,
       << " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at, holder_host,"
          " holder_pid, holder_thread) VALUES (:name, :empty, COALESCE((SELECT max_fence FROM "
       << t.floor << " WHERE id = 1), 0) + 1, 0, " << now_sql() << ", " << now_sql()
-      << ", :empty2, :zero, :empty3) ON CONFLICT (resource_name) DO NOTHING",
+      << ", :empty2, :zero, :empty3)" << insert_if_absent_suffix(),
       soci::use(name, "name"), soci::use(empty, "empty"), soci::use(empty, "empty2"),
       soci::use(zero, "zero"), soci::use(empty, "empty3");
+}
+
+void dialect::ensure_lock_row(soci::session& sql, const table_names& t, const std::string& name,
+                              std::chrono::milliseconds lock_timeout) const {
+  if (lock_row_exists(sql, t, name)) return;
+  set_lock_timeout(sql, lock_timeout);
+  atomic_write(sql, [&] { insert_lock_row(sql, t, name); });
 }
 
 bool dialect::lease_renew(soci::session& sql, const table_names& t, const std::string& name,

@@ -109,9 +109,24 @@ class dialect {
   virtual void begin_transaction(soci::session&, std::chrono::milliseconds lock_timeout) const;
   /// Undoes per-transaction session settings after COMMIT or ROLLBACK.
   virtual void end_transaction(soci::session&, const database_options&) const {}
-  /// Creates the lock row of `name` when absent (race-safe on the unique index; never
-  /// changes an existing row).
-  virtual void ensure_lock_row(soci::session&, const table_names&, const std::string& name) const;
+  /// True when the lock row of `name` exists (a non-locking read).
+  bool lock_row_exists(soci::session&, const table_names&, const std::string& name) const;
+  /// Suffix making an INSERT of an existing key a no-op.
+  virtual std::string insert_if_absent_suffix() const {
+    return " ON CONFLICT (resource_name) DO NOTHING";
+  }
+  /// Inserts the lock row of `name` unless it exists, inside the caller's open transaction
+  /// (race-safe on the unique index; never changes an existing row).
+  virtual void insert_lock_row(soci::session&, const table_names&, const std::string& name) const;
+  /// Outside any transaction: creates the lock row of `name` when absent, waiting at most
+  /// `lock_timeout` for a concurrent writer (settings changed here are undone by
+  /// end_transaction()). A plain read first, so an existing row locked by its holder is never
+  /// waited for.
+  virtual void ensure_lock_row(soci::session&, const table_names&, const std::string& name,
+                               std::chrono::milliseconds lock_timeout) const;
+  /// True when the open transaction has failed and can only roll back (PostgreSQL answers
+  /// COMMIT of such a transaction with ROLLBACK, silently).
+  virtual bool transaction_failed(soci::session&) const { return false; }
   /// True when `column` of `table` has a unique index on exactly that one column (or is the
   /// whole primary key), so that a lookup by it touches at most one row.
   virtual bool has_unique_index(soci::session&, const std::string& table,

@@ -4,6 +4,8 @@
 #include <soci/mysql/soci-mysql.h>
 #include <soci/soci.h>
 
+#include <algorithm>
+
 #include "common.hpp"
 #include "dialect.hpp"
 
@@ -54,23 +56,30 @@ class mysql_dialect final : public dialect {
   }
 
   void set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const override {
-    // InnoDB counts whole seconds; 0 means "do not wait" on MariaDB.
-    sql << "SET SESSION innodb_lock_wait_timeout = " << ceil_seconds(ms, 0);
+    // InnoDB counts whole seconds. 0 would mean "do not wait", but MariaDB 10.11 then fails
+    // statements with "Got error 1 'Operation not permitted' during COMMIT", so the shortest
+    // wait is one second (NOWAIT and SKIP LOCKED, which dblock uses for "do not wait", are
+    // unaffected).
+    sql << "SET SESSION innodb_lock_wait_timeout = " << ceil_seconds(ms, 1);
   }
 
-  void ensure_lock_row(soci::session& sql, const table_names& t,
-                       const std::string& name) const override {
-    // Not INSERT IGNORE: it would turn real errors (a too-long value) into warnings.
-    std::string empty;
-    long long zero = 0;
-    sql << "INSERT INTO " << t.lock
-        << " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
-           " holder_host, holder_pid, holder_thread) VALUES (:name, :empty, COALESCE((SELECT"
-           " max_fence FROM "
-        << t.floor << " WHERE id = 1), 0) + 1, 0, " << now_sql() << ", " << now_sql()
-        << ", :empty2, :zero, :empty3) ON DUPLICATE KEY UPDATE resource_name = resource_name",
-        soci::use(name, "name"), soci::use(empty, "empty"), soci::use(empty, "empty2"),
-        soci::use(zero, "zero"), soci::use(empty, "empty3");
+  // Not INSERT IGNORE: it would turn real errors (a too-long value) into warnings.
+  std::string insert_if_absent_suffix() const override {
+    return " ON DUPLICATE KEY UPDATE resource_name = resource_name";
+  }
+
+  void ensure_lock_row(soci::session& sql, const table_names& t, const std::string& name,
+                       std::chrono::milliseconds lock_timeout) const override {
+    if (lock_row_exists(sql, t, name)) return;
+    // Only a concurrent creator of the same absent row can make this insert wait, briefly.
+    set_lock_timeout(sql, lock_timeout);
+    insert_lock_row(sql, t, name);
+  }
+
+  void end_transaction(soci::session& sql, const database_options&) const override {
+    // begin_transaction() set the session's lock wait; give the pooled connection its default
+    // back so that later users (lease statements, plain queries) do not inherit it.
+    sql << "SET SESSION innodb_lock_wait_timeout = DEFAULT";
   }
 
   bool has_unique_index(soci::session& sql, const std::string& table,

@@ -73,6 +73,18 @@ class postgresql_dialect final : public dialect {
     sql << "SELECT set_config('lock_timeout', :v, true)", soci::use(value), soci::into(out);
   }
 
+  bool transaction_failed(soci::session& sql) const override {
+    auto* backend = static_cast<soci::postgresql_session_backend*>(sql.get_backend());
+    return PQtransactionStatus(backend->conn_) == PQTRANS_INERROR;
+  }
+
+  void ensure_lock_row(soci::session& sql, const table_names& t, const std::string& name,
+                       std::chrono::milliseconds) const override {
+    // ON CONFLICT DO NOTHING never waits for a holder of the existing row, so no timeout is
+    // needed (and a session-level lock_timeout would outlive the call).
+    if (!lock_row_exists(sql, t, name)) insert_lock_row(sql, t, name);
+  }
+
   bool has_unique_index(soci::session& sql, const std::string& table,
                         const std::string& column) const override {
     int n = 0;

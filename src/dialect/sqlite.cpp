@@ -93,11 +93,6 @@ class sqlite_dialect final : public dialect {
   void end_transaction(soci::session& sql, const database_options& o) const override {
     set_lock_timeout(sql, o.sqlite_busy_timeout);
   }
-  void ensure_lock_row(soci::session& sql, const table_names& t,
-                       const std::string& name) const override {
-    atomic_write(sql, [&] { dialect::ensure_lock_row(sql, t, name); });
-  }
-
   bool has_unique_index(soci::session& sql, const std::string& table,
                         const std::string& column) const override {
     int n = 0;
