@@ -1,7 +1,7 @@
 // Reaper throughput: inserts N long-expired lease rows, then times reap_once().
 // Usage: dblock_reaper_bench URL [ROWS=100000] [BATCH=1000]
-#include <dblock/dblock.hpp>
 #include <soci/soci.h>
+#include <dblock/dblock.hpp>
 
 #include <chrono>
 #include <cstdio>

@@ -161,6 +161,9 @@ DBLOCK_TEST("a reaper racing acquirers and renewers never removes a live lease",
           dblock::lease_lock churn(
               mine, "race/churn/" + std::to_string(i) + "/" + std::to_string(round++ % 20), lo);
           if (auto c = churn.try_acquire()) ++cycles;
+          // Leave the database some room: SQLite has one writer and an unfair busy handler, and
+          // a saturated file would starve the reaper thread this test is about.
+          std::this_thread::sleep_for(milliseconds(3));
           const auto deadline = std::chrono::steady_clock::now() + g.remaining();
           try {
             g.renew();
@@ -231,6 +234,8 @@ DBLOCK_TEST("churn with a reaper: fences per name keep growing, rows stay bounde
         }
         g->release();
         ++done;
+        // Give the reaper thread a chance on SQLite's single writer (see the test above).
+        if (i % 8 == 0) std::this_thread::sleep_for(milliseconds(1));
       }
     });
   }
