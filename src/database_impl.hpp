@@ -47,13 +47,14 @@ struct pooled_session {
   soci::session& sql() { return db->pool.at(pos); }
 };
 
-/// Runs f(session) on a pooled connection, translating every failure into dblock::error.
+/// Runs f(session) on a pooled connection, translating database failures (SOCI's exceptions)
+/// into dblock::error. dblock::error and the exceptions of callers' callbacks pass unchanged.
 template <class F>
 auto with_session(const std::shared_ptr<database_impl>& db, const std::string& what, F&& f) {
   auto s = db->lease(db);
   try {
     return f(s->sql());
-  } catch (...) {
+  } catch (const soci::soci_error&) {
     throw db->failure(what, s.get());
   }
 }

@@ -155,7 +155,7 @@ versioned_result versioned_update(database::connection& conn, const versioned_ta
   auto& ps = conn.internal();
   try {
     return attempt(*ps.db, ps.sql(), spec, key, mutate);
-  } catch (...) {
+  } catch (const soci::soci_error&) {
     throw ps.db->failure("versioned update of " + spec.table, &ps);
   }
 }
@@ -179,7 +179,7 @@ std::uint64_t compare_and_set(database::connection& conn, const cas_update& upda
   auto& ps = conn.internal();
   try {
     return run_cas(*ps.db, ps.sql(), update);
-  } catch (...) {
+  } catch (const soci::soci_error&) {
     throw ps.db->failure("compare_and_set on " + update.table, &ps);
   }
 }
