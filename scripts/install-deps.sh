@@ -20,7 +20,10 @@ PACKAGES=(
     libsqlite3-dev
     sqlite3
     catch2
+    libyaml-cpp-dev
     libcli11-dev
+    nlohmann-json3-dev
+    prometheus-cpp-dev
     liburiparser-dev
     postgresql
     mariadb-server

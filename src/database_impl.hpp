@@ -30,6 +30,16 @@ struct database_impl {
   /// Borrows a connected session (see database::connect()).
   std::unique_ptr<pooled_session> lease(const std::shared_ptr<database_impl>& self);
 
+  /// Calls `f(listener&)` when a listener is attached; never throws.
+  template <class F>
+  void notify(F&& f) const noexcept {
+    if (!options.events) return;
+    try {
+      f(*options.events);
+    } catch (...) {
+    }
+  }
+
   /// Classifies the exception being handled; marks `s` broken on a lost connection and adds
   /// the `dblock migrate` hint when the schema is missing.
   error failure(const std::string& what, pooled_session* s) const;

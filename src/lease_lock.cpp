@@ -91,6 +91,7 @@ struct lease_state {
   std::function<void(const error&)> on_release_error;
 
   std::atomic<steady::rep> deadline{0};  // steady clock ticks; local validity ends here
+  steady::time_point acquired_at;        // when the acquisition succeeded (for metrics)
   std::atomic<bool> lost{false};
   std::atomic<int> holds{0};
 
@@ -109,6 +110,7 @@ struct lease_state {
 
   void mark_lost(const error& why) {
     if (lost.exchange(true)) return;
+    db->notify([&](listener& l) { l.lease_lost(name, why); });
     if (on_lost) {
       try {
         on_lost(why);
@@ -149,6 +151,7 @@ struct lease_state {
           break;
         }
       } catch (const error& e) {
+        db->notify([&](listener& l) { l.renew_failed(name, e); });
         // Transient failure: retry soon, but give up (and say so) before the local validity
         // ends, so the loss is reported before the lease can have expired.
         milliseconds retry = std::max(std::min(interval / 4, milliseconds(250)), milliseconds(1));
@@ -183,6 +186,10 @@ struct lease_state {
   // Releases one hold; throws lease_lost when the lease was no longer ours.
   void release_one() {
     int left = holds.fetch_sub(1) - 1;
+    db->notify([&](listener& l) {
+      l.released(
+          name, std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - acquired_at));
+    });
     if (left == 0) stop_watchdog();
     const std::string what = "release lease '" + name + "'";
     bool in_doubt = false;
@@ -301,6 +308,7 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
 
   std::optional<std::int64_t> fence;
   steady::time_point sent;
+  const auto started = steady::now();
   for (int attempt = 0;; ++attempt) {
     sent = steady::now();
     try {
@@ -310,6 +318,7 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
       break;
     } catch (const error& e) {
       if (detail::transient_write_conflict(e.code()) && attempt < 8) {
+        dbi->notify([&](listener& l) { l.retried("acquire lease", e); });
         // A deadlock or busy error of the upsert itself (for example MariaDB's hot-key
         // deadlock against a concurrent release) says nothing about the lock: try again.
         std::this_thread::sleep_for(detail::full_jitter(milliseconds(1) * (1 << attempt)));
@@ -336,7 +345,14 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
       break;
     }
   }
-  if (!fence) return std::nullopt;
+  if (!fence) {
+    dbi->notify([&](listener& l) { l.contended(name); });
+    return std::nullopt;
+  }
+  dbi->notify([&](listener& l) {
+    l.acquired(name, *fence,
+               std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - started));
+  });
 
   if (reentry && *fence == cur->fence) {
     cur->holds.fetch_add(1);
@@ -358,6 +374,7 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
   s->on_release_error = o.on_release_error;
   s->holds.store(1);
   s->set_deadline(sent, o.ttl);
+  s->acquired_at = steady::now();
   if (o.watchdog) s->start_watchdog();
   current = s;
   return lease_guard(s);

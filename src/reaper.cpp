@@ -139,6 +139,7 @@ void delete_all(const std::shared_ptr<detail::database_impl>& db, const reaper_o
     if (stop_requested && stop_requested()) return;
     if (o.time_budget.count() > 0 && clock_type::now() - start >= o.time_budget) return;
     std::uint64_t n = delete_batch(db, o);
+    db->notify([&](listener& l) { l.rows_reaped(n, 1); });
     ++r.batches;
     r.rows_reaped += n;
     r.elapsed = std::chrono::duration_cast<microseconds>(clock_type::now() - start);

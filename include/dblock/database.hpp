@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "dblock/listener.hpp"
+
 namespace soci {
 class session;
 }
@@ -42,6 +44,8 @@ struct database_options {
   std::chrono::milliseconds sqlite_busy_timeout{5000};
   /// Isolation level set on every pooled connection when it connects (SQLite ignores it).
   isolation_level isolation = isolation_level::server_default;
+  /// Receives events and log messages of everything using this database (optional).
+  std::shared_ptr<listener> events;
 };
 
 /**

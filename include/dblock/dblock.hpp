@@ -2,9 +2,11 @@
 // Umbrella header: includes every public header.
 #pragma once
 
+#include "dblock/admin.hpp"
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 #include "dblock/lease_lock.hpp"
+#include "dblock/listener.hpp"
 #include "dblock/migrate.hpp"
 #include "dblock/optimistic.hpp"
 #include "dblock/reaper.hpp"

@@ -3,15 +3,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iomanip>
 #include <iostream>
+#include <mutex>
 #include <optional>
+#include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +30,7 @@ using std::chrono::milliseconds;
 
 // Documented exit statuses (see README "Exit statuses").
 constexpr int exit_ok = 0;
+constexpr int exit_not_found = 1;  // release: no lock of that name
 constexpr int exit_usage = 2;
 constexpr int exit_software = 70;      // internal or unexpected backend error
 constexpr int exit_unavailable = 69;   // cannot connect / connection lost
@@ -100,10 +107,218 @@ struct common_options {
   bool verbose = false;
 };
 
+// With --verbose, dblock's events go to stderr (the library itself never prints).
+class stderr_listener : public dblock::listener {
+ public:
+  void acquired(std::string_view name, std::int64_t fence,
+                std::chrono::microseconds latency) override {
+    say("acquired '" + std::string(name) + "' fence " + std::to_string(fence) + " in " +
+        std::to_string(latency.count()) + " us");
+  }
+  void contended(std::string_view name) override {
+    say("'" + std::string(name) + "' is held by another owner");
+  }
+  void retried(std::string_view op, const dblock::error& e) override {
+    say("retrying " + std::string(op) + ": " + e.what());
+  }
+  void released(std::string_view name, std::chrono::microseconds held) override {
+    say("released '" + std::string(name) + "' after " + std::to_string(held.count() / 1000) +
+        " ms");
+  }
+  void renew_failed(std::string_view name, const dblock::error& e) override {
+    say("renewing '" + std::string(name) + "' failed: " + e.what());
+  }
+  void lease_lost(std::string_view name, const dblock::error& e) override {
+    say("lease '" + std::string(name) + "' lost: " + e.what());
+  }
+  void rows_reaped(std::uint64_t rows, std::uint64_t) override {
+    say("reaped " + std::to_string(rows) + " rows");
+  }
+  void log(dblock::log_level, std::string_view m) override { say(std::string(m)); }
+
+ private:
+  std::mutex mu_;
+  void say(const std::string& m) {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::cerr << "dblock: " << m << "\n";
+  }
+};
+
 dblock::database open_db(const common_options& c) {
   dblock::database_options o;
   o.table_prefix = c.prefix;
+  if (c.verbose) o.events = std::make_shared<stderr_listener>();
   return dblock::database(url_or_env(c.url), o);
+}
+
+std::string iso_time(std::chrono::system_clock::time_point t) {
+  auto secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  std::ostringstream out;
+  out << std::put_time(&tm, "%Y-%m-%dT%H:%M:%SZ");
+  return out.str();
+}
+
+// "12.3s", "-4.0s", "2h05m": short human durations for tables.
+std::string human(std::chrono::microseconds d) {
+  long long us = d.count();
+  std::string sign = us < 0 ? "-" : "";
+  long long a = us < 0 ? -us : us;
+  std::ostringstream out;
+  if (a < 60LL * 1000000)
+    out << sign << std::fixed << std::setprecision(1) << a / 1e6 << "s";
+  else if (a < 3600LL * 1000000)
+    out << sign << a / 60000000 << "m" << std::setw(2) << std::setfill('0') << (a / 1000000) % 60
+        << "s";
+  else
+    out << sign << a / 3600000000LL << "h" << std::setw(2) << std::setfill('0')
+        << (a / 60000000) % 60 << "m";
+  return out.str();
+}
+
+int run_status(const common_options& c, bool json, bool all, const std::string& pattern) {
+  auto db = open_db(c);
+  dblock::list_options lo;
+  lo.pattern = pattern;
+  lo.include_free = all;
+  auto locks = dblock::list_locks(db, lo);
+  auto forced = dblock::recent_forced_releases(db, 5);
+  const auto now = std::chrono::system_clock::now();
+  if (json) {
+    nlohmann::json j;
+    j["database"] = db.redacted_url();
+    j["locks"] = nlohmann::json::array();
+    for (const auto& l : locks)
+      j["locks"].push_back({{"name", l.name},
+                            {"held", l.held},
+                            {"holder", l.holder_host + ":" + std::to_string(l.holder_pid)},
+                            {"holder_thread", l.holder_thread},
+                            {"owner_token", l.owner_token},
+                            {"fence", l.fence},
+                            {"hold_count", l.hold_count},
+                            {"acquired_at", iso_time(l.acquired_at)},
+                            {"expires_at", iso_time(l.expires_at)},
+                            {"expires_in_ms", l.expires_in.count() / 1000}});
+    j["forced_releases"] = nlohmann::json::array();
+    for (const auto& f : forced)
+      j["forced_releases"].push_back({{"name", f.name},
+                                      {"previous_fence", f.previous_fence},
+                                      {"new_fence", f.new_fence},
+                                      {"previous_holder", f.previous_holder},
+                                      {"was_held", f.was_held},
+                                      {"forced_by", f.forced_by},
+                                      {"reason", f.reason},
+                                      {"at", iso_time(f.at)}});
+    std::cout << j.dump(2) << "\n";
+    return exit_ok;
+  }
+  std::size_t w = 4;
+  for (const auto& l : locks)
+    w = std::max(w, std::min<std::size_t>(l.name.size(), 60));
+  std::cout << std::left << std::setw(static_cast<int>(w)) << "NAME"
+            << "  " << std::setw(28) << "HOLDER" << std::right << std::setw(10) << "FENCE"
+            << std::setw(12) << "ACQUIRED" << std::setw(12) << "EXPIRES IN" << std::setw(6)
+            << "HOLDS"
+            << "\n";
+  for (const auto& l : locks) {
+    auto ago = std::chrono::duration_cast<std::chrono::microseconds>(now - l.acquired_at);
+    std::cout << std::left << std::setw(static_cast<int>(w)) << l.name.substr(0, 60) << "  "
+              << std::setw(28) << (l.holder_host + ":" + std::to_string(l.holder_pid)).substr(0, 28)
+              << std::right << std::setw(10) << l.fence << std::setw(12) << (human(ago) + " ago")
+              << std::setw(12) << (l.held ? human(l.expires_in) : std::string("free"))
+              << std::setw(6) << l.hold_count << "\n";
+  }
+  std::cout << locks.size() << (all ? " lock row(s)" : " held lock(s)")
+            << (pattern.empty() ? "" : " matching '" + pattern + "'") << " in " << db.redacted_url()
+            << "\n";
+  if (!forced.empty()) {
+    std::cout << "\nlast forced releases:\n";
+    for (const auto& f : forced)
+      std::cout << "  " << iso_time(f.at) << "  " << f.name << "  fence " << f.previous_fence
+                << " -> " << f.new_fence << "  was " << (f.was_held ? "held" : "free") << " by "
+                << f.previous_holder << "  forced by " << f.forced_by << ": " << f.reason << "\n";
+  }
+  return exit_ok;
+}
+
+std::string who_am_i() {
+  const char* user = std::getenv("SUDO_USER");
+  if (!user || !*user) user = std::getenv("USER");
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return std::string(user && *user ? user : "unknown") + "@" + host;
+}
+
+int run_release(const common_options& c, bool force, const std::string& name,
+                const std::string& reason) {
+  if (!force) {
+    std::cerr << "dblock release: releasing someone else's lease is dangerous; pass --force "
+                 "(and --reason) to do it\n";
+    return exit_usage;
+  }
+  auto db = open_db(c);
+  try {
+    auto f = dblock::force_release(db, name, reason, who_am_i());
+    std::cout << "released '" << f.name << "' (it was " << (f.was_held ? "held" : "free")
+              << ", last holder " << f.previous_holder << "); fence " << f.previous_fence << " -> "
+              << f.new_fence << ", recorded in the audit table\n";
+    return exit_ok;
+  } catch (const dblock::error& e) {
+    if (e.code() != dblock::errc::not_found) throw;
+    std::cerr << "dblock release: " << e.what() << "\n";
+    return exit_not_found;
+  }
+}
+
+// A quick in-process benchmark of acquire+release cycles (see bench/ for the full suite).
+int run_bench(const common_options& c, double seconds, const std::vector<int>& clients) {
+  // Its own tables (prefix dblock_bench_ unless given), never the production lock table.
+  dblock::database_options o;
+  o.table_prefix = c.prefix.empty() ? "dblock_bench_" : c.prefix;
+  o.pool_size = 64;
+  dblock::database db(url_or_env(c.url), o);
+  dblock::migrate(db);
+  std::cout << "acquire+release cycles on " << db.redacted_url() << ", " << seconds
+            << " s per cell\n";
+  std::printf("%-22s %8s %12s %10s %10s\n", "operation", "clients", "cycles/s", "p50 us", "p99 us");
+  for (bool hot : {false, true}) {
+    for (int n : clients) {
+      std::vector<std::vector<double>> lat(n);
+      std::atomic<bool> stop{false};
+      std::vector<std::thread> ts;
+      for (int i = 0; i < n; ++i)
+        ts.emplace_back([&, i] {
+          std::mt19937 rng(i);
+          while (!stop) {
+            std::string key = hot ? "bench/hot" : "bench/" + std::to_string(rng() % 10000);
+            dblock::lease_lock lock(db, key);
+            auto t0 = std::chrono::steady_clock::now();
+            auto g = lock.try_acquire();
+            if (g) g->release();
+            if (g)
+              lat[i].push_back(
+                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                      .count());
+          }
+        });
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      stop = true;
+      for (auto& t : ts)
+        t.join();
+      std::vector<double> all;
+      for (auto& v : lat)
+        all.insert(all.end(), v.begin(), v.end());
+      std::sort(all.begin(), all.end());
+      double p50 = all.empty() ? 0 : all[all.size() / 2];
+      double p99 = all.empty() ? 0 : all[all.size() * 99 / 100];
+      std::printf("%-22s %8d %12.0f %10.1f %10.1f\n",
+                  hot ? "lease, one hot key" : "lease, random keys", n, all.size() / seconds, p50,
+                  p99);
+      std::fflush(stdout);
+    }
+  }
+  return exit_ok;
 }
 
 int run_migrate(const common_options& c, bool dry_run) {
@@ -269,7 +484,8 @@ int main(int argc, char** argv) {
   CLI::App app{"dblock: distributed locks on PostgreSQL, MySQL/MariaDB and SQLite"};
   app.require_subcommand(1);
   app.footer(
-      "Exit statuses: 0 ok; 2 usage or invalid argument; 69 cannot connect; 70 internal error;\n"
+      "Exit statuses: 0 ok; 1 release: no such lock; 2 usage or invalid argument; 69 cannot "
+      "connect; 70 internal error;\n"
       "75 lock not acquired; 76 lease lost while the command ran; 78 schema missing or\n"
       "mismatched. `exec` otherwise exits with the command's status (128+N if killed by N).");
   common_options common;
@@ -298,6 +514,33 @@ int main(int argc, char** argv) {
                    "pause between raising the fence floor and deleting (keeps fences monotonic)")
       ->capture_default_str();
 
+  bool json = false, all = false;
+  std::string pattern;
+  auto* status = app.add_subcommand("status", "list held locks (and recent forced releases)");
+  add_common(status);
+  status->add_flag("--json", json, "machine-readable output (see README for the shape)");
+  status->add_flag("--all", all, "include released and expired rows");
+  status->add_option("pattern", pattern, "name pattern, shell style: 'jobs/*'");
+
+  bool force = false;
+  std::string release_name, reason;
+  auto* release = app.add_subcommand("release", "force a stuck lease free (audited)");
+  add_common(release);
+  release->add_flag("--force", force, "required: take the lease from its holder");
+  release->add_option("--reason", reason, "why (recorded in the audit table)");
+  release->add_option("name", release_name, "lock name")->required();
+
+  double bench_seconds = 2;
+  std::vector<int> bench_clients = {1, 4, 16};
+  auto* bench = app.add_subcommand("bench", "measure acquire+release cycles per second");
+  add_common(bench);
+  bench->add_option("--seconds", bench_seconds, "seconds per measurement")
+      ->check(CLI::Range(0.1, 600.0))
+      ->capture_default_str();
+  bench->add_option("--clients", bench_clients, "client counts (threads, own connections)")
+      ->check(CLI::Range(1, 60))
+      ->delimiter(',');
+
   exec_options x;
   auto* exec = app.add_subcommand("exec", "run a command while holding a lease lock");
   add_common(exec);
@@ -323,6 +566,9 @@ int main(int argc, char** argv) {
     if (migrate->parsed()) return run_migrate(common, dry_run);
     if (exec->parsed()) return run_exec(common, x);
     if (reap->parsed()) return run_reap(common, retention, batch, grace);
+    if (status->parsed()) return run_status(common, json, all, pattern);
+    if (release->parsed()) return run_release(common, force, release_name, reason);
+    if (bench->parsed()) return run_bench(common, bench_seconds, bench_clients);
   } catch (const dblock::error& e) {
     std::cerr << "dblock: " << e.what() << "\n";
     return exit_status_for(e);

@@ -15,6 +15,21 @@ std::string dialect::quote(std::string_view ident) const {
   return "\"" + std::string(ident) + "\"";
 }
 
+std::string dialect::name_pattern_value(const std::string& glob) const {
+  std::string out;
+  for (char c : glob) {
+    if (c == '*')
+      out += '%';
+    else if (c == '?')
+      out += '_';
+    else if (c == '%' || c == '_' || c == '!')
+      out += std::string("!") + c;
+    else
+      out += c;
+  }
+  return out;
+}
+
 std::string dialect::isolation_sql(isolation_level level) const {
   switch (level) {
     case isolation_level::read_committed:
@@ -137,6 +152,7 @@ table_names make_table_names(const std::string& prefix) {
   t.lock = prefix + "resource_lock";
   t.floor = prefix + "resource_lock_fence_floor";
   t.migrations = prefix + "dblock_schema_migrations";
+  t.audit = prefix + "resource_lock_audit";
   validate_identifier(t.floor, "table name");
   validate_identifier(t.migrations, "table name");
   return t;

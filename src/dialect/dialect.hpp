@@ -30,6 +30,7 @@ struct table_names {
   std::string lock;        // <prefix>resource_lock
   std::string floor;       // <prefix>resource_lock_fence_floor
   std::string migrations;  // <prefix>dblock_schema_migrations
+  std::string audit;       // <prefix>resource_lock_audit
 };
 
 /// One migration file, as embedded at build time.
@@ -80,6 +81,13 @@ class dialect {
 
   /// Statement setting the session's isolation level; empty when the backend has no choice.
   virtual std::string isolation_sql(isolation_level level) const;
+
+  /// Condition "column matches the bound pattern :param" for name patterns (case-sensitive).
+  virtual std::string name_pattern_sql(const std::string& column, const std::string& param) const {
+    return column + " LIKE :" + param + " ESCAPE '!'";
+  }
+  /// Turns a shell-style pattern (`*`, `?`) into the value bound for name_pattern_sql().
+  virtual std::string name_pattern_value(const std::string& glob) const;
 
   /// Quotes an already validated identifier.
   virtual std::string quote(std::string_view ident) const;

@@ -71,6 +71,12 @@ class sqlite_dialect final : public dialect {
   // One writer at a time: every transaction is serializable.
   std::string isolation_sql(isolation_level) const override { return {}; }
 
+  // SQLite's LIKE ignores ASCII case; GLOB compares exactly and speaks `*` and `?` already.
+  std::string name_pattern_sql(const std::string& column, const std::string& param) const override {
+    return column + " GLOB :" + param;
+  }
+  std::string name_pattern_value(const std::string& glob) const override { return glob; }
+
   std::string now_sql() const override { return "dblock_now_us()"; }
   std::string plus_us_sql(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + :" + param + ")";
