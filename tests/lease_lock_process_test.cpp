@@ -11,7 +11,6 @@
 #include <soci/soci.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,11 +18,8 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -38,6 +34,13 @@
 
 using dblock::errc;
 using dblock::test::monotonic_ns;
+using dblock::test::open_db;
+using dblock::test::process_set;
+using dblock::test::read_file;
+using dblock::test::sleep_until_monotonic;
+using dblock::test::temp_dir;
+using dblock::test::wait_for_file;
+using dblock::test::write_file_atomic;
 using std::chrono::milliseconds;
 
 namespace {
@@ -57,121 +60,6 @@ long long realtime_ns() {
   return static_cast<long long>(ts.tv_sec) * ns_per_s + ts.tv_nsec;
 }
 
-void sleep_until_monotonic(long long t_ns) {
-  long long now = monotonic_ns();
-  if (t_ns > now) std::this_thread::sleep_for(std::chrono::nanoseconds(t_ns - now));
-}
-
-// A fresh directory for the files workers write; removed with everything in it.
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    const char* t = std::getenv("TMPDIR");
-    std::string tmpl = std::string(t && *t ? t : "/tmp") + "/dblock-proc-XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
-    path = buf.data();
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
-
-// Writes a whole file atomically (the reader never sees it half-written).
-void write_file_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error("cannot rename " + tmp + ": " + std::strerror(errno));
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool file_exists(const std::string& path) {
-  return ::access(path.c_str(), F_OK) == 0;
-}
-
-// Waits until a file exists; false after `timeout`.
-bool wait_for_file(const std::string& path, milliseconds timeout) {
-  long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
-  while (!file_exists(path)) {
-    if (monotonic_ns() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(1));
-  }
-  return true;
-}
-
-// Worker processes of one test: waited for with a deadline, and killed if the test fails
-// before reaping them (so a failed REQUIRE never leaves processes behind).
-struct process_set {
-  std::vector<int> pids;
-  ~process_set() {
-    for (int pid : pids) {
-      ::kill(pid, SIGKILL);
-      int status = 0;
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-  }
-  int spawn(const std::string& name, const std::vector<std::string>& args,
-            const std::vector<std::string>& env = {}) {
-    int pid = dblock::test::spawn_worker(name, args, env);
-    pids.push_back(pid);
-    return pid;
-  }
-  // Exit status (128+signal when killed); -1 when still running at the deadline (then killed).
-  int wait(int pid, milliseconds timeout) {
-    long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
-    int status = 0;
-    for (;;) {
-      pid_t r = ::waitpid(pid, &status, WNOHANG);
-      if (r == pid) break;
-      if (r < 0 && errno != EINTR) return -2;
-      if (monotonic_ns() > deadline) {
-        ::kill(pid, SIGKILL);
-        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-        }
-        forget(pid);
-        return -1;
-      }
-      std::this_thread::sleep_for(milliseconds(2));
-    }
-    forget(pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  // Waits for all; returns their exit statuses in spawn order.
-  std::vector<int> wait_all(milliseconds timeout) {
-    long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
-    std::vector<int> all = pids, out;
-    for (int pid : all) {
-      long long left = std::max(0LL, (deadline - monotonic_ns()) / ns_per_ms);
-      out.push_back(wait(pid, milliseconds(left)));
-    }
-    return out;
-  }
-  void forget(int pid) { pids.erase(std::remove(pids.begin(), pids.end(), pid), pids.end()); }
-};
-
-dblock::database open_db(const std::string& url, const std::string& prefix, std::size_t pool) {
-  dblock::database_options o;
-  o.table_prefix = prefix;
-  o.pool_size = pool;
-  return dblock::database(url, o);
-}
-
 // ---- the counter workload (T1, T8 and the negative control) ------------------------------------
 
 // One critical section as seen by its holder.
@@ -188,6 +76,20 @@ struct counter_setup {
   long long start_ns = 0;  // monotonic instant at which every client starts
   milliseconds poll_max{10};
 };
+
+// The counter workload on this test's "counter" table: `iterations` per client on lock
+// `lock_name`, every client starting `start_in_ms` from now.
+counter_setup counter_workload(const dblock::test::context& ctx, const std::string& lock_name,
+                               int iterations, long long start_in_ms) {
+  counter_setup s;
+  s.url = ctx.url;  // on SQLite a file shared by all processes
+  s.prefix = ctx.prefix;
+  s.table = ctx.table("counter");
+  s.lock_name = lock_name;
+  s.iterations = iterations;
+  s.start_ns = monotonic_ns() + start_in_ms * ns_per_ms;
+  return s;
+}
 
 // Read n, sleep 0..2 ms, write n+1: separate autocommit statements, so concurrent clients lose
 // updates unless something excludes them.
@@ -385,15 +287,10 @@ DBLOCK_TEST("counter: 8 processes x 200 read-sleep-write increments under the le
   const int procs = full_run() ? 16 : 8;
   const int iterations = full_run() ? 1000 : 200;
   create_counter(ctx);
-  temp_dir dir;
+  temp_dir dir("proc");
   process_set ps;
-  counter_setup s;
-  s.url = ctx.url;  // on SQLite a file shared by all processes
-  s.prefix = ctx.prefix;
-  s.table = ctx.table("counter");
-  s.lock_name = "counter-" + dblock::test::random_suffix();
-  s.iterations = iterations;
-  s.start_ns = monotonic_ns() + 500 * ns_per_ms;  // after every worker has connected
+  // A common start after every worker has connected.
+  const auto s = counter_workload(ctx, "counter-" + dblock::test::random_suffix(), iterations, 500);
   auto all = run_counter_processes(ps, dir, s, std::vector<std::vector<std::string>>(procs), {});
   require_exclusion(ctx, all, procs * iterations);
 }
@@ -406,11 +303,7 @@ DBLOCK_TEST("counter: 8 threads x 200 increments, one lease_lock object per thre
   auto o = ctx.options();
   o.pool_size = static_cast<std::size_t>(threads) + 4;  // one per thread while it holds, spares
   auto db = ctx.open(o);
-  counter_setup s;
-  s.table = ctx.table("counter");
-  s.lock_name = "counter-" + dblock::test::random_suffix();
-  s.iterations = iterations;
-  s.start_ns = monotonic_ns() + 100 * ns_per_ms;
+  const auto s = counter_workload(ctx, "counter-" + dblock::test::random_suffix(), iterations, 100);
   std::vector<std::vector<record>> per_thread(threads);
   std::vector<std::string> errors(threads);
   std::vector<std::thread> ts;
@@ -436,17 +329,11 @@ DBLOCK_TEST("counter: 8 threads x 200 increments, one lease_lock object per thre
 DBLOCK_TEST("counter without the lock loses updates (negative control)", "[lease][process]") {
   const int procs = 4, iterations = 50;
   create_counter(ctx);
-  temp_dir dir;
+  temp_dir dir("proc");
   process_set ps;
-  counter_setup s;
-  s.url = ctx.url;
-  s.prefix = ctx.prefix;
-  s.table = ctx.table("counter");
-  s.lock_name = "unused";
-  s.iterations = iterations;
-  s.use_lock = false;
   // A common start well after every worker has connected, so that all four really race.
-  s.start_ns = monotonic_ns() + 1000 * ns_per_ms;
+  auto s = counter_workload(ctx, "unused", iterations, 1000);
+  s.use_lock = false;
   auto all = run_counter_processes(ps, dir, s, std::vector<std::vector<std::string>>(procs), {});
   REQUIRE(all.size() == static_cast<std::size_t>(procs * iterations));
   int n = read_counter(ctx);
@@ -556,7 +443,7 @@ DBLOCK_TEST("first-insert race: 32 acquirers on each fresh name, exactly one win
             "[lease][process]") {
   const int procs = 4, threads = 8;
   const int names = ctx.backend == "sqlite" ? (full_run() ? 200 : 50) : (full_run() ? 1000 : 200);
-  temp_dir dir;
+  temp_dir dir("proc");
   const std::string barrier_file = dir.file("barrier");
   shared_barrier barrier(barrier_file, true, static_cast<unsigned>(procs * threads));
   const std::string stem = "race-" + dblock::test::random_suffix() + "-";
@@ -633,7 +520,7 @@ DBLOCK_TEST("holder killed with SIGKILL: takeover after the TTL, within TTL + on
             "[lease][process]") {
   const auto ttl = std::chrono::seconds(2);
   const auto poll_max = milliseconds(200);
-  temp_dir dir;
+  temp_dir dir("proc");
   process_set ps;
   const std::string name = "killed-" + dblock::test::random_suffix();
   const std::string report = dir.file("holder");
@@ -724,7 +611,7 @@ DBLOCK_TEST("holder paused past its TTL: successor takes over, stale holder writ
             "[lease][process]") {
   const std::string items = ctx.table("items");
   ctx.exec("CREATE TABLE " + items + " (id INT PRIMARY KEY, v VARCHAR(32))");
-  temp_dir dir;
+  temp_dir dir("proc");
   process_set ps;
   const std::string name = "paused-" + dblock::test::random_suffix();
   const std::string report = dir.file("fence"), go = dir.file("go");
@@ -783,15 +670,9 @@ DBLOCK_TEST("counter under client clock skew of +-1 h (libfaketime)", "[lease][p
          "(scripts/install-deps.sh)");
   const int procs = 4, iterations = 50;
   create_counter(ctx);
-  temp_dir dir;
+  temp_dir dir("proc");
   process_set ps;
-  counter_setup s;
-  s.url = ctx.url;
-  s.prefix = ctx.prefix;
-  s.table = ctx.table("counter");
-  s.lock_name = "skew-" + dblock::test::random_suffix();
-  s.iterations = iterations;
-  s.start_ns = monotonic_ns() + 1000 * ns_per_ms;
+  const auto s = counter_workload(ctx, "skew-" + dblock::test::random_suffix(), iterations, 1000);
   std::vector<std::vector<std::string>> envs;
   std::vector<long long> offsets;
   for (int i = 0; i < procs; ++i) {

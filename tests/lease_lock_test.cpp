@@ -14,6 +14,7 @@
 using dblock::errc;
 using dblock::lease_lock;
 using dblock::lease_options;
+using dblock::test::code_of;
 using std::chrono::milliseconds;
 
 namespace {
@@ -22,16 +23,6 @@ lease_options ttl_of(milliseconds ttl) {
   lease_options o;
   o.ttl = ttl;
   return o;
-}
-
-template <class F>
-std::optional<errc> code_of(F&& f) {
-  try {
-    f();
-  } catch (const dblock::error& e) {
-    return e.code();
-  }
-  return std::nullopt;
 }
 
 // Makes the row look expired on the database clock (as if its holder paused past the TTL).

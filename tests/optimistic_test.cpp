@@ -5,15 +5,11 @@
 //
 // Catch2 assertions are not thread-safe: worker threads only record what they saw, and the
 // test thread asserts afterwards.
-#include <signal.h>
 #include <soci/soci.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -28,41 +24,15 @@
 
 using dblock::errc;
 using dblock::retry_policy;
+using dblock::test::code_of;
+using dblock::test::process_set;
+using dblock::test::sleep_until_monotonic;
+using dblock::test::table_cleanup;
 using std::chrono::milliseconds;
 
 namespace {
 
 constexpr long long ns_per_ms = 1000000;
-
-template <class F>
-std::optional<errc> code_of(F&& f) {
-  try {
-    f();
-  } catch (const dblock::error& e) {
-    return e.code();
-  }
-  return std::nullopt;
-}
-
-// Drops the test's own tables when the test ends (the harness only drops dblock's tables; on
-// SQLite the whole file goes away anyway).
-struct table_cleanup {
-  const dblock::test::context& ctx;
-  std::vector<std::string> names;
-  ~table_cleanup() {
-    if (ctx.backend == "sqlite") return;
-    try {
-      auto c = ctx.db.connect();
-      for (const auto& n : names)
-        c.session() << "DROP TABLE IF EXISTS " << n;
-    } catch (...) {
-    }
-  }
-  std::string add(const std::string& name) {
-    names.push_back(name);
-    return name;
-  }
-};
 
 // <prefix><stem> (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL, version INTEGER NOT NULL)
 // with the row (1, 0, 0).
@@ -208,34 +178,6 @@ void thread_exactness(dblock::test::context& ctx, dblock::database_options o,
 
 // ---- worker processes ------------------------------------------------------------------------
 
-// Worker processes of one test, killed if the test fails before reaping them.
-struct process_set {
-  std::vector<int> pids;
-  ~process_set() {
-    for (int pid : pids) {
-      ::kill(pid, SIGKILL);
-      int status = 0;
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-  }
-  void spawn(const std::string& name, const std::vector<std::string>& args) {
-    pids.push_back(dblock::test::spawn_worker(name, args));
-  }
-  std::vector<int> wait_all() {
-    std::vector<int> rc;
-    for (int pid : pids)
-      rc.push_back(dblock::test::wait_worker(pid));
-    pids.clear();
-    return rc;
-  }
-};
-
-void sleep_until_ns(long long start_ns) {
-  long long now = dblock::test::monotonic_ns();
-  if (start_ns > now) std::this_thread::sleep_for(std::chrono::nanoseconds(start_ns - now));
-}
-
 std::string temp_path(const std::string& what) {
   const char* dir = std::getenv("TMPDIR");
   return std::string(dir && *dir ? dir : "/tmp") + "/dblock-opt-" + what + "-" +
@@ -251,10 +193,7 @@ struct file_cleanup {
 };
 
 dblock::database worker_db(const std::string& url, const std::string& prefix) {
-  dblock::database_options o;
-  o.table_prefix = prefix;
-  o.pool_size = 1;
-  dblock::database db(url, o);
+  auto db = dblock::test::open_db(url, prefix, 1);
   db.ping();
   return db;
 }
@@ -268,7 +207,7 @@ DBLOCK_WORKER(optimistic_increment_worker) {
   const auto spec = acct_spec(args.at(2));
   const int count = std::stoi(args.at(3));
   std::ofstream out(args.at(4), std::ios::trunc);
-  sleep_until_ns(std::stoll(args.at(5)));
+  sleep_until_monotonic(std::stoll(args.at(5)));
   for (int i = 0; i < count; ++i) {
     auto r = dblock::versioned_update(db, spec, 1LL, increment, retry_policy::until_success());
     out << r.version << ' ' << std::get<long long>(r.values.at("balance")) << '\n';
@@ -283,7 +222,7 @@ DBLOCK_WORKER(optimistic_buyer_worker) {
   auto db = worker_db(args.at(0), args.at(1));
   const auto update = buy_one(args.at(2));
   const int buyers = std::stoi(args.at(3));
-  sleep_until_ns(std::stoll(args.at(4)));
+  sleep_until_monotonic(std::stoll(args.at(4)));
   int sold = 0;
   for (int i = 0; i < buyers; ++i) {
     auto n = dblock::compare_and_set(db, update, retry_policy::until_success());

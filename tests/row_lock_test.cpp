@@ -11,20 +11,13 @@
 // lock the call waits for, so that a bug costs seconds, never the server's 50 s lock wait.
 #include <signal.h>
 #include <soci/soci.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <future>
 #include <iostream>
@@ -45,6 +38,14 @@ using dblock::row_selector;
 using dblock::transaction;
 using dblock::transaction_options;
 using dblock::test::monotonic_ns;
+using dblock::test::open_db;
+using dblock::test::process_set;
+using dblock::test::read_file;
+using dblock::test::sleep_until_monotonic;
+using dblock::test::table_cleanup;
+using dblock::test::temp_dir;
+using dblock::test::wait_for_file;
+using dblock::test::write_file_atomic;
 using std::chrono::milliseconds;
 
 namespace {
@@ -55,135 +56,12 @@ double ms_since(long long t0_ns) {
   return static_cast<double>(monotonic_ns() - t0_ns) / 1e6;
 }
 
-void sleep_until_monotonic(long long t_ns) {
-  long long now = monotonic_ns();
-  if (t_ns > now) std::this_thread::sleep_for(std::chrono::nanoseconds(t_ns - now));
-}
-
 // One line per measurement, easy to grep out of a run.
 void metric(const std::string& backend, const std::string& text) {
   std::cerr << "[rowlock-metric] " << backend << ": " << text << std::endl;
 }
 
-// ---- files and processes -----------------------------------------------------------------------
-
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    const char* t = std::getenv("TMPDIR");
-    std::string tmpl = std::string(t && *t ? t : "/tmp") + "/dblock-rowlock-XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
-    path = buf.data();
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
-
-void write_file_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error("cannot rename " + tmp + ": " + std::strerror(errno));
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool wait_for_file(const std::string& path, milliseconds timeout) {
-  long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
-  while (::access(path.c_str(), F_OK) != 0) {
-    if (monotonic_ns() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(1));
-  }
-  return true;
-}
-
-// Worker processes of one test, killed and reaped if the test ends before waiting for them.
-struct process_set {
-  std::vector<int> pids;
-  ~process_set() {
-    for (int pid : pids) {
-      ::kill(pid, SIGKILL);
-      int status = 0;
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-  }
-  int spawn(const std::string& name, const std::vector<std::string>& args) {
-    int pid = dblock::test::spawn_worker(name, args);
-    pids.push_back(pid);
-    return pid;
-  }
-  // Exit status (128+signal when killed); -1 when still running at the deadline (then killed).
-  int wait(int pid, milliseconds timeout) {
-    long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
-    int status = 0;
-    for (;;) {
-      pid_t r = ::waitpid(pid, &status, WNOHANG);
-      if (r == pid) break;
-      if (r < 0 && errno != EINTR) return -2;
-      if (monotonic_ns() > deadline) {
-        ::kill(pid, SIGKILL);
-        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-        }
-        forget(pid);
-        return -1;
-      }
-      std::this_thread::sleep_for(milliseconds(2));
-    }
-    forget(pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  std::vector<int> wait_all(milliseconds timeout) {
-    long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
-    std::vector<int> all = pids, out;
-    for (int pid : all) {
-      long long left = std::max(0LL, (deadline - monotonic_ns()) / ns_per_ms);
-      out.push_back(wait(pid, milliseconds(left)));
-    }
-    return out;
-  }
-  void forget(int pid) { pids.erase(std::remove(pids.begin(), pids.end(), pid), pids.end()); }
-};
-
-dblock::database open_db(const std::string& url, const std::string& prefix, std::size_t pool) {
-  dblock::database_options o;
-  o.table_prefix = prefix;
-  o.pool_size = pool;
-  return dblock::database(url, o);
-}
-
 // ---- database helpers --------------------------------------------------------------------------
-
-// Drops the test's own tables at the end (the harness drops only dblock's and "items"); SQLite
-// files are removed whole by the harness.
-struct drop_tables {
-  const dblock::test::context& ctx;
-  std::vector<std::string> tables;
-  ~drop_tables() {
-    if (ctx.backend == "sqlite") return;
-    for (const auto& t : tables) {
-      try {
-        ctx.exec("DROP TABLE IF EXISTS " + t);
-      } catch (...) {
-      }
-    }
-  }
-};
 
 long long query_ll(const dblock::database& db, const std::string& sql) {
   auto c = db.connect();
@@ -345,6 +223,30 @@ class rendezvous {
   long generation_ = 0;
 };
 
+// Runs `threads` threads over `names`: before each name every thread meets the others at `start`,
+// then calls attempt(thread, name index). Returns each thread's first error as "<name>: <what>"
+// ("" when none).
+std::vector<std::string> all_threads_on_each_name(rendezvous& start, int threads,
+                                                  const std::vector<std::string>& names,
+                                                  const std::function<void(int, int)>& attempt) {
+  std::vector<std::string> errors(threads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < static_cast<int>(names.size()); ++i) {
+        start.arrive_and_wait();  // everyone hits the same name at the same moment
+        try {
+          attempt(t, i);
+        } catch (const std::exception& e) {
+          if (errors[t].empty()) errors[t] = names[i] + ": " + e.what();
+        }
+      }
+    });
+  for (auto& t : ts)
+    t.join();
+  return errors;
+}
+
 }  // namespace
 
 // =================================================================================================
@@ -411,7 +313,7 @@ flash_result run_flash_sale(dblock::test::context& ctx, int procs, int attempts,
   ctx.exec("CREATE TABLE " + sales +
            " (worker INTEGER NOT NULL, attempt INTEGER NOT NULL, stock_before INTEGER NOT NULL,"
            " PRIMARY KEY (worker, attempt))");
-  temp_dir dir;
+  temp_dir dir("rowlock");
   process_set ps;
   const long long start_ns = monotonic_ns() + 1500 * ns_per_ms;  // after all have connected
   for (int w = 0; w < procs; ++w)
@@ -454,7 +356,7 @@ DBLOCK_TEST("flash sale: 16 processes x 50 purchases under FOR UPDATE sell exact
             "[rowlock][process]") {
   const long long stock = 100;
   const std::string sales = ctx.table("sales");
-  drop_tables drop{ctx, {sales}};
+  table_cleanup drop{ctx, {sales}};
   auto r = run_flash_sale(ctx, 16, 50, stock, true);
   CHECK(r.sold == stock);
   CHECK(r.final_stock == 0);
@@ -476,7 +378,7 @@ DBLOCK_TEST("flash sale: 16 processes x 50 purchases under FOR UPDATE sell exact
 DBLOCK_TEST_SERVERS("flash sale without the row lock oversells (negative control)",
                     "[rowlock][process]") {
   const long long stock = 100;
-  drop_tables drop{ctx, {ctx.table("sales")}};
+  table_cleanup drop{ctx, {ctx.table("sales")}};
   auto r = run_flash_sale(ctx, 16, 50, stock, false);
   INFO("sold " << r.sold << ", final stock " << r.final_stock);
   CHECK(r.sold > stock);
@@ -563,24 +465,13 @@ DBLOCK_TEST("lock_resource: 8 threads on 16 fresh names at once raise no error",
   for (int i = 0; i < names; ++i)
     ns.push_back("fresh-" + dblock::test::random_suffix() + "-" + std::to_string(i));
   rendezvous start(threads);
-  std::vector<std::string> errors(threads);
   std::vector<int> got(threads, 0);
-  std::vector<std::thread> ts;
-  for (int t = 0; t < threads; ++t)
-    ts.emplace_back([&, t] {
-      for (int i = 0; i < names; ++i) {
-        start.arrive_and_wait();  // everyone hits the same absent name at the same moment
-        try {
-          auto tx = dblock::lock_resource(db, ns[i], std::chrono::seconds(10));
-          ++got[t];
-          tx.commit();
-        } catch (const std::exception& e) {
-          if (errors[t].empty()) errors[t] = ns[i] + ": " + e.what();
-        }
-      }
-    });
-  for (auto& t : ts)
-    t.join();
+  // Everyone hits the same absent name at the same moment.
+  auto errors = all_threads_on_each_name(start, threads, ns, [&](int t, int i) {
+    auto tx = dblock::lock_resource(db, ns[i], std::chrono::seconds(10));
+    ++got[t];
+    tx.commit();
+  });
   for (int t = 0; t < threads; ++t) {
     INFO("thread " << t);
     CHECK(errors[t] == "");
@@ -594,25 +485,13 @@ DBLOCK_TEST("lock_resource: 8 threads on 16 fresh names at once raise no error",
   for (int i = 0; i < names; ++i)
     tns.push_back("fresh-try-" + dblock::test::random_suffix() + "-" + std::to_string(i));
   std::vector<std::atomic<int>> winners(names);
-  std::vector<std::thread> ts2;
-  std::vector<std::string> errors2(threads);
-  for (int t = 0; t < threads; ++t)
-    ts2.emplace_back([&, t] {
-      for (int i = 0; i < names; ++i) {
-        start.arrive_and_wait();
-        try {
-          auto tx = dblock::try_lock_resource(db, tns[i]);
-          if (tx) {
-            ++winners[i];
-            tx->commit();
-          }
-        } catch (const std::exception& e) {
-          if (errors2[t].empty()) errors2[t] = tns[i] + ": " + e.what();
-        }
-      }
-    });
-  for (auto& t : ts2)
-    t.join();
+  auto errors2 = all_threads_on_each_name(start, threads, tns, [&](int, int i) {
+    auto tx = dblock::try_lock_resource(db, tns[i]);
+    if (tx) {
+      ++winners[i];
+      tx->commit();
+    }
+  });
   for (int t = 0; t < threads; ++t) {
     INFO("thread " << t);
     CHECK(errors2[t] == "");
@@ -728,7 +607,7 @@ DBLOCK_TEST_ONLY("sqlite", "sqlite: an open row-lock transaction excludes every 
 DBLOCK_TEST_SERVERS("claim: a second claimer skips exactly the rows the first one holds",
                     "[rowlock]") {
   const std::string jobs = ctx.table("jobs");
-  drop_tables drop{ctx, {jobs}};
+  table_cleanup drop{ctx, {jobs}};
   ctx.exec("CREATE TABLE " + jobs +
            " (id INTEGER PRIMARY KEY, status VARCHAR(16) NOT NULL, claimed_by INTEGER)");
   for (int id = 1; id <= 7; ++id)
@@ -796,7 +675,7 @@ DBLOCK_TEST_SERVERS("lock_resource: nowait and skip_locked return false while an
                     "[rowlock]") {
   const std::string name = "held-" + dblock::test::random_suffix();
   const std::string log = ctx.table("log");
-  drop_tables drop{ctx, {log}};
+  table_cleanup drop{ctx, {log}};
   ctx.exec("CREATE TABLE " + log + " (id INTEGER PRIMARY KEY, attempt INTEGER NOT NULL)");
   warm_pool(ctx.db, 4);
   auto held = dblock::try_lock_resource(ctx.db, name);
@@ -848,7 +727,7 @@ DBLOCK_TEST_SERVERS("commit after a caught nowait failure never loses writes sil
                     "[rowlock]") {
   create_items(ctx, 10, 2);
   const std::string items = ctx.table("items"), log = ctx.table("log");
-  drop_tables drop{ctx, {log}};
+  table_cleanup drop{ctx, {log}};
   ctx.exec("CREATE TABLE " + log + " (id INTEGER PRIMARY KEY, attempt INTEGER NOT NULL)");
   warm_pool(ctx.db, 4);
   transaction holder(ctx.db);
@@ -883,7 +762,7 @@ DBLOCK_TEST_SERVERS("commit after a caught nowait failure never loses writes sil
 
 DBLOCK_TEST("lock_rows refuses a key without a single-column unique index", "[rowlock]") {
   const std::string t = ctx.table("products");
-  drop_tables drop{ctx, {t}};
+  table_cleanup drop{ctx, {t}};
   ctx.exec("CREATE TABLE " + t +
            " (id INTEGER PRIMARY KEY, sku VARCHAR(32) NOT NULL, code VARCHAR(32) NOT NULL,"
            " ean VARCHAR(32) NOT NULL, region VARCHAR(8) NOT NULL, qty INTEGER NOT NULL)");
@@ -974,7 +853,7 @@ row_selector acct(const std::string& t, long long id) {
 DBLOCK_TEST_SERVERS("deadlock: without the runner one transaction gets errc::deadlock",
                     "[rowlock]") {
   const std::string t = ctx.table("acct");
-  drop_tables drop{ctx, {t}};
+  table_cleanup drop{ctx, {t}};
   create_accounts(ctx, t);
   warm_pool(ctx.db, 4);
   rendezvous both(2);
@@ -1016,7 +895,7 @@ DBLOCK_TEST_SERVERS("deadlock: without the runner one transaction gets errc::dea
 DBLOCK_TEST_SERVERS("deadlock: run_transaction retries the victim, both apply exactly once",
                     "[rowlock]") {
   const std::string t = ctx.table("acct");
-  drop_tables drop{ctx, {t}};
+  table_cleanup drop{ctx, {t}};
   create_accounts(ctx, t);
   warm_pool(ctx.db, 4);
   rendezvous both(2);
@@ -1067,7 +946,7 @@ DBLOCK_TEST_SERVERS("deadlock: run_transaction retries the victim, both apply ex
 DBLOCK_TEST_SERVERS("deadlock in the body's own UPDATE (t.session()) is retried by the runner",
                     "[rowlock]") {
   const std::string t = ctx.table("acct");
-  drop_tables drop{ctx, {t}};
+  table_cleanup drop{ctx, {t}};
   create_accounts(ctx, t);
   warm_pool(ctx.db, 4);
   rendezvous both(2);
@@ -1207,7 +1086,7 @@ std::function<bool()> try_mode(const dblock::database& db, const std::string& mo
 void killed_holder(dblock::test::context& ctx, const std::string& mode) {
   const std::string target =
       mode == "resource" ? "killed-" + dblock::test::random_suffix() : ctx.table("items");
-  temp_dir dir;
+  temp_dir dir("rowlock");
   process_set ps;
   warm_pool(ctx.db, 4);
   int pid =
@@ -1338,7 +1217,7 @@ DBLOCK_TEST("work queue: 8 processes claim 1000 jobs with SKIP LOCKED, each exac
             "[rowlock][process]") {
   const int procs = 8, n_jobs = 1000;
   const std::string jobs = ctx.table("jobs");
-  drop_tables drop{ctx, {jobs}};
+  table_cleanup drop{ctx, {jobs}};
   ctx.exec("CREATE TABLE " + jobs +
            " (id INTEGER PRIMARY KEY, status VARCHAR(16) NOT NULL, claimed_by INTEGER)");
   dblock::run_transaction(ctx.db, [&](transaction& t) {
@@ -1351,7 +1230,7 @@ DBLOCK_TEST("work queue: 8 processes claim 1000 jobs with SKIP LOCKED, each exac
   });
   REQUIRE(count_rows(ctx.db, jobs, "status = 'new'") == n_jobs);
 
-  temp_dir dir;
+  temp_dir dir("rowlock");
   process_set ps;
   const long long start_ns = monotonic_ns() + 1000 * ns_per_ms;
   for (int w = 1; w <= procs; ++w)
@@ -1425,7 +1304,7 @@ void create_log(const dblock::test::context& ctx, const std::string& t) {
 DBLOCK_TEST("run_transaction: a non-retryable error rolls back and propagates unchanged",
             "[rowlock]") {
   const std::string log = ctx.table("log");
-  drop_tables drop{ctx, {log}};
+  table_cleanup drop{ctx, {log}};
   create_log(ctx, log);
   dblock::retry_stats stats;
   int calls = 0;
@@ -1489,7 +1368,7 @@ DBLOCK_TEST("run_transaction: a non-retryable error rolls back and propagates un
 
 DBLOCK_TEST("run_transaction: lock_not_available twice, then success, commits once", "[rowlock]") {
   const std::string log = ctx.table("log");
-  drop_tables drop{ctx, {log}};
+  table_cleanup drop{ctx, {log}};
   create_log(ctx, log);
   dblock::retry_stats stats;
   std::vector<int> seen_retries;
@@ -1545,7 +1424,7 @@ namespace {
 void timeout_then_retry(dblock::test::context& ctx, bool own_statement) {
   create_items(ctx, 100);
   const std::string items = ctx.table("items"), log = ctx.table("log");
-  drop_tables drop{ctx, {log}};
+  table_cleanup drop{ctx, {log}};
   create_log(ctx, log);
   warm_pool(ctx.db, 4);
   std::optional<transaction> holder;
@@ -1626,7 +1505,7 @@ DBLOCK_TEST_SERVERS("run_transaction: a lock wait timeout in the body's own UPDA
 DBLOCK_TEST("transaction: destructor rolls back, commit publishes, ended means not_owner",
             "[rowlock]") {
   const std::string log = ctx.table("log");
-  drop_tables drop{ctx, {log}};
+  table_cleanup drop{ctx, {log}};
   create_log(ctx, log);
   {
     transaction t(ctx.db);

@@ -1,5 +1,6 @@
 #include "harness.hpp"
 
+#include <signal.h>
 #include <soci/soci.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -7,10 +8,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <random>
+#include <sstream>
+#include <thread>
 
 extern char** environ;
 
@@ -111,8 +119,9 @@ void run_on(const std::string& backend, const std::function<void(context&)>& bod
       try {
         auto conn = c.db.connect();
         for (const auto& p : c.prefixes)
-          for (const char* t : {"resource_lock", "resource_lock_fence_floor",
-                                "dblock_schema_migrations", "counter", "items"})
+          for (const char* t :
+               {"resource_lock", "resource_lock_fence_floor", "dblock_schema_migrations",
+                "resource_lock_audit", "counter", "items"})
             conn.session() << "DROP TABLE IF EXISTS " << p << t;
       } catch (...) {
       }
@@ -184,6 +193,139 @@ long long monotonic_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+void sleep_until_monotonic(long long t_ns) {
+  long long now = monotonic_ns();
+  if (t_ns > now) std::this_thread::sleep_for(std::chrono::nanoseconds(t_ns - now));
+}
+
+// ---- process_set -------------------------------------------------------------------------------
+
+namespace {
+
+constexpr long long ns_per_ms = 1000000LL;
+
+// Kills a worker with SIGKILL and reaps it.
+void kill_and_reap(int pid) {
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+process_set::~process_set() {
+  for (int pid : pids_)
+    kill_and_reap(pid);
+}
+
+int process_set::spawn(const std::string& name, const std::vector<std::string>& args,
+                       const std::vector<std::string>& env) {
+  int pid = spawn_worker(name, args, env);
+  pids_.push_back(pid);
+  return pid;
+}
+
+int process_set::wait(int pid, std::chrono::milliseconds timeout) {
+  long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
+  int status = 0;
+  for (;;) {
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) return -2;
+    if (monotonic_ns() > deadline) {
+      kill_and_reap(pid);
+      forget(pid);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  forget(pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::vector<int> process_set::wait_all(std::chrono::milliseconds timeout) {
+  long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
+  std::vector<int> all = pids_, out;
+  for (int pid : all) {
+    long long left = std::max(0LL, (deadline - monotonic_ns()) / ns_per_ms);
+    out.push_back(wait(pid, std::chrono::milliseconds(left)));
+  }
+  return out;
+}
+
+std::vector<int> process_set::wait_all() {
+  std::vector<int> out;
+  for (int pid : pids_)
+    out.push_back(wait_worker(pid));
+  pids_.clear();
+  return out;
+}
+
+void process_set::forget(int pid) {
+  pids_.erase(std::remove(pids_.begin(), pids_.end(), pid), pids_.end());
+}
+
+// ---- files and databases of worker processes ---------------------------------------------------
+
+temp_dir::temp_dir(const std::string& tag) {
+  const char* t = std::getenv("TMPDIR");
+  std::string tmpl = std::string(t && *t ? t : "/tmp") + "/dblock-" + tag + "-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+  path = buf.data();
+}
+
+temp_dir::~temp_dir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error("cannot rename " + tmp + ": " + std::strerror(errno));
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout) {
+  long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (monotonic_ns() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+database open_db(const std::string& url, const std::string& prefix, std::size_t pool) {
+  database_options o = with_prefix(prefix);
+  o.pool_size = pool;
+  return database(url, o);
+}
+
+table_cleanup::~table_cleanup() {
+  if (ctx.backend == "sqlite") return;
+  for (const auto& n : names) {
+    try {
+      ctx.exec("DROP TABLE IF EXISTS " + n);
+    } catch (...) {
+    }
+  }
 }
 
 }  // namespace dblock::test

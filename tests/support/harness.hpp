@@ -10,6 +10,7 @@
 #include <dblock/dblock.hpp>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -81,6 +82,84 @@ bool& skipped_test();
 
 /// Wall time in ns on CLOCK_MONOTONIC (comparable across processes on one host).
 long long monotonic_ns();
+
+/// Sleeps until the CLOCK_MONOTONIC instant `t_ns` (a common start for threads and processes).
+void sleep_until_monotonic(long long t_ns);
+
+/// Worker processes of one test; the destructor kills and reaps those not waited for, so that a
+/// failed REQUIRE never leaves processes behind.
+class process_set {
+ public:
+  process_set() = default;
+  process_set(const process_set&) = delete;
+  process_set& operator=(const process_set&) = delete;
+  /// Kills (SIGKILL) and reaps every worker not yet waited for.
+  ~process_set();
+  /// Starts worker `name` (see spawn_worker) and returns its pid.
+  int spawn(const std::string& name, const std::vector<std::string>& args,
+            const std::vector<std::string>& env = {});
+  /// Exit status (128+signal when killed); -1 when still running at the deadline (then killed).
+  int wait(int pid, std::chrono::milliseconds timeout);
+  /// Waits for all within one deadline; returns their exit statuses (as wait) in spawn order.
+  std::vector<int> wait_all(std::chrono::milliseconds timeout);
+  /// Waits for all without a deadline; returns their exit statuses (as wait_worker) in spawn order.
+  std::vector<int> wait_all();
+  /// Stops tracking `pid` (the destructor will not kill it).
+  void forget(int pid);
+
+ private:
+  std::vector<int> pids_;
+};
+
+// ---- files and databases of worker processes -------------------------------------------------
+
+/// A fresh directory $TMPDIR/dblock-<tag>-XXXXXX for the files workers write; removed with
+/// everything in it.
+struct temp_dir {
+  std::string path;
+  explicit temp_dir(const std::string& tag);
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir();
+  /// The path of `name` inside the directory.
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+/// Writes a whole file atomically (the reader never sees it half-written).
+void write_file_atomic(const std::string& path, const std::string& text);
+
+/// The whole content of a file ("" when it cannot be read).
+std::string read_file(const std::string& path);
+
+/// Waits until a file exists; false after `timeout`.
+bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout);
+
+/// A database on `url` with table prefix `prefix` and `pool` pooled connections.
+database open_db(const std::string& url, const std::string& prefix, std::size_t pool);
+
+/// Drops the test's own tables when the test ends, each best effort (the harness drops only
+/// dblock's tables, "counter" and "items"; on SQLite the whole file goes away anyway).
+struct table_cleanup {
+  const context& ctx;
+  std::vector<std::string> names;
+  ~table_cleanup();
+  /// Adds a table to drop and returns its name.
+  std::string add(const std::string& name) {
+    names.push_back(name);
+    return name;
+  }
+};
+
+/// The code of the dblock::error that `f` throws, or nothing when it returns.
+template <class F>
+std::optional<errc> code_of(F&& f) {
+  try {
+    f();
+  } catch (const dblock::error& e) {
+    return e.code();
+  }
+  return std::nullopt;
+}
 
 }  // namespace dblock::test
 
