@@ -535,6 +535,11 @@ void lease_guard::fenced(const std::function<void(soci::session&)>& write) {
   }
   try {
     write(sql);
+  } catch (const soci::soci_error&) {
+    // The caller's own statements: classified like dblock's (unique_violation, deadlock, ...).
+    error e = dbi->failure(what, conn.get());
+    rollback();
+    throw e;
   } catch (...) {
     rollback();
     throw;

@@ -170,7 +170,9 @@ class lease_guard {
    * nothing written) or the row lock keeps any successor waiting until our commit. The lock row
    * and the data must live in the same database. On SQLite the transaction is BEGIN IMMEDIATE.
    * @throws dblock::error errc::lease_lost (rolled back), errc::in_doubt when the connection
-   *         broke during COMMIT, and whatever `write` throws (rolled back, rethrown as is).
+   *         broke during COMMIT; database errors of `write`'s own statements are classified
+   *         (for example errc::unique_violation); anything else `write` throws is rethrown as is.
+   *         The transaction is rolled back in every failing case.
    */
   void fenced(const std::function<void(soci::session&)>& write);
 

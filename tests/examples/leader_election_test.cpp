@@ -1,0 +1,88 @@
+// The leader-election example on every backend: the leader is SIGKILLed twice, a new leader
+// takes over each time within the bound and never before the old lease could have expired, and
+// the log never shows two leaders at once.
+#include <regex>
+#include <sstream>
+#include <vector>
+
+#include "harness.hpp"
+#include "run_program.hpp"
+
+namespace {
+
+struct kill_row {
+  int victim = -1;
+  long long fence = -1, lease_left = -1, takeover = -1, new_leader = -1, new_fence = -1;
+};
+
+// Parses the kill table of leader_election's output.
+std::vector<kill_row> parse_kills(const std::string& out) {
+  std::vector<kill_row> rows;
+  std::regex line(R"(^\d+\s+(\d+)\s+(\d+)\s+\d+\s+(-?\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$)");
+  std::istringstream in(out);
+  std::string l;
+  while (std::getline(in, l)) {
+    std::smatch m;
+    if (std::regex_match(l, m, line))
+      rows.push_back({std::stoi(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]),
+                      std::stoll(m[5]), std::stoll(m[6])});
+  }
+  return rows;
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1))
+    ++n;
+  return n;
+}
+
+}  // namespace
+
+DBLOCK_TEST("example leader_election: one leader at a time, prompt and safe takeovers",
+            "[examples]") {
+  const std::string prefix = ctx.prefix + "le_";
+  ctx.prefixes.push_back(prefix);  // the harness drops dblock's tables of this prefix
+  struct drop_log {
+    const dblock::test::context& ctx;
+    std::string table;
+    ~drop_log() {
+      if (ctx.backend == "sqlite") return;
+      try {
+        ctx.exec("DROP TABLE IF EXISTS " + table);
+      } catch (...) {
+      }
+    }
+  } drop{ctx, prefix + "leader_log"};
+
+  const std::string cmd = std::string(DBLOCK_EXAMPLES_BIN) +
+                          "/leader_election/leader_election --url " +
+                          dblock::test::shell_quote(ctx.url) + " --table-prefix " + prefix +
+                          " --candidates 4 --ttl-ms 1000 --kills 2";
+  auto r = dblock::test::run_program(cmd);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(count(r.output, "invariant held:") == 3);
+  CHECK(count(r.output, "invariant BROKEN") == 0);
+  CHECK(r.output.find("problem:") == std::string::npos);
+  CHECK(r.output.find("0 stopped uncleanly; 0 errors") != std::string::npos);
+
+  auto kills = parse_kills(r.output);
+  REQUIRE(kills.size() == 2);
+  for (const auto& k : kills) {
+    CHECK(k.victim != k.new_leader);
+    CHECK(k.new_fence > k.fence);
+    // The killed leader's watchdog renewed at ttl/3, so at least ~2/3 of the lease was left.
+    CHECK(k.lease_left > 0);
+    CHECK(k.lease_left <= 1000);
+    // Not before the lease could have expired, and within 1.5 x ttl + 200 ms.
+    CHECK(k.takeover >= k.lease_left);
+    CHECK(k.takeover <= 1700);
+  }
+  CHECK(kills[1].fence == kills[0].new_fence);
+
+  // Bad arguments are usage errors, not crashes.
+  auto bad = dblock::test::run_program(std::string(DBLOCK_EXAMPLES_BIN) +
+                                       "/leader_election/leader_election --candidates 2 --kills 2");
+  CHECK(bad.status == 2);
+}
