@@ -186,10 +186,12 @@ struct lease_state {
   // Releases one hold; throws lease_lost when the lease was no longer ours.
   void release_one() {
     int left = holds.fetch_sub(1) - 1;
-    db->notify([&](listener& l) {
-      l.released(
-          name, std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - acquired_at));
-    });
+    auto report_released = [&] {
+      db->notify([&](listener& l) {
+        l.released(name, std::chrono::duration_cast<std::chrono::microseconds>(steady::now() -
+                                                                               acquired_at));
+      });
+    };
     if (left == 0) stop_watchdog();
     const std::string what = "release lease '" + name + "'";
     bool in_doubt = false;
@@ -209,14 +211,21 @@ struct lease_state {
         throw;
       }
     }
-    if (released) return;
+    if (released) {
+      report_released();
+      return;
+    }
     // Not matched: already released by an earlier attempt whose reply was lost, or lost.
     auto row = with_session(
         db, what, [&](soci::session& sql) { return db->dia->lease_read(sql, db->tables, name); });
-    if (row && row->owner_token == token && row->hold_count == left) return;
+    if (row && row->owner_token == token && row->hold_count == left) {
+      report_released();  // an earlier attempt whose reply was lost did it
+      return;
+    }
     if (in_doubt && (!row || row->owner_token != token)) {
       // Our release may have gone through before someone else took the free lease; either way
       // the lease is no longer ours and the successor's row was not touched.
+      report_released();
       return;
     }
     mark_lost(error(errc::lease_lost, "lease '" + name + "' was lost before release"));

@@ -287,6 +287,7 @@ int run_bench(const common_options& c, double seconds, const std::vector<int>& c
       std::vector<std::vector<double>> lat(n);
       std::atomic<bool> stop{false};
       std::vector<std::thread> ts;
+      const auto cell_start = std::chrono::steady_clock::now();
       for (int i = 0; i < n; ++i)
         ts.emplace_back([&, i] {
           std::mt19937 rng(i);
@@ -306,6 +307,8 @@ int run_bench(const common_options& c, double seconds, const std::vector<int>& c
       stop = true;
       for (auto& t : ts)
         t.join();
+      const double measured =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - cell_start).count();
       std::vector<double> all;
       for (auto& v : lat)
         all.insert(all.end(), v.begin(), v.end());
@@ -313,7 +316,7 @@ int run_bench(const common_options& c, double seconds, const std::vector<int>& c
       double p50 = all.empty() ? 0 : all[all.size() / 2];
       double p99 = all.empty() ? 0 : all[all.size() * 99 / 100];
       std::printf("%-22s %8d %12.0f %10.1f %10.1f\n",
-                  hot ? "lease, one hot key" : "lease, random keys", n, all.size() / seconds, p50,
+                  hot ? "lease, one hot key" : "lease, random keys", n, all.size() / measured, p50,
                   p99);
       std::fflush(stdout);
     }
@@ -481,14 +484,15 @@ int run_exec(const common_options& c, const exec_options& x) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  common_options common;
   CLI::App app{"dblock: distributed locks on PostgreSQL, MySQL/MariaDB and SQLite"};
   app.require_subcommand(1);
+  app.add_flag("-v,--verbose", common.verbose, "say more on stderr (also after the subcommand)");
   app.footer(
       "Exit statuses: 0 ok; 1 release: no such lock; 2 usage or invalid argument; 69 cannot "
       "connect; 70 internal error;\n"
       "75 lock not acquired; 76 lease lost while the command ran; 78 schema missing or\n"
       "mismatched. `exec` otherwise exits with the command's status (128+N if killed by N).");
-  common_options common;
   auto add_common = [&common](CLI::App* sub) {
     sub->add_option("--url", common.url,
                     "database URL (default $DBLOCK_URL): postgresql://..., mysql://..., "

@@ -47,6 +47,13 @@ class mysql_dialect final : public dialect {
     return "`" + std::string(ident) + "`";
   }
 
+  // Names are VARBINARY, where LIKE's '_' matches one byte; compare as UTF-8 text, exactly,
+  // so that '?' matches one character like on the other backends.
+  std::string name_pattern_sql(const std::string& column, const std::string& param) const override {
+    return "CONVERT(" + column + " USING utf8mb4) COLLATE utf8mb4_bin LIKE :" + param +
+           " ESCAPE '!'";
+  }
+
   std::string now_sql() const override { return "UTC_TIMESTAMP(6)"; }
   std::string plus_us_sql(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + INTERVAL :" + param + " MICROSECOND)";

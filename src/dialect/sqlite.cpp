@@ -75,7 +75,13 @@ class sqlite_dialect final : public dialect {
   std::string name_pattern_sql(const std::string& column, const std::string& param) const override {
     return column + " GLOB :" + param;
   }
-  std::string name_pattern_value(const std::string& glob) const override { return glob; }
+  std::string name_pattern_value(const std::string& glob) const override {
+    // Only `*` and `?` are special in dblock's patterns: a literal '[' is "[[]" in GLOB.
+    std::string out;
+    for (char c : glob)
+      out += c == '[' ? std::string("[[]") : std::string(1, c);
+    return out;
+  }
 
   std::string now_sql() const override { return "dblock_now_us()"; }
   std::string plus_us_sql(const std::string& ts, const std::string& param) const override {

@@ -1,0 +1,522 @@
+// The operations subcommands of the `dblock` CLI (DBLOCK_CLI_PATH), run as a separate process on
+// each backend: status (table, --json, --all, pattern), release --force (exit statuses, audit,
+// the holder's lease_lost), bench, reap, migrate --dry-run, -v/--verbose and the URL fallback.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+
+extern char** environ;
+
+using dblock::errc;
+using dblock::lease_lock;
+using dblock::test::code_of;
+using std::chrono::milliseconds;
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+constexpr int exit_not_found = 1;
+constexpr int exit_usage = 2;
+constexpr int exit_schema = 78;
+
+struct cli_result {
+  int status = -1;  // exit status, 128+signal when killed, -1 when it had to be killed
+  std::string out;  // stdout
+  std::string err;  // stderr
+  double seconds = 0;
+};
+
+std::ostream& operator<<(std::ostream& os, const cli_result& r) {
+  return os << "exit " << r.status << " after " << r.seconds << " s\n--- stdout ---\n"
+            << r.out << "--- stderr ---\n"
+            << r.err;
+}
+
+// Runs the CLI with stdout and stderr captured separately, stdin on /dev/null. `env` changes the
+// child's environment: "NAME=VALUE" sets a variable, a bare "NAME" removes it.
+cli_result run_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                   milliseconds timeout = std::chrono::seconds(60)) {
+  std::vector<std::string> argv_s = {DBLOCK_CLI_PATH};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // The environment is built before fork(): the child only calls async-signal-safe functions.
+  std::vector<std::string> env_s = env;
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) {
+    bool drop = false;
+    for (const auto& c : env_s) {
+      const std::string key = c.substr(0, c.find('='));
+      drop = drop || (std::strncmp(*e, key.c_str(), key.size()) == 0 && (*e)[key.size()] == '=');
+    }
+    if (!drop) envp.push_back(*e);
+  }
+  for (auto& c : env_s)
+    if (c.find('=') != std::string::npos) envp.push_back(c.data());
+  envp.push_back(nullptr);
+
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+    throw std::runtime_error("pipe failed");
+  const auto start = steady::now();
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) ::dup2(devnull, 0);
+    ::execve(argv[0], argv.data(), envp.data());
+    const char msg[] = "cli_ops_test: execve of the dblock CLI failed\n";
+    (void)!::write(2, msg, sizeof msg - 1);
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  cli_result r;
+  int fds[2] = {out[0], err[0]};
+  std::string* sinks[2] = {&r.out, &r.err};
+  const auto deadline = start + timeout;
+  bool killed = false;
+  while (fds[0] >= 0 || fds[1] >= 0) {
+    if (!killed && steady::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      killed = true;
+    }
+    pollfd p[2];
+    for (int i = 0; i < 2; ++i)
+      p[i] = pollfd{fds[i], POLLIN, 0};  // a negative fd is ignored by poll
+    int n = ::poll(p, 2, 200);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i] < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[4096];
+      ssize_t got = ::read(fds[i], buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        ::close(fds[i]);
+        fds[i] = -1;
+      } else {
+        sinks[i]->append(buf, static_cast<std::size_t>(got));
+      }
+    }
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.status = killed ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(steady::now() - start).count();
+  return r;
+}
+
+// `dblock SUB --url URL --table-prefix PREFIX REST...`
+cli_result cli(const dblock::test::context& ctx, const std::string& sub,
+               const std::vector<std::string>& rest = {}) {
+  std::vector<std::string> a = {sub, "--url", ctx.url, "--table-prefix", ctx.prefix};
+  a.insert(a.end(), rest.begin(), rest.end());
+  return run_cli(a);
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  std::string line;
+  while (std::getline(in, line))
+    out.push_back(line);
+  return out;
+}
+
+// The table line of `name` in `dblock status` output ("" when absent).
+std::string status_line(const std::string& out, const std::string& name) {
+  for (const auto& l : lines_of(out))
+    if (l.compare(0, name.size() + 1, name + " ") == 0) return l;
+  return "";
+}
+
+std::string this_holder() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown:" + std::to_string(::getpid());
+  return std::string(buf) + ":" + std::to_string(::getpid());
+}
+
+std::string escape_regex(const std::string& s) {
+  static const std::regex special(R"([.^$|()\[\]{}*+?\\])");
+  return std::regex_replace(s, special, R"(\$&)");
+}
+
+const std::string iso8601_re = R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)";
+const std::regex iso8601(iso8601_re);
+
+void release_some(const dblock::test::context& ctx, const std::vector<std::string>& names) {
+  for (const auto& n : names) {
+    lease_lock l(ctx.db, n);
+    auto g = l.try_acquire();
+    REQUIRE(g);
+    g->release();
+  }
+}
+
+}  // namespace
+
+// ---- status -----------------------------------------------------------------------------------
+
+DBLOCK_TEST("cli status: a table of held locks with fence and holder", "[cli]") {
+  release_some(ctx, {"status/free"});
+  lease_lock lock(ctx.db, "status/held");
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  auto g2 = lock.try_acquire();  // two holds
+  REQUIRE(g2);
+
+  auto r = cli(ctx, "status");
+  INFO(r);
+  CHECK(r.status == 0);
+  auto lines = lines_of(r.out);
+  REQUIRE(lines.size() >= 3);
+  CHECK(std::regex_search(
+      lines[0], std::regex(R"(^NAME\s+HOLDER\s+FENCE\s+ACQUIRED\s+EXPIRES IN\s+HOLDS$)")));
+  const std::string row = status_line(r.out, "status/held");
+  CHECK(std::regex_search(
+      row, std::regex("^status/held +" + escape_regex(this_holder()) + " +" +
+                      std::to_string(g->fence()) + R"( +-?[0-9.]+s ago +[0-9.]+s +2$)")));
+  CHECK(status_line(r.out, "status/free").empty());
+  CHECK(contains(r.out, "1 held lock(s) in "));
+  CHECK_FALSE(contains(r.out, "last forced releases"));
+  CHECK_FALSE(contains(r.out + r.err, "dblock-secret"));  // the password is never printed
+  CHECK(r.err.empty());
+}
+
+DBLOCK_TEST("cli status --all lists released rows; a pattern filters names", "[cli]") {
+  release_some(ctx, {"jobs/done"});
+  std::vector<std::unique_ptr<lease_lock>> locks;
+  std::vector<dblock::lease_guard> guards;
+  for (const char* n : {"jobs/a", "jobs/b", "other/c", "Jobs/d"}) {
+    locks.push_back(std::make_unique<lease_lock>(ctx.db, n));
+    auto g = locks.back()->try_acquire();
+    REQUIRE(g);
+    guards.push_back(std::move(*g));
+  }
+  auto held = cli(ctx, "status");
+  {
+    INFO(held);
+    CHECK(held.status == 0);
+    CHECK(contains(held.out, "4 held lock(s) in "));
+    CHECK(status_line(held.out, "jobs/done").empty());
+  }
+  auto all = cli(ctx, "status", {"--all"});
+  {
+    INFO(all);
+    CHECK(all.status == 0);
+    CHECK(contains(all.out, "5 lock row(s) in "));
+    CHECK(std::regex_search(status_line(all.out, "jobs/done"), std::regex(R"( free +0$)")));
+    CHECK_FALSE(status_line(all.out, "jobs/a").empty());
+  }
+  auto jobs = cli(ctx, "status", {"jobs/*"});
+  {
+    INFO(jobs);
+    CHECK(jobs.status == 0);
+    CHECK(contains(jobs.out, "2 held lock(s) matching 'jobs/*' in "));
+    CHECK_FALSE(status_line(jobs.out, "jobs/a").empty());
+    CHECK_FALSE(status_line(jobs.out, "jobs/b").empty());
+    CHECK(status_line(jobs.out, "Jobs/d").empty());
+    CHECK(status_line(jobs.out, "other/c").empty());
+  }
+  auto jobs_all = cli(ctx, "status", {"--all", "jobs/?one"});
+  {
+    INFO(jobs_all);
+    CHECK(jobs_all.status == 0);
+    CHECK(contains(jobs_all.out, "1 lock row(s) matching 'jobs/?one'"));
+    CHECK_FALSE(status_line(jobs_all.out, "jobs/done").empty());
+  }
+  auto none = cli(ctx, "status", {"JOBS/*"});
+  INFO(none);
+  CHECK(none.status == 0);
+  CHECK(contains(none.out, "0 held lock(s) matching 'JOBS/*'"));
+}
+
+DBLOCK_TEST("cli status --json: the documented shape", "[cli]") {
+  release_some(ctx, {"json/free"});
+  lease_lock lock(ctx.db, "json/held", [] {
+    dblock::lease_options o;
+    o.ttl = std::chrono::seconds(20);
+    return o;
+  }());
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  const std::string tid = std::to_string(static_cast<long long>(::syscall(SYS_gettid)));
+
+  auto r = cli(ctx, "status", {"--json"});
+  INFO(r);
+  REQUIRE(r.status == 0);
+  nlohmann::json j;
+  REQUIRE_NOTHROW(j = nlohmann::json::parse(r.out));
+  REQUIRE(j.is_object());
+  CHECK(j.size() == 3);
+  REQUIRE(j.contains("database"));
+  CHECK(j["database"].is_string());
+  CHECK_FALSE(contains(j["database"].get<std::string>(), "dblock-secret"));
+  REQUIRE(j.contains("forced_releases"));
+  CHECK(j["forced_releases"].is_array());
+  CHECK(j["forced_releases"].empty());
+  REQUIRE(j.contains("locks"));
+  REQUIRE(j["locks"].is_array());
+  REQUIRE(j["locks"].size() == 1);
+  const auto& l = j["locks"][0];
+  REQUIRE(l.is_object());
+  for (const char* key : {"name", "held", "holder", "fence", "hold_count", "acquired_at",
+                          "expires_at", "expires_in_ms", "owner_token", "holder_thread"})
+    CHECK(l.contains(key));
+  CHECK(l.size() == 10);
+  CHECK(l.value("name", "") == "json/held");
+  CHECK(l.value("held", false));
+  CHECK(l.value("holder", "") == this_holder());
+  CHECK(l["fence"].is_number_integer());
+  CHECK(l.value("fence", 0LL) == g->fence());
+  CHECK(l.value("hold_count", 0) == 1);
+  CHECK(std::regex_match(l.value("acquired_at", ""), iso8601));
+  CHECK(std::regex_match(l.value("expires_at", ""), iso8601));
+  CHECK(l["expires_in_ms"].is_number_integer());
+  CHECK(l.value("expires_in_ms", 0LL) > 15000);
+  CHECK(l.value("expires_in_ms", 0LL) <= 20000);
+  CHECK(l.value("owner_token", "") == g->owner_token());
+  CHECK(l.value("holder_thread", "") == tid);
+
+  auto all = cli(ctx, "status", {"--json", "--all"});
+  INFO(all);
+  REQUIRE(all.status == 0);
+  auto ja = nlohmann::json::parse(all.out, nullptr, false);
+  REQUIRE_FALSE(ja.is_discarded());
+  REQUIRE(ja["locks"].size() == 2);
+  CHECK(ja["locks"][0].value("name", "") == "json/free");
+  CHECK(ja["locks"][0].value("held", true) == false);
+  CHECK(ja["locks"][0].value("hold_count", -1) == 0);
+  CHECK(ja["locks"][0].value("expires_in_ms", 1LL) <= 0);
+}
+
+// ---- release ----------------------------------------------------------------------------------
+
+DBLOCK_TEST("cli release: refuses without --force (exit 2) and leaves the lease alone", "[cli]") {
+  lease_lock lock(ctx.db, "rel/held");
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  auto r = cli(ctx, "release", {"rel/held"});
+  INFO(r);
+  CHECK(r.status == exit_usage);
+  CHECK(contains(r.err, "--force"));
+  CHECK_NOTHROW(g->renew());
+  CHECK(dblock::recent_forced_releases(ctx.db).empty());
+  // Without a name it is a usage error too.
+  auto no_name = cli(ctx, "release", {"--force"});
+  INFO(no_name);
+  CHECK(no_name.status == exit_usage);
+}
+
+DBLOCK_TEST("cli release --force: the holder loses the lease, status shows the audit", "[cli]") {
+  lease_lock lock(ctx.db, "rel/stuck");
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  const auto fence = g->fence();
+  const std::string reason = "stuck since the deploy";
+
+  auto r = cli(ctx, "release", {"--force", "--reason", reason, "rel/stuck"});
+  {
+    INFO(r);
+    CHECK(r.status == 0);
+    CHECK(contains(r.out, "released 'rel/stuck'"));
+    CHECK(contains(r.out, "it was held"));
+    CHECK(contains(r.out, "last holder " + this_holder()));
+    CHECK(contains(r.out, "fence " + std::to_string(fence) + " -> " + std::to_string(fence + 1)));
+  }
+  CHECK(code_of([&] { g->renew(); }) == errc::lease_lost);
+
+  auto s = cli(ctx, "status");
+  {
+    INFO(s);
+    CHECK(s.status == 0);
+    CHECK(contains(s.out, "0 held lock(s)"));
+    CHECK(contains(s.out, "last forced releases:"));
+    std::regex line("  " + iso8601_re + "  rel/stuck  fence " + std::to_string(fence) + " -> " +
+                    std::to_string(fence + 1) + "  was held by " + escape_regex(this_holder()) +
+                    "  forced by \\S+@\\S+: " + reason + "\n");
+    CHECK(std::regex_search(s.out, line));
+  }
+  auto j = cli(ctx, "status", {"--json"});
+  INFO(j);
+  REQUIRE(j.status == 0);
+  auto doc = nlohmann::json::parse(j.out, nullptr, false);
+  REQUIRE_FALSE(doc.is_discarded());
+  REQUIRE(doc["forced_releases"].size() == 1);
+  const auto& f = doc["forced_releases"][0];
+  CHECK(f.value("name", "") == "rel/stuck");
+  CHECK(f.value("reason", "") == reason);
+  CHECK(f.value("previous_fence", 0LL) == fence);
+  CHECK(f.value("new_fence", 0LL) == fence + 1);
+  CHECK(f.value("was_held", false));
+  CHECK(f.value("previous_holder", "") == this_holder());
+  CHECK(contains(f.value("forced_by", ""), "@"));
+  CHECK(std::regex_match(f.value("at", ""), iso8601));
+}
+
+DBLOCK_TEST("cli release --force of a missing name exits 1", "[cli]") {
+  auto r = cli(ctx, "release", {"--force", "--reason", "typo", "rel/no-such-lock"});
+  INFO(r);
+  CHECK(r.status == exit_not_found);
+  CHECK(contains(r.err, "rel/no-such-lock"));
+  CHECK(dblock::recent_forced_releases(ctx.db).empty());
+}
+
+// ---- bench, reap, migrate ---------------------------------------------------------------------
+
+DBLOCK_TEST("cli bench: one row per mode and client count", "[cli]") {
+  auto r = cli(ctx, "bench", {"--seconds", "0.2", "--clients", "1,2"});
+  INFO(r);
+  CHECK(r.status == 0);
+  CHECK(r.seconds < 8.0);
+  std::regex row(
+      R"(^(lease, random keys|lease, one hot key) +(\d+) +(\d+) +([0-9.]+) +([0-9.]+)$)");
+  std::vector<std::string> modes, clients;
+  bool header = false;
+  for (const auto& l : lines_of(r.out)) {
+    if (std::regex_search(l, std::regex(R"(^operation +clients +cycles/s +p50 us +p99 us$)")))
+      header = true;
+    std::smatch m;
+    if (!std::regex_match(l, m, row)) continue;
+    modes.push_back(m[1]);
+    clients.push_back(m[2]);
+    CHECK(std::stod(m[3]) > 0);
+    CHECK(std::stod(m[4]) <= std::stod(m[5]));
+  }
+  CHECK(header);
+  CHECK(modes == std::vector<std::string>{"lease, random keys", "lease, random keys",
+                                          "lease, one hot key", "lease, one hot key"});
+  CHECK(clients == std::vector<std::string>{"1", "2", "1", "2"});
+}
+
+DBLOCK_TEST("cli reap: deletes released rows, keeps held ones, says how many", "[cli]") {
+  release_some(ctx, {"reap/a", "reap/b", "reap/c"});
+  lease_lock keep(ctx.db, "reap/held");
+  auto g = keep.try_acquire();
+  REQUIRE(g);
+  auto r = cli(ctx, "reap", {"--retention", "0s", "--grace", "0s", "-v"});
+  {
+    INFO(r);
+    CHECK(r.status == 0);
+    CHECK(std::regex_search(r.out,
+                            std::regex(R"(^reaped 3 rows expired more than 0s ago in 1 batches)")));
+    CHECK(contains(r.err, "dblock: reaped 3 rows"));  // the listener's line (verbose)
+  }
+  dblock::list_options all;
+  all.include_free = true;
+  auto rows = dblock::list_locks(ctx.db, all);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].name == "reap/held");
+  auto again = cli(ctx, "reap", {"--retention", "0s", "--grace", "0s"});
+  INFO(again);
+  CHECK(again.status == 0);
+  CHECK(contains(again.out, "reaped 0 rows"));
+}
+
+DBLOCK_TEST("cli migrate --dry-run: lists applied and pending files, changes nothing", "[cli]") {
+  auto r = cli(ctx, "migrate", {"--dry-run"});
+  {
+    INFO(r);
+    CHECK(r.status == 0);
+    CHECK(std::regex_search(r.out,
+                            std::regex(R"(  0001_resource_lock\.sql  [0-9a-f]{16}  applied\n)")));
+    CHECK(std::regex_search(
+        r.out, std::regex(R"(  0002_force_release_audit\.sql  [0-9a-f]{16}  applied\n)")));
+    CHECK(contains(r.out, "0 pending migration(s)"));
+    CHECK(contains(r.out, "(dry run)"));
+    CHECK_FALSE(contains(r.out, "applied now"));
+  }
+  const std::string fresh = ctx.new_prefix();
+  auto d = run_cli({"migrate", "--url", ctx.url, "--table-prefix", fresh, "--dry-run"});
+  {
+    INFO(d);
+    CHECK(d.status == 0);
+    CHECK(std::regex_search(d.out,
+                            std::regex(R"(  0001_resource_lock\.sql  [0-9a-f]{16}  pending\n)")));
+    CHECK(std::regex_search(
+        d.out, std::regex(R"(  0002_force_release_audit\.sql  [0-9a-f]{16}  pending\n)")));
+    CHECK(contains(d.out, "2 pending migration(s)"));
+  }
+  // Nothing was created: the fresh prefix still has no schema.
+  auto s = run_cli({"status", "--url", ctx.url, "--table-prefix", fresh});
+  INFO(s);
+  CHECK(s.status == exit_schema);
+  CHECK(contains(s.err, "dblock migrate"));
+}
+
+// ---- verbose and the URL -----------------------------------------------------------------------
+
+DBLOCK_TEST("cli -v: dblock's events go to stderr", "[cli]") {
+  auto r = cli(ctx, "exec", {"-v", "--lock", "verbose/x", "--", "sh", "-c", "echo ran"});
+  INFO(r);
+  CHECK(r.status == 0);
+  CHECK(r.out == "ran\n");
+  CHECK(std::regex_search(r.err,
+                          std::regex(R"(dblock: acquired 'verbose/x' fence \d+ in \d+ us\n)")));
+  CHECK(std::regex_search(r.err, std::regex(R"(dblock: released 'verbose/x' after \d+ ms\n)")));
+  const auto acquired = r.err.find("dblock: acquired 'verbose/x'");
+  const auto released = r.err.find("dblock: released 'verbose/x'");
+  CHECK(acquired < released);
+
+  // A held lock: the contended event is printed too.
+  lease_lock lock(ctx.db, "verbose/held");
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  auto busy = cli(ctx, "exec", {"--verbose", "--lock", "verbose/held", "--", "true"});
+  INFO(busy);
+  CHECK(busy.status == 75);
+  CHECK(contains(busy.err, "dblock: 'verbose/held' is held by another owner"));
+
+  // Without -v the library's events stay quiet.
+  auto quiet = cli(ctx, "exec", {"--lock", "verbose/x", "--", "true"});
+  INFO(quiet);
+  CHECK(quiet.status == 0);
+  CHECK(quiet.err.empty());
+}
+
+DBLOCK_TEST("cli: no --url and no DBLOCK_URL exits 2; DBLOCK_URL is the default", "[cli]") {
+  for (const char* sub : {"status", "migrate", "reap", "bench"}) {
+    auto r = run_cli({sub, "--table-prefix", ctx.prefix}, {"DBLOCK_URL"});
+    INFO(sub << ": " << r);
+    CHECK(r.status == exit_usage);
+    CHECK(contains(r.err, "DBLOCK_URL"));
+  }
+  auto rel = run_cli({"release", "--force", "--table-prefix", ctx.prefix, "x"}, {"DBLOCK_URL"});
+  INFO(rel);
+  CHECK(rel.status == exit_usage);
+  CHECK(contains(rel.err, "DBLOCK_URL"));
+
+  lease_lock lock(ctx.db, "env/held");
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  auto s = run_cli({"status", "--table-prefix", ctx.prefix}, {"DBLOCK_URL=" + ctx.url});
+  INFO(s);
+  CHECK(s.status == 0);
+  CHECK_FALSE(status_line(s.out, "env/held").empty());
+}
