@@ -57,6 +57,23 @@ struct pooled_session {
   soci::session& sql() { return db->pool.at(pos); }
 };
 
+/// Runs f() and reports a lost connection as errc::in_doubt: for a write sent in autocommit
+/// mode, a broken connection leaves the outcome unknown, and retrying could apply it twice.
+template <class F>
+auto unknown_outcome_is_in_doubt(const std::string& what, F&& f) {
+  try {
+    return f();
+  } catch (const error& e) {
+    if (e.code() != errc::connection_lost) throw;
+    throw error(errc::in_doubt,
+                what +
+                    ": the connection broke; the write may or may not have been applied "
+                    "(read the row to find out, do not retry blindly): " +
+                    e.what(),
+                e.backend(), e.sqlstate(), e.native_code());
+  }
+}
+
 /// Runs f(session) on a pooled connection, translating database failures (SOCI's exceptions)
 /// into dblock::error. dblock::error and the exceptions of callers' callbacks pass unchanged.
 template <class F>

@@ -80,7 +80,7 @@ bool transient_write_conflict(errc c) {
 }  // namespace
 
 /// One acquisition: shared by its guards (reentrant holds) and its watchdog.
-struct lease_state {
+struct lease_state : std::enable_shared_from_this<lease_state> {
   std::shared_ptr<database_impl> db;
   std::string name;
   std::string token;
@@ -124,7 +124,7 @@ struct lease_state {
     auto sent = steady::now();
     bool ok = with_session(db, "renew lease '" + name + "'", [&](soci::session& sql) {
       return db->dia->lease_renew(
-          sql, db->tables, name, token,
+          sql, db->tables, name, token, fence,
           std::chrono::duration_cast<std::chrono::microseconds>(lease).count());
     });
     if (ok) set_deadline(sent, lease);
@@ -132,7 +132,9 @@ struct lease_state {
   }
 
   void start_watchdog() {
-    watchdog = std::thread([this] { watchdog_loop(); });
+    // The thread keeps the state alive: it may outlive every guard when it is detached from
+    // inside the on_lost callback.
+    watchdog = std::thread([self = shared_from_this()] { self->watchdog_loop(); });
   }
 
   void watchdog_loop() {
@@ -199,13 +201,34 @@ struct lease_state {
     for (int attempt = 0; attempt < 3 && !released; ++attempt) {
       try {
         released = with_session(db, what, [&](soci::session& sql) {
-          return db->dia->lease_release(sql, db->tables, name, token);
+          return db->dia->lease_release(sql, db->tables, name, token, fence);
         });
         break;
       } catch (const error& e) {
         if (e.code() == errc::connection_lost) {
-          in_doubt = true;  // the UPDATE may have been applied; retrying it is safe
-          continue;
+          // The UPDATE may have been applied: never repeat it blindly (with reentrant holds a
+          // repeat would drop a hold that is still in use). Read the row back and decide.
+          in_doubt = true;
+          std::optional<lease_row> row;
+          try {
+            row = with_session(db, what, [&](soci::session& sql) {
+              return db->dia->lease_read(sql, db->tables, name);
+            });
+          } catch (const error& e2) {
+            if (e2.code() == errc::connection_lost && attempt < 2) continue;
+            throw error(errc::in_doubt, what +
+                                            ": the connection broke and the outcome could "
+                                            "not be read back: " +
+                                            e2.what());
+          }
+          const bool ours = row && row->owner_token == token && row->fence == fence;
+          if (ours && row->hold_count == left) {
+            released = true;  // it was applied
+            break;
+          }
+          if (ours && row->hold_count == left + 1 && row->expires_at_us > row->now_us)
+            continue;  // it was not applied: send it again
+          break;       // no longer ours: handled below
         }
         if (transient_write_conflict(e.code()) && attempt < 2) continue;
         throw;
@@ -218,7 +241,7 @@ struct lease_state {
     // Not matched: already released by an earlier attempt whose reply was lost, or lost.
     auto row = with_session(
         db, what, [&](soci::session& sql) { return db->dia->lease_read(sql, db->tables, name); });
-    if (row && row->owner_token == token && row->hold_count == left) {
+    if (row && row->owner_token == token && row->fence == fence && row->hold_count == left) {
       report_released();  // an earlier attempt whose reply was lost did it
       return;
     }

@@ -130,21 +130,23 @@ versioned_result versioned_update(const database& db, const versioned_table& spe
   validate(spec);
   const auto& impl = db.impl();
   retry_stats stats;
-  auto r = retry(
-      policy,
-      [&] {
-        return detail::with_session(
-            impl, "versioned update of " + spec.table, [&](soci::session& sql) {
-              versioned_result out;
-              // The conditional UPDATE is the only write; on SQLite
-              // run the attempt as one IMMEDIATE transaction so it
-              // waits for other writers instead of failing on a stale
-              // snapshot.
-              impl->dia->atomic_write(sql, [&] { out = attempt(*impl, sql, spec, key, mutate); });
-              return out;
-            });
-      },
-      &stats);
+  auto r = detail::unknown_outcome_is_in_doubt("versioned update of " + spec.table, [&] {
+    return retry(
+        policy,
+        [&] {
+          return detail::with_session(
+              impl, "versioned update of " + spec.table, [&](soci::session& sql) {
+                versioned_result out;
+                // The conditional UPDATE is the only write; on SQLite
+                // run the attempt as one IMMEDIATE transaction so it
+                // waits for other writers instead of failing on a stale
+                // snapshot.
+                impl->dia->atomic_write(sql, [&] { out = attempt(*impl, sql, spec, key, mutate); });
+                return out;
+              });
+        },
+        &stats);
+  });
   r.stats = stats;
   return r;
 }
@@ -164,13 +166,15 @@ std::uint64_t compare_and_set(const database& db, const cas_update& update,
                               const retry_policy& policy) {
   validate(update);
   const auto& impl = db.impl();
-  return retry(policy, [&] {
-    return detail::with_session(
-        impl, "compare_and_set on " + update.table, [&](soci::session& sql) {
-          std::uint64_t rows = 0;
-          impl->dia->atomic_write(sql, [&] { rows = run_cas(*impl, sql, update); });
-          return rows;
-        });
+  return detail::unknown_outcome_is_in_doubt("compare_and_set on " + update.table, [&] {
+    return retry(policy, [&] {
+      return detail::with_session(
+          impl, "compare_and_set on " + update.table, [&](soci::session& sql) {
+            std::uint64_t rows = 0;
+            impl->dia->atomic_write(sql, [&] { rows = run_cas(*impl, sql, update); });
+            return rows;
+          });
+    });
   });
 }
 

@@ -124,6 +124,20 @@ std::uint64_t delete_batch_once(const std::shared_ptr<detail::database_impl>& db
   });
 }
 
+// Reapable rows left, locked or not (a plain read).
+long long count_reapable(const std::shared_ptr<detail::database_impl>& db,
+                         const reaper_options& o) {
+  const auto& d = *db->dia;
+  const auto& t = db->tables;
+  return detail::with_session(db, "reaper: count expired rows", [&](soci::session& sql) {
+    long long neg = neg_micros(o.retention), n = 0;
+    sql << "SELECT count(*) FROM " << t.lock << " WHERE " << expired_long_ago(d)
+        << " AND fence <= (SELECT max_fence FROM " << t.floor << " WHERE id = 1)",
+        soci::use(neg, "neg_retention"), soci::into(n);
+    return n;
+  });
+}
+
 // A batch that meets a deadlock or a busy database (other reapers, SQLite's single writer) is
 // retried: it changed nothing.
 std::uint64_t delete_batch(const std::shared_ptr<detail::database_impl>& db,
@@ -135,6 +149,7 @@ std::uint64_t delete_batch(const std::shared_ptr<detail::database_impl>& db,
 void delete_all(const std::shared_ptr<detail::database_impl>& db, const reaper_options& o,
                 reap_result& r, clock_type::time_point start,
                 const std::function<bool()>& stop_requested) {
+  int short_rounds = 0;
   for (;;) {
     if (stop_requested && stop_requested()) return;
     if (o.time_budget.count() > 0 && clock_type::now() - start >= o.time_budget) return;
@@ -143,7 +158,17 @@ void delete_all(const std::shared_ptr<detail::database_impl>& db, const reaper_o
     ++r.batches;
     r.rows_reaped += n;
     r.elapsed = std::chrono::duration_cast<microseconds>(clock_type::now() - start);
-    if (n < o.batch_size) r.complete = true;
+    if (n < o.batch_size) {
+      // A short batch means "nothing left" only if no reapable row remains at all: rows that
+      // SKIP LOCKED passed over may belong to a reaper whose batch then rolled back. Look
+      // again (a plain count, no locks) for a while before leaving them to the next run.
+      if (count_reapable(db, o) == 0)
+        r.complete = true;
+      else if (++short_rounds > 50)
+        return;
+      else
+        std::this_thread::sleep_for(milliseconds(20));
+    }
     if (o.on_batch) o.on_batch(r);
     if (r.complete) return;
   }

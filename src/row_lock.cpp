@@ -26,7 +26,11 @@ struct transaction::impl {
   const detail::dialect& dia() { return *db.impl()->dia; }
   soci::session& sql() { return conn.session(); }
 
-  [[noreturn]] void fail(const std::string& what) { throw dbi().failure(what, &conn.internal()); }
+  [[noreturn]] void fail(const std::string& what) {
+    error e = dbi().failure(what, &conn.internal());
+    last_failure = e;
+    throw e;
+  }
 
   void check_open(const char* what) {
     if (finished)
@@ -172,8 +176,11 @@ void transaction::commit() {
     impl_->end();
     return;
   }
-  if (impl_->dia().transaction_failed(impl_->sql())) {
-    // PostgreSQL would answer COMMIT with a silent ROLLBACK: say so instead.
+  if (impl_->last_failure || impl_->dia().transaction_failed(impl_->sql())) {
+    // A statement of this transaction failed (dblock saw it, or PostgreSQL has aborted the
+    // transaction and would answer COMMIT with a silent ROLLBACK). MySQL would commit the
+    // statements before the failure (its lock wait timeout rolls back only the statement):
+    // never commit half a transaction; roll back and report.
     std::optional<error> cause = impl_->last_failure;
     rollback();
     std::string why = cause ? std::string(": ") + cause->what() : std::string();

@@ -322,3 +322,25 @@ DBLOCK_TEST_SERVERS("a guard destroyed after its connections dropped still relea
   auto again = lease_lock(ctx.db, name).try_acquire();
   CHECK(again);
 }
+
+DBLOCK_TEST("a re-entry after a forced takeover never lets the stale guard touch the new lease",
+            "[lease]") {
+  const std::string name = "reentry-takeover/" + dblock::test::random_suffix();
+  lease_lock lock(ctx.db, name);
+  auto g1 = lock.try_acquire();
+  REQUIRE(g1);
+  const auto old_fence = g1->fence();
+  dblock::force_release(ctx.db, name, "test", "test");
+  // g1 still looks valid locally, so this is sent as a re-entry with g1's token; the row was
+  // free, so it becomes a new acquisition with a new fence.
+  auto g2 = lock.try_acquire();
+  REQUIRE(g2);
+  CHECK(g2->fence() > old_fence + 1);
+  CHECK(code_of([&] { g1->renew(); }) == errc::lease_lost);
+  CHECK(code_of([&] { g1->release(); }) == errc::lease_lost);
+  CHECK(g2->valid());
+  CHECK_FALSE(lease_lock(ctx.db, name).try_acquire());  // still held, by g2
+  CHECK_NOTHROW(g2->renew());
+  CHECK_NOTHROW(g2->release());
+  CHECK(lease_lock(ctx.db, name).try_acquire());
+}

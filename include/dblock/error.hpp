@@ -30,7 +30,8 @@ enum class errc : int {
   version_conflict,       ///< an optimistic update found a newer version (retries exhausted)
   lease_lost,             ///< the lease expired or was taken over; the holder must stop
   not_owner,              ///< the operation needs a lease this caller does not hold
-  connection_lost,        ///< the connection broke mid-call (outcome known not to be applied)
+  connection_lost,        ///< the connection broke before anything was written (writes whose
+                          ///< outcome is unknown report in_doubt instead)
   connection_failed,      ///< could not connect: unreachable, refused, bad credentials
   in_doubt,               ///< the outcome of a COMMIT or release is unknown
   invalid_argument,       ///< bad URL, identifier, resource name, duration, ...

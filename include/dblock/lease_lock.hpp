@@ -68,7 +68,9 @@ class lease_guard;
  *
  * Acquire is one atomic upsert that takes the row when it is absent, expired or released (the
  * fencing token grows by one), or when this object already holds it (reentry: the hold count
- * grows, the fence stays). Expiry is decided by the database clock only.
+ * grows, the fence stays). Expiry is decided by the database clock only (SQLite has no server:
+ * there it is the calling process's clock, so all users of one SQLite file must share a host
+ * clock).
  *
  * Resource names are 1..255 bytes of UTF-8, compared byte for byte; longer names are rejected.
  *

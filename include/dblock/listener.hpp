@@ -15,7 +15,7 @@ enum class log_level { debug, info, warning, error };
 /**
  * @brief Receives what dblock does, for metrics and logs. dblock itself never prints.
  *
- * Attach one through database_options::listener; every component using that database reports
+ * Attach one through database_options::events; every component using that database reports
  * to it. Each hook has an empty default, so override only what you need; with no listener set,
  * reporting costs one pointer check. Hooks are called synchronously from the thread doing the
  * work (callers' threads, watchdog and reaper threads), possibly concurrently: implementations

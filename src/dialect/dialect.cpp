@@ -80,20 +80,24 @@ void dialect::ensure_lock_row(soci::session& sql, const table_names& t, const st
 }
 
 bool dialect::lease_renew(soci::session& sql, const table_names& t, const std::string& name,
-                          const std::string& token, std::int64_t ttl_us) const {
-  long long ttl = ttl_us;
+                          const std::string& token, std::int64_t fence, std::int64_t ttl_us) const {
+  // Matching the fence too: a token is never reused across acquisitions in practice, but the
+  // fence makes a stale holder's statement miss its successor's row even if it were.
+  long long ttl = ttl_us, f = fence;
   soci::statement st =
       (sql.prepare << "UPDATE " << t.lock << " SET expires_at = " << plus_us_sql(now_sql(), "ttl")
-                   << " WHERE resource_name = :name AND owner_token = :token"
+                   << " WHERE resource_name = :name AND owner_token = :token AND fence = :fence"
                       " AND hold_count > 0 AND expires_at > "
                    << now_sql(),
-       soci::use(ttl, "ttl"), soci::use(name, "name"), soci::use(token, "token"));
+       soci::use(ttl, "ttl"), soci::use(name, "name"), soci::use(token, "token"),
+       soci::use(f, "fence"));
   st.execute(true);
   return st.get_affected_rows() == 1;
 }
 
 bool dialect::lease_release(soci::session& sql, const table_names& t, const std::string& name,
-                            const std::string& token) const {
+                            const std::string& token, std::int64_t fence) const {
+  long long f = fence;
   // expires_at is assigned before hold_count so that MySQL, which evaluates SET left to right,
   // sees the old hold_count like the other backends. A freed lease is also an expired one, which
   // is all that acquire checks.
@@ -101,10 +105,10 @@ bool dialect::lease_release(soci::session& sql, const table_names& t, const std:
       (sql.prepare << "UPDATE " << t.lock << " SET expires_at = CASE WHEN hold_count <= 1 THEN "
                    << now_sql()
                    << " ELSE expires_at END, hold_count = hold_count - 1"
-                      " WHERE resource_name = :name AND owner_token = :token AND hold_count > 0"
-                      " AND expires_at > "
+                      " WHERE resource_name = :name AND owner_token = :token AND fence = :fence"
+                      " AND hold_count > 0 AND expires_at > "
                    << now_sql(),
-       soci::use(name, "name"), soci::use(token, "token"));
+       soci::use(name, "name"), soci::use(token, "token"), soci::use(f, "fence"));
   st.execute(true);
   return st.get_affected_rows() == 1;
 }

@@ -165,11 +165,12 @@ class dialect {
                                                     const acquire_params&) const = 0;
   /// Extends an unexpired lease owned by `token`; false when it is no longer ours or expired.
   virtual bool lease_renew(soci::session&, const table_names&, const std::string& name,
-                           const std::string& token, std::int64_t ttl_us) const;
+                           const std::string& token, std::int64_t fence,
+                           std::int64_t ttl_us) const;
   /// Decrements the hold count of an unexpired lease owned by `token` (at zero the lease is
   /// free); false when it is no longer ours or has expired.
   virtual bool lease_release(soci::session&, const table_names&, const std::string& name,
-                             const std::string& token) const;
+                             const std::string& token, std::int64_t fence) const;
   /// Runs `body` (single-statement writes) so that it cannot fail half-way on a stale snapshot:
   /// a no-op by default; SQLite wraps it in BEGIN IMMEDIATE ... COMMIT.
   virtual void atomic_write(soci::session&, const std::function<void()>& body) const;

@@ -230,15 +230,16 @@ class sqlite_dialect final : public dialect {
     return out;
   }
   bool lease_renew(soci::session& sql, const table_names& t, const std::string& name,
-                   const std::string& token, std::int64_t ttl_us) const override {
+                   const std::string& token, std::int64_t fence,
+                   std::int64_t ttl_us) const override {
     bool ok = false;
-    atomic_write(sql, [&] { ok = dialect::lease_renew(sql, t, name, token, ttl_us); });
+    atomic_write(sql, [&] { ok = dialect::lease_renew(sql, t, name, token, fence, ttl_us); });
     return ok;
   }
   bool lease_release(soci::session& sql, const table_names& t, const std::string& name,
-                     const std::string& token) const override {
+                     const std::string& token, std::int64_t fence) const override {
     bool ok = false;
-    atomic_write(sql, [&] { ok = dialect::lease_release(sql, t, name, token); });
+    atomic_write(sql, [&] { ok = dialect::lease_release(sql, t, name, token, fence); });
     return ok;
   }
 };
