@@ -37,8 +37,9 @@ versioned_result attempt(const detail::database_impl& db, soci::session& sql,
 
   std::string select = "SELECT ";
   for (const auto& c : spec.columns)
-    select += d.quote(c) + ", ";
-  select += ver_col + " FROM " + table + " WHERE " + key_col + " = :k";
+    select += d.select_value_sql(c) + ", ";
+  select +=
+      d.select_value_sql(spec.version_column) + " FROM " + table + " WHERE " + key_col + " = :k";
   soci::row row;
   {
     detail::value_binder b;
@@ -54,8 +55,8 @@ versioned_result attempt(const detail::database_impl& db, soci::session& sql,
   }
   record values;
   for (std::size_t i = 0; i < spec.columns.size(); ++i)
-    values[spec.columns[i]] = detail::value_from_row(row, i);
-  value version = detail::value_from_row(row, spec.columns.size());
+    values[spec.columns[i]] = d.decode_value(row, i);
+  value version = d.decode_value(row, spec.columns.size());
   if (!std::holds_alternative<long long>(version))
     throw error(errc::invalid_argument, "versioned update of " + spec.table + ": column " +
                                             spec.version_column + " must be a non-NULL integer");

@@ -73,10 +73,10 @@ struct transaction::impl {
   }
 
   std::string select_list(const std::string& key_column, const std::vector<std::string>& cols) {
-    std::string out = dia().quote(key_column);
+    std::string out = dia().select_value_sql(key_column);
     for (const auto& c : cols) {
       detail::validate_identifier(c, "column name");
-      if (c != key_column) out += ", " + dia().quote(c);
+      if (c != key_column) out += ", " + dia().select_value_sql(c);
     }
     return out;
   }
@@ -98,7 +98,7 @@ struct transaction::impl {
       do {
         record r;
         for (std::size_t i = 0; i < row.size(); ++i)
-          r[row.get_properties(i).get_name()] = detail::value_from_row(row, i);
+          r[row.get_properties(i).get_name()] = dia().decode_value(row, i);
         out.push_back(std::move(r));
       } while (st.fetch());
     }

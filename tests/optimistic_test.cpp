@@ -1107,3 +1107,30 @@ DBLOCK_TEST("versioned updates carry text, floating-point and NULL values", "[op
           dblock::versioned_update(ctx.db, spec, std::string("bob"), [](dblock::record&) {});
         }) == errc::not_found);
 }
+
+DBLOCK_TEST("64-bit values survive versioned updates and row locks (SQLite INTEGER too)",
+            "[optimistic]") {
+  // SQLite's usual declaration is INTEGER, which SOCI would read through a 32-bit int.
+  const std::string big = ctx.backend == "sqlite" ? "INTEGER" : "BIGINT";
+  const std::string t = ctx.table("wide");
+  ctx.exec("CREATE TABLE " + t + " (id INTEGER PRIMARY KEY, amount " + big +
+           " NOT NULL, ratio DOUBLE PRECISION, note VARCHAR(20), version " + big + " NOT NULL)");
+  ctx.exec("INSERT INTO " + t +
+           " (id, amount, ratio, note, version) VALUES (1, 5000000000, 0.1,"
+           " NULL, 4000000000)");
+  auto r = dblock::versioned_update(ctx.db, {t, "id", "version", {"amount", "ratio", "note"}}, 1LL,
+                                    [](dblock::record& rec) {
+                                      CHECK(std::get<long long>(rec["amount"]) == 5000000000LL);
+                                      CHECK(std::get<double>(rec["ratio"]) == 0.1);
+                                      CHECK(std::holds_alternative<std::monostate>(rec["note"]));
+                                      std::get<long long>(rec["amount"]) += 1;
+                                    });
+  CHECK(r.version == 4000000001LL);
+  dblock::run_transaction(ctx.db, [&](dblock::transaction& tx) {
+    auto rows = tx.lock_rows({t, "id", 1LL, {"amount", "version"}});
+    REQUIRE(rows.size() == 1);
+    CHECK(std::get<long long>(rows[0]["amount"]) == 5000000001LL);
+    CHECK(std::get<long long>(rows[0]["version"]) == 4000000001LL);
+  });
+  ctx.exec("DROP TABLE " + t);
+}

@@ -7,12 +7,17 @@
 #include <cctype>
 
 #include "../identifier.hpp"
+#include "../values.hpp"
 #include "dblock/error.hpp"
 
 namespace dblock::detail {
 
 std::string dialect::quote(std::string_view ident) const {
   return "\"" + std::string(ident) + "\"";
+}
+
+value dialect::decode_value(const soci::row& r, std::size_t i) const {
+  return value_from_row(r, i);
 }
 
 std::string dialect::name_pattern_value(const std::string& glob) const {

@@ -14,9 +14,11 @@
 
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
+#include "dblock/optimistic.hpp"
 
 namespace soci {
 class session;
+class row;
 class backend_factory;
 }  // namespace soci
 
@@ -88,6 +90,12 @@ class dialect {
   }
   /// Turns a shell-style pattern (`*`, `?`) into the value bound for name_pattern_sql().
   virtual std::string name_pattern_value(const std::string& glob) const;
+
+  /// Select-list expression reading a user column as a dblock::value, aliased to its name
+  /// (default: the quoted column; SQLite: a tagged text form, see sqlite.cpp).
+  virtual std::string select_value_sql(const std::string& column) const { return quote(column); }
+  /// Reads column `i` of a row selected with select_value_sql() as a dblock::value.
+  virtual value decode_value(const soci::row& r, std::size_t i) const;
 
   /// Quotes an already validated identifier.
   virtual std::string quote(std::string_view ident) const;
@@ -165,8 +173,7 @@ class dialect {
                                                     const acquire_params&) const = 0;
   /// Extends an unexpired lease owned by `token`; false when it is no longer ours or expired.
   virtual bool lease_renew(soci::session&, const table_names&, const std::string& name,
-                           const std::string& token, std::int64_t fence,
-                           std::int64_t ttl_us) const;
+                           const std::string& token, std::int64_t fence, std::int64_t ttl_us) const;
   /// Decrements the hold count of an unexpired lease owned by `token` (at zero the lease is
   /// free); false when it is no longer ours or has expired.
   virtual bool lease_release(soci::session&, const table_names&, const std::string& name,

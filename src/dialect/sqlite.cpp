@@ -83,6 +83,24 @@ class sqlite_dialect final : public dialect {
     return out;
   }
 
+  // SOCI reads columns declared INTEGER through sqlite3_column_int: 32 bits, silently cut. So
+  // user values travel as tagged text ('i' integer, 'r' real with 17 digits, 't' text) and are
+  // decoded exactly; NULL stays NULL.
+  std::string select_value_sql(const std::string& column) const override {
+    const std::string c = quote(column);
+    return "CASE typeof(" + c + ") WHEN 'integer' THEN 'i' || " + c +
+           " WHEN 'real' THEN 'r' || printf('%!.17g', " + c +
+           ") WHEN 'null' THEN NULL ELSE 't' || " + "CAST(" + c + " AS TEXT) END AS " + c;
+  }
+  value decode_value(const soci::row& r, std::size_t i) const override {
+    if (r.get_indicator(i) == soci::i_null) return std::monostate{};
+    const std::string s = r.get<std::string>(i);
+    if (s.empty()) return std::string();
+    if (s[0] == 'i') return std::stoll(s.substr(1));
+    if (s[0] == 'r') return std::stod(s.substr(1));
+    return s.substr(1);
+  }
+
   std::string now_sql() const override { return "dblock_now_us()"; }
   std::string plus_us_sql(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + :" + param + ")";
