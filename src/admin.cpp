@@ -87,8 +87,9 @@ forced_release force_release(const database& db, const std::string& name, const 
   const auto& d = *impl->dia;
   const auto& t = impl->tables;
   return detail::with_session(impl, "force release of '" + name + "'", [&](soci::session& sql) {
-    d.begin_transaction(sql, std::chrono::seconds(10));
     try {
+      // Inside the try: if a set-up statement after BEGIN fails, ROLLBACK below still runs.
+      d.begin_transaction(sql, std::chrono::seconds(10));
       forced_release f;
       f.name = name;
       f.forced_by = forced_by;

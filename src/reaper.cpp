@@ -78,8 +78,9 @@ std::uint64_t delete_batch_once(const std::shared_ptr<detail::database_impl>& db
   return detail::with_session(db, "reaper: delete expired rows", [&](soci::session& sql) {
     const std::string covered = "fence <= (SELECT max_fence FROM " + t.floor + " WHERE id = 1)";
     long long neg = neg_micros(o.retention);
-    d.begin_transaction(sql, milliseconds(5000));
     try {
+      // Inside the try: if a set-up statement after BEGIN fails, ROLLBACK below still runs.
+      d.begin_transaction(sql, milliseconds(5000));
       std::vector<std::string> names;
       {
         soci::rowset<std::string> rs =
@@ -211,11 +212,20 @@ struct reaper::impl {
           std::lock_guard<std::mutex> lk(mu);
           return stopping;
         });
-        raise_floor(db.impl(), options.retention);
+        bool stop_now;
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          stop_now = stopping;
+        }
+        if (!stop_now) raise_floor(db.impl(), options.retention);
       } catch (const error& e) {
         failure = e;
       } catch (const std::exception& e) {
         failure = error(errc::backend_error, std::string("reaper: ") + e.what());
+      } catch (...) {
+        // A callback (on_batch) threw something that is not an exception class: keep the
+        // thread alive and report it like any failed run.
+        failure = error(errc::backend_error, "reaper: unknown exception from a callback");
       }
       {
         std::lock_guard<std::mutex> lk(mu);

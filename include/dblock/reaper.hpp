@@ -87,7 +87,8 @@ class reaper {
 
   /// A snapshot of the counters.
   reaper_metrics metrics() const;
-  /// Stops and joins the thread (also done by the destructor).
+  /// Stops and joins the thread (also done by the destructor). Call it from one thread, and
+  /// never from the reaper's own callbacks (on_batch, on_error), which run on that thread.
   void stop() noexcept;
 
  private:
