@@ -137,6 +137,43 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
     watchdog = std::thread([self = shared_from_this()] { self->watchdog_loop(); });
   }
 
+  // Runs one renewal on a helper thread and waits no longer than the local validity: a renewal
+  // stuck behind a row lock, a busy pool or a dead connection must not delay the loss report.
+  // Returns the renewal's outcome, or nothing when the validity ran out first (the renewal may
+  // still land later and extend the lease once; nobody renews it after that).
+  std::optional<bool> renew_bounded(std::optional<error>& failure) {
+    struct outcome {
+      std::mutex m;
+      std::condition_variable cv;
+      bool done = false;
+      bool ok = false;
+      std::optional<error> err;
+    };
+    auto out = std::make_shared<outcome>();
+    std::thread([self = shared_from_this(), out] {
+      bool ok = false;
+      std::optional<error> err;
+      try {
+        ok = self->renew_sql(self->ttl);
+      } catch (const error& e) {
+        err = e;
+      } catch (const std::exception& e) {
+        err = error(errc::backend_error, std::string("renew: ") + e.what());
+      }
+      {
+        std::lock_guard<std::mutex> g(out->m);
+        out->done = true;
+        out->ok = ok;
+        out->err = err;
+      }
+      out->cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> l(out->m);
+    if (!out->cv.wait_until(l, deadline_tp(), [&] { return out->done; })) return std::nullopt;
+    failure = out->err;
+    return out->ok;
+  }
+
   void watchdog_loop() {
     const milliseconds interval = std::max(ttl / 3, milliseconds(1));
     milliseconds wait = interval;
@@ -145,8 +182,18 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
       if (cv.wait_for(lk, wait, [this] { return stop; })) break;
       lk.unlock();
       wait = interval;
+      std::optional<error> failure;
+      std::optional<bool> renewed = renew_bounded(failure);
+      if (!renewed) {
+        mark_lost(error(errc::lease_lost, "lease '" + name +
+                                              "': a renewal did not complete before the local "
+                                              "validity ran out; watchdog stopped"));
+        lk.lock();
+        break;
+      }
       try {
-        if (!renew_sql(ttl)) {
+        if (failure) throw *failure;
+        if (!*renewed) {
           mark_lost(error(errc::lease_lost,
                           "lease '" + name + "' expired or was taken over; watchdog stopped"));
           lk.lock();

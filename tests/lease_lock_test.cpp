@@ -344,3 +344,25 @@ DBLOCK_TEST("a re-entry after a forced takeover never lets the stale guard touch
   CHECK_NOTHROW(g2->release());
   CHECK(lease_lock(ctx.db, name).try_acquire());
 }
+
+DBLOCK_TEST("the watchdog reports a loss before the TTL even when a renewal hangs", "[lease]") {
+  const std::string name = "hung-renewal/" + dblock::test::random_suffix();
+  std::promise<std::chrono::steady_clock::time_point> lost;
+  auto lost_at = lost.get_future();
+  lease_options o = ttl_of(milliseconds(1000));
+  o.watchdog = true;
+  o.on_lost = [&lost](const dblock::error&) { lost.set_value(std::chrono::steady_clock::now()); };
+  lease_lock a(ctx.db, name, o);
+  const auto before = std::chrono::steady_clock::now();
+  auto g = a.try_acquire();
+  REQUIRE(g);
+  // Another transaction locks the lease row (SQLite: the whole database) and keeps it: every
+  // renewal now blocks, as it would on a dead connection.
+  dblock::transaction blocker(ctx.db);
+  REQUIRE(blocker.lock_resource(name));
+  REQUIRE(lost_at.wait_for(milliseconds(3000)) == std::future_status::ready);
+  // Reported by the local deadline (TTL minus the 10 % margin), never after the TTL.
+  CHECK(lost_at.get() - before < milliseconds(1000));
+  CHECK_FALSE(g->valid());
+  blocker.rollback();
+}
