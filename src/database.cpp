@@ -54,6 +54,16 @@ error database_impl::failure(const std::string& what, pooled_session* s) const {
 }
 
 pooled_session::~pooled_session() {
+  if (!broken && db->opened[pos]) {
+    // Never hand the next user a connection inside someone else's transaction (a caller's own
+    // database::connection returned mid-transaction): roll it back, or drop the connection.
+    try {
+      soci::session& sql = db->pool.at(pos);
+      if (db->dia->in_transaction(sql)) sql << "ROLLBACK";
+    } catch (...) {
+      broken = true;
+    }
+  }
   if (broken) {
     // Reconnect on the next lease instead of handing out a dead connection.
     db->opened[pos] = 0;

@@ -104,3 +104,23 @@ DBLOCK_TEST("the database clock moves inside a transaction", "[database][dialect
                     .count();
   CHECK(std::llabs(sys_us - b) < 60LL * 1000000);  // same host: clocks agree within a minute
 }
+
+DBLOCK_TEST("a connection returned inside a transaction is rolled back before reuse",
+            "[database]") {
+  dblock::database_options o = ctx.options();
+  o.pool_size = 1;  // the next connect() gets the very same connection
+  auto db = ctx.open(o);
+  const std::string begin = db.impl()->dia->begin_write_sql();
+  ctx.exec("CREATE TABLE " + ctx.table("items") + " (id INTEGER PRIMARY KEY, v INTEGER)");
+  {
+    auto c = db.connect();
+    c.session() << begin;
+    c.session() << "INSERT INTO " << ctx.table("items") << " (id, v) VALUES (1, 1)";
+  }  // handed back with the transaction open
+  auto c = db.connect();
+  int n = -1;
+  c.session() << "SELECT count(*) FROM " << ctx.table("items"), soci::into(n);
+  CHECK(n == 0);
+  CHECK_NOTHROW(c.session() << begin);  // not "already in a transaction"
+  c.session() << "ROLLBACK";
+}

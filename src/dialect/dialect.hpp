@@ -140,6 +140,8 @@ class dialect {
   /// waited for.
   virtual void ensure_lock_row(soci::session&, const table_names&, const std::string& name,
                                std::chrono::milliseconds lock_timeout) const;
+  /// True when the session has a transaction open (checked locally, no round trip).
+  virtual bool in_transaction(soci::session&) const { return false; }
   /// True when the open transaction has failed and can only roll back (PostgreSQL answers
   /// COMMIT of such a transaction with ROLLBACK, silently).
   virtual bool transaction_failed(soci::session&) const { return false; }

@@ -83,6 +83,11 @@ class mysql_dialect final : public dialect {
     insert_lock_row(sql, t, name);
   }
 
+  bool in_transaction(soci::session& sql) const override {
+    auto* backend = static_cast<soci::mysql_session_backend*>(sql.get_backend());
+    return (backend->conn_->server_status & SERVER_STATUS_IN_TRANS) != 0;
+  }
+
   void end_transaction(soci::session& sql, const database_options&) const override {
     // begin_transaction() set the session's lock wait; give the pooled connection its default
     // back so that later users (lease statements, plain queries) do not inherit it.

@@ -73,6 +73,12 @@ class postgresql_dialect final : public dialect {
     sql << "SELECT set_config('lock_timeout', :v, true)", soci::use(value), soci::into(out);
   }
 
+  bool in_transaction(soci::session& sql) const override {
+    auto* backend = static_cast<soci::postgresql_session_backend*>(sql.get_backend());
+    auto st = PQtransactionStatus(backend->conn_);
+    return st == PQTRANS_INTRANS || st == PQTRANS_INERROR || st == PQTRANS_ACTIVE;
+  }
+
   bool transaction_failed(soci::session& sql) const override {
     auto* backend = static_cast<soci::postgresql_session_backend*>(sql.get_backend());
     return PQtransactionStatus(backend->conn_) == PQTRANS_INERROR;

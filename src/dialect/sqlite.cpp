@@ -107,6 +107,9 @@ class sqlite_dialect final : public dialect {
   }
   std::string epoch_us_sql(const std::string& ts) const override { return ts; }
   std::string begin_write_sql() const override { return "BEGIN IMMEDIATE"; }
+  bool in_transaction(soci::session& sql) const override {
+    return sqlite3_get_autocommit(raw(sql)) == 0;
+  }
   std::string for_update_sql() const override { return ""; }
   std::string for_update_nowait_sql() const override { return ""; }
   std::string for_update_skip_locked_sql() const override { return ""; }
