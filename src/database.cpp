@@ -20,13 +20,16 @@ std::unique_ptr<pooled_session> database_impl::lease(const std::shared_ptr<datab
   if (!opened[pos]) {
     soci::session& sql = s->sql();
     try {
+      attach_state(sql, nullptr);
       if (sql.get_backend() != nullptr) sql.close();
       sql.open(dia->factory(), connect_string);
       dia->on_connect(sql, options);
+      attach_state(sql, dia->make_connection_state(sql));
       auto iso = dia->isolation_sql(options.isolation);
       if (!iso.empty()) sql << iso;
     } catch (...) {
       error e = dia->classify_current("connect");
+      attach_state(sql, nullptr);
       try {
         sql.close();
       } catch (...) {
@@ -39,6 +42,11 @@ std::unique_ptr<pooled_session> database_impl::lease(const std::shared_ptr<datab
     opened[pos] = 1;
   }
   return s;
+}
+
+database_impl::~database_impl() {
+  for (std::size_t i = 0; i < opened.size(); ++i)
+    attach_state(pool.at(i), nullptr);
 }
 
 error database_impl::failure(const std::string& what, pooled_session* s) const {
@@ -68,6 +76,7 @@ pooled_session::~pooled_session() {
     // Reconnect on the next lease instead of handing out a dead connection.
     db->opened[pos] = 0;
     try {
+      attach_state(db->pool.at(pos), nullptr);
       db->pool.at(pos).close();
     } catch (...) {
     }

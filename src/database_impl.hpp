@@ -26,6 +26,8 @@ struct database_impl {
   std::vector<char> opened;  // per slot; only the slot's lessee touches its entry
 
   database_impl(std::size_t size) : pool(size), opened(size, 0) {}
+  /// Drops the per-connection states before the pool closes its sessions.
+  ~database_impl();
 
   /// Borrows a connected session (see database::connect()).
   std::unique_ptr<pooled_session> lease(const std::shared_ptr<database_impl>& self);

@@ -418,9 +418,17 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
                                         " will expire unless renewed");
       }
       const int expected = reentry ? cur->holds.load() + 1 : 1;
-      if (row && row->owner_token == p.owner_token && row->expires_at_us > row->now_us &&
-          row->hold_count == expected)
-        fence = row->fence;
+      const bool ours =
+          row && row->owner_token == p.owner_token && row->expires_at_us > row->now_us;
+      if (ours && row->hold_count == expected) {
+        fence = row->fence;  // it was applied
+        break;
+      }
+      // Not applied. When nobody else holds the lease, the answer is not "busy": send it again
+      // (with the same token, so a late landing of the first one is recognised as ours).
+      const bool free = !row || (!ours && row->expires_at_us <= row->now_us) ||
+                        (ours && reentry && row->hold_count == expected - 1);
+      if (free && attempt < 8) continue;
       break;
     }
   }

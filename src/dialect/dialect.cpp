@@ -5,12 +5,65 @@
 
 #include <algorithm>
 #include <cctype>
+#include <mutex>
+#include <unordered_map>
 
 #include "../identifier.hpp"
 #include "../values.hpp"
 #include "dblock/error.hpp"
 
 namespace dblock::detail {
+
+namespace {
+// Sessions live in the pool for the life of a database, so their addresses are stable keys.
+std::mutex state_mu;
+std::unordered_map<const soci::session*, std::unique_ptr<connection_state>>& states() {
+  static std::unordered_map<const soci::session*, std::unique_ptr<connection_state>> m;
+  return m;
+}
+bool ident_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+}
+}  // namespace
+
+connection_state* state_of(soci::session& sql) noexcept {
+  std::lock_guard<std::mutex> lk(state_mu);
+  auto it = states().find(&sql);
+  return it == states().end() ? nullptr : it->second.get();
+}
+
+void attach_state(soci::session& sql, std::unique_ptr<connection_state> state) {
+  std::unique_ptr<connection_state> old;  // destroyed outside the lock
+  std::lock_guard<std::mutex> lk(state_mu);
+  auto it = states().find(&sql);
+  if (it != states().end()) {
+    old = std::move(it->second);
+    states().erase(it);
+  }
+  if (state) states().emplace(&sql, std::move(state));
+}
+
+std::string to_positional(const std::string& sql, const std::vector<std::string>& params) {
+  std::string out;
+  for (std::size_t i = 0; i < sql.size(); ++i) {
+    const bool param = sql[i] == ':' && i + 1 < sql.size() && ident_char(sql[i + 1]) &&
+                       (i == 0 || sql[i - 1] != ':');
+    if (!param) {
+      out += sql[i];
+      continue;
+    }
+    std::size_t j = i + 1;
+    while (j < sql.size() && ident_char(sql[j]))
+      ++j;
+    const std::string name = sql.substr(i + 1, j - i - 1);
+    auto it = std::find(params.begin(), params.end(), name);
+    if (it == params.end())
+      throw error(errc::backend_error, "internal: statement parameter :" + name + " not bound");
+    out += "$" + std::to_string(it - params.begin() + 1);
+    i = j - 1;
+  }
+  return out;
+}
 
 std::string dialect::quote(std::string_view ident) const {
   return "\"" + std::string(ident) + "\"";
@@ -86,16 +139,9 @@ void dialect::ensure_lock_row(soci::session& sql, const table_names& t, const st
 
 bool dialect::lease_renew(soci::session& sql, const table_names& t, const std::string& name,
                           const std::string& token, std::int64_t fence, std::int64_t ttl_us) const {
-  // Matching the fence too: a token is never reused across acquisitions in practice, but the
-  // fence makes a stale holder's statement miss its successor's row even if it were.
   long long ttl = ttl_us, f = fence;
-  soci::statement st =
-      (sql.prepare << "UPDATE " << t.lock << " SET expires_at = " << plus_us_sql(now_sql(), "ttl")
-                   << " WHERE resource_name = :name AND owner_token = :token AND fence = :fence"
-                      " AND hold_count > 0 AND expires_at > "
-                   << now_sql(),
-       soci::use(ttl, "ttl"), soci::use(name, "name"), soci::use(token, "token"),
-       soci::use(f, "fence"));
+  soci::statement st = (sql.prepare << lease_sql(t).renew, soci::use(ttl, "ttl"),
+                        soci::use(name, "name"), soci::use(token, "token"), soci::use(f, "fence"));
   st.execute(true);
   return st.get_affected_rows() == 1;
 }
@@ -103,19 +149,29 @@ bool dialect::lease_renew(soci::session& sql, const table_names& t, const std::s
 bool dialect::lease_release(soci::session& sql, const table_names& t, const std::string& name,
                             const std::string& token, std::int64_t fence) const {
   long long f = fence;
-  // expires_at is assigned before hold_count so that MySQL, which evaluates SET left to right,
-  // sees the old hold_count like the other backends. A freed lease is also an expired one, which
-  // is all that acquire checks.
-  soci::statement st =
-      (sql.prepare << "UPDATE " << t.lock << " SET expires_at = CASE WHEN hold_count <= 1 THEN "
-                   << now_sql()
-                   << " ELSE expires_at END, hold_count = hold_count - 1"
-                      " WHERE resource_name = :name AND owner_token = :token AND fence = :fence"
-                      " AND hold_count > 0 AND expires_at > "
-                   << now_sql(),
-       soci::use(name, "name"), soci::use(token, "token"), soci::use(f, "fence"));
+  soci::statement st = (sql.prepare << lease_sql(t).release, soci::use(name, "name"),
+                        soci::use(token, "token"), soci::use(f, "fence"));
   st.execute(true);
   return st.get_affected_rows() == 1;
+}
+
+lease_statements dialect::common_lease_sql(const table_names& t) const {
+  lease_statements s;
+  // Matching the fence too: a token is never reused across acquisitions in practice, but the
+  // fence makes a stale holder's statement miss its successor's row even if it were.
+  s.renew = "UPDATE " + t.lock + " SET expires_at = " + plus_us_sql(now_sql(), "ttl") +
+            " WHERE resource_name = :name AND owner_token = :token AND fence = :fence"
+            " AND hold_count > 0 AND expires_at > " +
+            now_sql();
+  // expires_at is assigned before hold_count so that MySQL, which evaluates SET left to right,
+  // sees the old hold_count like the other backends. A freed lease is also an expired one,
+  // which is all that acquire checks.
+  s.release = "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " + now_sql() +
+              " ELSE expires_at END, hold_count = hold_count - 1"
+              " WHERE resource_name = :name AND owner_token = :token AND fence = :fence"
+              " AND hold_count > 0 AND expires_at > " +
+              now_sql();
+  return s;
 }
 
 std::optional<lease_row> dialect::lease_read(soci::session& sql, const table_names& t,

@@ -52,6 +52,37 @@ struct acquire_params {
   std::string holder_thread;
 };
 
+/// State dblock keeps beside one pooled SOCI session for the life of its connection (prepared
+/// statements of the lease hot path). Destroyed before the session closes or reconnects.
+struct connection_state {
+  virtual ~connection_state() = default;
+};
+
+/// The state attached to a session by the pool, or nullptr (a session dblock did not open).
+connection_state* state_of(soci::session&) noexcept;
+/// Attaches `state` to a session, destroying the previous one (nullptr: detach only).
+void attach_state(soci::session&, std::unique_ptr<connection_state> state);
+
+/**
+ * The SQL text of the lease statements, with named parameters (`:name`). The library's hot path
+ * and the benchmark's raw-client floor both run exactly these texts.
+ */
+struct lease_statements {
+  /// Parameters name, token, ttl (µs), host, pid, thread. Yields the fence when acquired
+  /// (RETURNING; MySQL: LAST_INSERT_ID() from the OK packet, 0 when held by another owner).
+  std::string acquire;
+  /// Parameters name, token, fence. One row affected when a hold was released.
+  std::string release;
+  /// Parameters ttl (µs), name, token, fence. One row affected when renewed.
+  std::string renew;
+  /// True when each statement must run inside BEGIN IMMEDIATE ... COMMIT (SQLite).
+  bool write_transaction = false;
+};
+
+/// Replaces named parameters (`:name`) by PostgreSQL's positional ones ($1, $2, ...) in the order
+/// of `params` (a name may occur several times). `::` casts are left alone.
+std::string to_positional(const std::string& sql, const std::vector<std::string>& params);
+
 /// A lease row as read back.
 struct lease_row {
   std::string name;
@@ -80,6 +111,10 @@ class dialect {
   virtual void adjust_options(const parsed_url&, database_options&) const {}
   /// Session set-up right after connecting (pragmas, session variables, clock function).
   virtual void on_connect(soci::session&, const database_options&) const {}
+  /// Per-connection state for a freshly opened session (nothing by default).
+  virtual std::unique_ptr<connection_state> make_connection_state(soci::session&) const {
+    return nullptr;
+  }
 
   /// Statement setting the session's isolation level; empty when the backend has no choice.
   virtual std::string isolation_sql(isolation_level level) const;
@@ -166,6 +201,8 @@ class dialect {
   virtual const migration_file& bootstrap() const = 0;
 
   // ---- lease lock ----------------------------------------------------------------------------
+  /// The lease statements of this backend for the given tables.
+  virtual lease_statements lease_sql(const table_names&) const = 0;
   /**
    * One atomic statement: takes the row when absent, expired, released, or already ours (then
    * increments hold_count and extends the lease without changing the fence). Returns the fence
@@ -183,6 +220,8 @@ class dialect {
   /// Runs `body` (single-statement writes) so that it cannot fail half-way on a stale snapshot:
   /// a no-op by default; SQLite wraps it in BEGIN IMMEDIATE ... COMMIT.
   virtual void atomic_write(soci::session&, const std::function<void()>& body) const;
+  /// Renew and release texts shared by every backend (acquire is left empty).
+  lease_statements common_lease_sql(const table_names&) const;
   /// Reads a lease row (and the database clock); nothing when the row does not exist.
   virtual std::optional<lease_row> lease_read(soci::session&, const table_names&,
                                               const std::string& name) const;

@@ -199,8 +199,8 @@ class mysql_dialect final : public dialect {
     return file;
   }
 
-  std::optional<std::int64_t> lease_acquire(soci::session& sql, const table_names& t,
-                                            const acquire_params& p) const override {
+  lease_statements lease_sql(const table_names& t) const override {
+    lease_statements s = common_lease_sql(t);
     // ON DUPLICATE KEY UPDATE has no WHERE, and MySQL assigns left to right, so every column
     // is an IF() on conditions over owner_token and expires_at, and those two are assigned
     // last (owner_token before expires_at: once the owner is ours, "ours" stays true).
@@ -211,25 +211,31 @@ class mysql_dialect final : public dialect {
     const std::string ours = "owner_token = VALUES(owner_token)";
     const std::string reentry = "(" + ours + " AND expires_at > " + now + ")";
     const std::string take = "(" + ours + " OR expires_at <= " + now + ")";
+    s.acquire =
+        "INSERT INTO " + t.lock +
+        " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
+        " holder_host, holder_pid, holder_thread) VALUES (:name, :token,"
+        " LAST_INSERT_ID(COALESCE((SELECT max_fence FROM " +
+        t.floor + " WHERE id = 1), 0) + 1), 1, " + now + ", " + plus_us_sql(now, "ttl") +
+        ", :host, :pid, :thread) ON DUPLICATE KEY UPDATE" + " fence = IF(" + take +
+        ", LAST_INSERT_ID(IF(" + reentry + ", fence, fence + 1)), fence + LAST_INSERT_ID(0))," +
+        " acquired_at = IF(" + reentry + ", acquired_at, IF(" + take + ", " + now +
+        ", acquired_at))," + " holder_host = IF(" + take + ", VALUES(holder_host), holder_host)," +
+        " holder_pid = IF(" + take + ", VALUES(holder_pid), holder_pid)," + " holder_thread = IF(" +
+        take + ", VALUES(holder_thread), holder_thread)," + " hold_count = IF(" + reentry +
+        ", hold_count + 1, IF(" + take + ", 1, hold_count))," + " owner_token = IF(" + take +
+        ", VALUES(owner_token), owner_token)," + " expires_at = IF(" + take +
+        ", VALUES(expires_at), expires_at)";
+    return s;
+  }
+
+  // SOCI's MySQL backend sends one text query per statement (it substitutes the escaped values
+  // itself), which is one round trip: the same cost as the raw client.
+  std::optional<std::int64_t> lease_acquire(soci::session& sql, const table_names& t,
+                                            const acquire_params& p) const override {
     long long ttl = p.ttl_us, pid = p.holder_pid;
-    sql << "INSERT INTO " << t.lock
-        << " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
-           " holder_host, holder_pid, holder_thread) VALUES (:name, :token,"
-           " LAST_INSERT_ID(COALESCE((SELECT max_fence FROM "
-        << t.floor << " WHERE id = 1), 0) + 1), 1, " << now << ", " << plus_us_sql(now, "ttl")
-        << ", :host, :pid, :thread) ON DUPLICATE KEY UPDATE"
-        << " fence = IF(" << take << ", LAST_INSERT_ID(IF(" << reentry
-        << ", fence, fence + 1)), fence + LAST_INSERT_ID(0)),"
-        << " acquired_at = IF(" << reentry << ", acquired_at, IF(" << take << ", " << now
-        << ", acquired_at)),"
-        << " holder_host = IF(" << take << ", VALUES(holder_host), holder_host),"
-        << " holder_pid = IF(" << take << ", VALUES(holder_pid), holder_pid),"
-        << " holder_thread = IF(" << take << ", VALUES(holder_thread), holder_thread),"
-        << " hold_count = IF(" << reentry << ", hold_count + 1, IF(" << take << ", 1, hold_count)),"
-        << " owner_token = IF(" << take << ", VALUES(owner_token), owner_token),"
-        << " expires_at = IF(" << take << ", VALUES(expires_at), expires_at)",
-        soci::use(p.name, "name"), soci::use(p.owner_token, "token"), soci::use(ttl, "ttl"),
-        soci::use(p.holder_host, "host"), soci::use(pid, "pid"),
+    sql << lease_sql(t).acquire, soci::use(p.name, "name"), soci::use(p.owner_token, "token"),
+        soci::use(ttl, "ttl"), soci::use(p.holder_host, "host"), soci::use(pid, "pid"),
         soci::use(p.holder_thread, "thread");
     long long id = 0;
     if (!sql.get_last_insert_id(t.lock, id) || id <= 0) return std::nullopt;

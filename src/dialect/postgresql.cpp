@@ -3,6 +3,12 @@
 #include <soci/postgresql/soci-postgresql.h>
 #include <soci/soci.h>
 
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
 #include "common.hpp"
 #include "dialect.hpp"
 
@@ -173,36 +179,131 @@ class postgresql_dialect final : public dialect {
     return file;
   }
 
-  std::optional<std::int64_t> lease_acquire(soci::session& sql, const table_names& t,
-                                            const acquire_params& p) const override {
+  lease_statements lease_sql(const table_names& t) const override {
+    lease_statements s = common_lease_sql(t);
     // One statement. EXCLUDED.acquired_at is this statement's clock reading, so every
     // comparison below uses the same instant. Reentry (our token, unexpired) keeps the fence.
     const std::string reentry =
         "(l.owner_token = EXCLUDED.owner_token AND l.expires_at > EXCLUDED.acquired_at)";
-    long long ttl = p.ttl_us, pid = p.holder_pid, fence = 0;
-    soci::indicator ind = soci::i_null;
-    sql << "INSERT INTO " << t.lock
-        << " AS l (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
-           " holder_host, holder_pid, holder_thread) VALUES (:name, :token, COALESCE((SELECT"
-           " max_fence FROM "
-        << t.floor << " WHERE id = 1), 0) + 1, 1, " << now_sql() << ", "
-        << plus_us_sql(now_sql(), "ttl")
-        << ", :host, :pid, :thread)"
-           " ON CONFLICT (resource_name) DO UPDATE SET"
-           " fence = CASE WHEN "
-        << reentry << " THEN l.fence ELSE l.fence + 1 END, hold_count = CASE WHEN " << reentry
-        << " THEN l.hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " << reentry
-        << " THEN l.acquired_at ELSE EXCLUDED.acquired_at END,"
-           " owner_token = EXCLUDED.owner_token, expires_at = EXCLUDED.expires_at,"
-           " holder_host = EXCLUDED.holder_host, holder_pid = EXCLUDED.holder_pid,"
-           " holder_thread = EXCLUDED.holder_thread"
-           " WHERE l.owner_token = EXCLUDED.owner_token OR l.expires_at <= EXCLUDED.acquired_at"
-           " RETURNING fence",
-        soci::use(p.name, "name"), soci::use(p.owner_token, "token"), soci::use(ttl, "ttl"),
-        soci::use(p.holder_host, "host"), soci::use(pid, "pid"),
-        soci::use(p.holder_thread, "thread"), soci::into(fence, ind);
-    if (!sql.got_data() || ind == soci::i_null) return std::nullopt;
-    return fence;
+    s.acquire =
+        "INSERT INTO " + t.lock +
+        " AS l (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
+        " holder_host, holder_pid, holder_thread) VALUES (:name, :token, COALESCE((SELECT"
+        " max_fence FROM " +
+        t.floor + " WHERE id = 1), 0) + 1, 1, " + now_sql() + ", " + plus_us_sql(now_sql(), "ttl") +
+        ", :host, :pid, :thread)"
+        " ON CONFLICT (resource_name) DO UPDATE SET"
+        " fence = CASE WHEN " +
+        reentry + " THEN l.fence ELSE l.fence + 1 END, hold_count = CASE WHEN " + reentry +
+        " THEN l.hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
+        " THEN l.acquired_at ELSE EXCLUDED.acquired_at END,"
+        " owner_token = EXCLUDED.owner_token, expires_at = EXCLUDED.expires_at,"
+        " holder_host = EXCLUDED.holder_host, holder_pid = EXCLUDED.holder_pid,"
+        " holder_thread = EXCLUDED.holder_thread"
+        " WHERE l.owner_token = EXCLUDED.owner_token OR l.expires_at <= EXCLUDED.acquired_at"
+        " RETURNING fence";
+    return s;
+  }
+
+  // The lease statements are prepared once per connection and run with PQexecPrepared: one
+  // round trip each, no re-parse or re-plan (SOCI runs one-time queries unprepared, and its
+  // prepared statements cost a PREPARE and a DEALLOCATE round trip each time).
+  std::unique_ptr<connection_state> make_connection_state(soci::session&) const override {
+    return std::make_unique<pg_state>();
+  }
+
+  std::optional<std::int64_t> lease_acquire(soci::session& sql, const table_names& t,
+                                            const acquire_params& p) const override {
+    const std::string ttl = std::to_string(p.ttl_us), pid = std::to_string(p.holder_pid);
+    auto r = run_prepared(sql, t, "acquire",
+                          {p.name.c_str(), p.owner_token.c_str(), ttl.c_str(),
+                           p.holder_host.c_str(), pid.c_str(), p.holder_thread.c_str()});
+    if (PQntuples(r.get()) != 1 || PQgetisnull(r.get(), 0, 0)) return std::nullopt;
+    return std::stoll(PQgetvalue(r.get(), 0, 0));
+  }
+  bool lease_renew(soci::session& sql, const table_names& t, const std::string& name,
+                   const std::string& token, std::int64_t fence,
+                   std::int64_t ttl_us) const override {
+    const std::string ttl = std::to_string(ttl_us), f = std::to_string(fence);
+    auto r = run_prepared(sql, t, "renew", {ttl.c_str(), name.c_str(), token.c_str(), f.c_str()});
+    return std::string(PQcmdTuples(r.get())) == "1";
+  }
+  bool lease_release(soci::session& sql, const table_names& t, const std::string& name,
+                     const std::string& token, std::int64_t fence) const override {
+    const std::string f = std::to_string(fence);
+    auto r = run_prepared(sql, t, "release", {name.c_str(), token.c_str(), f.c_str()});
+    return std::string(PQcmdTuples(r.get())) == "1";
+  }
+
+ private:
+  struct pg_state final : connection_state {
+    std::set<std::string> prepared;  // statement names prepared on this connection
+  };
+  using result_ptr = std::unique_ptr<PGresult, void (*)(PGresult*)>;
+
+  static PGconn* conn(soci::session& sql) {
+    return static_cast<soci::postgresql_session_backend*>(sql.get_backend())->conn_;
+  }
+
+  // Throws what SOCI would throw, so classify_current() treats both paths alike.
+  [[noreturn]] static void fail(PGconn* c, PGresult* r) {
+    std::string msg = r ? PQresultErrorMessage(r) : "";
+    if (msg.empty()) msg = PQerrorMessage(c);
+    const char* field = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+    char state[6] = "XX000";
+    if (field && std::strlen(field) == 5)
+      std::memcpy(state, field, 5);
+    else if (PQstatus(c) == CONNECTION_BAD)
+      std::memcpy(state, "08006", 5);  // connection failure: the reply never came
+    if (r) PQclear(r);
+    throw soci::postgresql_soci_error(msg.empty() ? "no reply from the server" : msg, state);
+  }
+
+  // Runs one of the lease statements (params in the order of kParams), preparing it on first
+  // use on this connection. A connection without dblock's state falls back to SOCI's path.
+  result_ptr run_prepared(soci::session& sql, const table_names& t, const std::string& which,
+                          std::vector<const char*> values) const {
+    static const std::map<std::string, std::vector<std::string>> kParams = {
+        {"acquire", {"name", "token", "ttl", "host", "pid", "thread"}},
+        {"renew", {"ttl", "name", "token", "fence"}},
+        {"release", {"name", "token", "fence"}}};
+    auto* st = dynamic_cast<pg_state*>(state_of(sql));
+    PGconn* c = conn(sql);
+    const std::string stmt = "dblock_lease_" + which;
+    const auto& params = kParams.at(which);
+    const int n = static_cast<int>(values.size());
+    for (int attempt = 0;; ++attempt) {
+      if (!st || !st->prepared.count(stmt)) {
+        const lease_statements all = lease_sql(t);
+        const std::string& text = which == "acquire" ? all.acquire
+                                  : which == "renew" ? all.renew
+                                                     : all.release;
+        const std::string positional = to_positional(text, params);
+        if (!st) {  // not a pooled session of ours: run it unprepared
+          PGresult* r =
+              PQexecParams(c, positional.c_str(), n, nullptr, values.data(), nullptr, nullptr, 0);
+          const auto status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+          if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) fail(c, r);
+          return result_ptr(r, PQclear);
+        }
+        PGresult* r = PQprepare(c, stmt.c_str(), positional.c_str(), n, nullptr);
+        if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) fail(c, r);
+        PQclear(r);
+        st->prepared.insert(stmt);
+      }
+      PGresult* r = PQexecPrepared(c, stmt.c_str(), n, values.data(), nullptr, nullptr, 0);
+      const auto status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+      if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK) return result_ptr(r, PQclear);
+      const char* field = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+      if (attempt == 0 && field && std::string(field) == "26000") {
+        // The server forgot the statement (DISCARD ALL by a pooler): it did not run; prepare
+        // it again.
+        PQclear(r);
+        st->prepared.erase(stmt);
+        continue;
+      }
+      fail(c, r);
+    }
   }
 };
 

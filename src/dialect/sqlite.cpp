@@ -6,6 +6,8 @@
 #include <soci/sqlite3/soci-sqlite3.h>
 
 #include <chrono>
+#include <map>
+#include <memory>
 
 #include "common.hpp"
 #include "dialect.hpp"
@@ -219,34 +221,61 @@ class sqlite_dialect final : public dialect {
     }
   }
 
-  std::optional<std::int64_t> lease_acquire(soci::session& sql, const table_names& t,
-                                            const acquire_params& p) const override {
+  lease_statements lease_sql(const table_names& t) const override {
+    lease_statements s = common_lease_sql(t);
+    s.write_transaction = true;
     const std::string reentry =
         "(owner_token = excluded.owner_token AND expires_at > excluded.acquired_at)";
-    long long ttl = p.ttl_us, pid = p.holder_pid, fence = 0;
-    soci::indicator ind = soci::i_null;
+    s.acquire = "INSERT INTO " + t.lock +
+                " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
+                " holder_host, holder_pid, holder_thread) VALUES (:name, :token, COALESCE((SELECT"
+                " max_fence FROM " +
+                t.floor + " WHERE id = 1), 0) + 1, 1, " + now_sql() + ", " +
+                plus_us_sql(now_sql(), "ttl") +
+                ", :host, :pid, :thread) ON CONFLICT (resource_name) DO UPDATE SET"
+                " fence = CASE WHEN " +
+                reentry + " THEN fence ELSE fence + 1 END, hold_count = CASE WHEN " + reentry +
+                " THEN hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
+                " THEN acquired_at ELSE excluded.acquired_at END,"
+                " owner_token = excluded.owner_token, expires_at = excluded.expires_at,"
+                " holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,"
+                " holder_thread = excluded.holder_thread"
+                " WHERE owner_token = excluded.owner_token OR expires_at <= excluded.acquired_at"
+                " RETURNING fence";
+    return s;
+  }
+
+  // The lease statements (and BEGIN IMMEDIATE / COMMIT) are prepared once per connection and
+  // reused: SOCI prepares and finalizes a one-time query on every call.
+  std::unique_ptr<connection_state> make_connection_state(soci::session& sql) const override {
+    return std::make_unique<sqlite_state>(raw(sql));
+  }
+
+  std::optional<std::int64_t> lease_acquire(soci::session& sql, const table_names& t,
+                                            const acquire_params& p) const override {
+    auto* st = dynamic_cast<sqlite_state*>(state_of(sql));
     std::optional<std::int64_t> out;
-    atomic_write(sql, [&] {
-      sql << "INSERT INTO " << t.lock
-          << " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
-             " holder_host, holder_pid, holder_thread) VALUES (:name, :token, COALESCE((SELECT"
-             " max_fence FROM "
-          << t.floor << " WHERE id = 1), 0) + 1, 1, " << now_sql() << ", "
-          << plus_us_sql(now_sql(), "ttl")
-          << ", :host, :pid, :thread) ON CONFLICT (resource_name) DO UPDATE SET"
-             " fence = CASE WHEN "
-          << reentry << " THEN fence ELSE fence + 1 END, hold_count = CASE WHEN " << reentry
-          << " THEN hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " << reentry
-          << " THEN acquired_at ELSE excluded.acquired_at END,"
-             " owner_token = excluded.owner_token, expires_at = excluded.expires_at,"
-             " holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,"
-             " holder_thread = excluded.holder_thread"
-             " WHERE owner_token = excluded.owner_token OR expires_at <= excluded.acquired_at"
-             " RETURNING fence",
-          soci::use(p.name, "name"), soci::use(p.owner_token, "token"), soci::use(ttl, "ttl"),
-          soci::use(p.holder_host, "host"), soci::use(pid, "pid"),
-          soci::use(p.holder_thread, "thread"), soci::into(fence, ind);
-      if (sql.got_data() && ind != soci::i_null) out = fence;
+    if (!st) {
+      long long ttl = p.ttl_us, pid = p.holder_pid, fence = 0;
+      soci::indicator ind = soci::i_null;
+      atomic_write(sql, [&] {
+        sql << lease_sql(t).acquire, soci::use(p.name, "name"), soci::use(p.owner_token, "token"),
+            soci::use(ttl, "ttl"), soci::use(p.holder_host, "host"), soci::use(pid, "pid"),
+            soci::use(p.holder_thread, "thread"), soci::into(fence, ind);
+        if (sql.got_data() && ind != soci::i_null) out = fence;
+      });
+      return out;
+    }
+    st->write([&] {
+      stmt_run r(*st, st->get("acquire", [&] { return lease_sql(t).acquire; }));
+      r.bind(":name", p.name);
+      r.bind(":token", p.owner_token);
+      r.bind(":ttl", p.ttl_us);
+      r.bind(":host", p.holder_host);
+      r.bind(":pid", p.holder_pid);
+      r.bind(":thread", p.holder_thread);
+      if (r.step() && sqlite3_column_type(r.stmt, 0) != SQLITE_NULL)
+        out = sqlite3_column_int64(r.stmt, 0);
     });
     return out;
   }
@@ -254,15 +283,122 @@ class sqlite_dialect final : public dialect {
                    const std::string& token, std::int64_t fence,
                    std::int64_t ttl_us) const override {
     bool ok = false;
-    atomic_write(sql, [&] { ok = dialect::lease_renew(sql, t, name, token, fence, ttl_us); });
+    auto* st = dynamic_cast<sqlite_state*>(state_of(sql));
+    if (!st) {
+      atomic_write(sql, [&] { ok = dialect::lease_renew(sql, t, name, token, fence, ttl_us); });
+      return ok;
+    }
+    st->write([&] {
+      stmt_run r(*st, st->get("renew", [&] { return lease_sql(t).renew; }));
+      r.bind(":ttl", ttl_us);
+      r.bind(":name", name);
+      r.bind(":token", token);
+      r.bind(":fence", fence);
+      r.step();
+      ok = sqlite3_changes(st->db) == 1;
+    });
     return ok;
   }
   bool lease_release(soci::session& sql, const table_names& t, const std::string& name,
                      const std::string& token, std::int64_t fence) const override {
     bool ok = false;
-    atomic_write(sql, [&] { ok = dialect::lease_release(sql, t, name, token, fence); });
+    auto* st = dynamic_cast<sqlite_state*>(state_of(sql));
+    if (!st) {
+      atomic_write(sql, [&] { ok = dialect::lease_release(sql, t, name, token, fence); });
+      return ok;
+    }
+    st->write([&] {
+      stmt_run r(*st, st->get("release", [&] { return lease_sql(t).release; }));
+      r.bind(":name", name);
+      r.bind(":token", token);
+      r.bind(":fence", fence);
+      r.step();
+      ok = sqlite3_changes(st->db) == 1;
+    });
     return ok;
   }
+
+ private:
+  // Throws what SOCI would throw, so classify_current() treats both paths alike.
+  [[noreturn]] static void fail(sqlite3* db, int rc) {
+    throw soci::sqlite3_soci_error(std::string("sqlite3: ") + sqlite3_errmsg(db), rc);
+  }
+
+  struct sqlite_state final : connection_state {
+    sqlite3* db;
+    std::map<std::string, sqlite3_stmt*> stmts;  // by purpose; the tables never change
+    explicit sqlite_state(sqlite3* d) : db(d) {}
+    ~sqlite_state() override {
+      for (auto& kv : stmts)
+        sqlite3_finalize(kv.second);  // before the connection closes, or it cannot
+    }
+    template <class Text>
+    sqlite3_stmt* get(const std::string& key, Text&& text) {
+      auto it = stmts.find(key);
+      if (it != stmts.end()) return it->second;
+      const std::string sql = text();
+      sqlite3_stmt* s = nullptr;
+      int rc = sqlite3_prepare_v3(db, sql.c_str(), static_cast<int>(sql.size()),
+                                  SQLITE_PREPARE_PERSISTENT, &s, nullptr);
+      if (rc != SQLITE_OK) fail(db, sqlite3_extended_errcode(db));
+      stmts.emplace(key, s);
+      return s;
+    }
+    void exec(const char* key, const char* sql) {
+      sqlite3_stmt* s = get(key, [&] { return std::string(sql); });
+      int rc = sqlite3_step(s);
+      sqlite3_reset(s);
+      if (rc != SQLITE_DONE && rc != SQLITE_ROW) fail(db, sqlite3_extended_errcode(db));
+    }
+    // Runs body inside BEGIN IMMEDIATE ... COMMIT (rolled back when it throws).
+    template <class Body>
+    void write(Body&& body) {
+      exec("begin", "BEGIN IMMEDIATE");
+      try {
+        body();
+        exec("commit", "COMMIT");
+      } catch (...) {
+        if (!sqlite3_get_autocommit(db)) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+        throw;
+      }
+    }
+  };
+
+  // One execution of a cached statement; always reset, so no read transaction stays open.
+  struct stmt_run {
+    sqlite_state& st;
+    sqlite3_stmt* stmt;
+    stmt_run(sqlite_state& s, sqlite3_stmt* p) : st(s), stmt(p) {}
+    stmt_run(const stmt_run&) = delete;
+    stmt_run& operator=(const stmt_run&) = delete;
+    ~stmt_run() {
+      sqlite3_reset(stmt);
+      sqlite3_clear_bindings(stmt);
+    }
+    void bind(const char* param, const std::string& v) {
+      check(sqlite3_bind_text(stmt, index(param), v.data(), static_cast<int>(v.size()),
+                              SQLITE_STATIC));
+    }
+    void bind(const char* param, std::int64_t v) {
+      check(sqlite3_bind_int64(stmt, index(param), v));
+    }
+    bool step() {
+      int rc = sqlite3_step(stmt);
+      if (rc == SQLITE_ROW) return true;
+      if (rc == SQLITE_DONE) return false;
+      fail(st.db, sqlite3_extended_errcode(st.db));
+    }
+
+   private:
+    int index(const char* param) {
+      int i = sqlite3_bind_parameter_index(stmt, param);
+      if (i == 0) throw error(errc::backend_error, std::string("internal: no parameter ") + param);
+      return i;
+    }
+    void check(int rc) {
+      if (rc != SQLITE_OK) fail(st.db, rc);
+    }
+  };
 };
 
 }  // namespace

@@ -1,0 +1,204 @@
+// The lease hot path: one round trip per acquire, per release and per renew, statements prepared
+// once per connection, and a connection's prepared statements never outliving it.
+#include <dirent.h>
+#include <soci/mysql/soci-mysql.h>
+#include <soci/postgresql/soci-postgresql.h>
+#include <soci/soci.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "database_impl.hpp"
+#include "dialect/dialect.hpp"
+#include "harness.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+dblock::database one_connection(dblock::test::context& ctx) {
+  auto o = ctx.options();
+  o.pool_size = 1;
+  return ctx.open(o);
+}
+
+// Counts the client's round trips on PostgreSQL from libpq's protocol trace: each Sync (extended
+// protocol) or Query (simple protocol) message is one request the client waits for.
+int pg_round_trips(dblock::database& db, const std::function<void()>& body) {
+  char path[] = "/tmp/dblock-pqtrace-XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  FILE* f = fdopen(fd, "w");
+  {
+    auto c = db.connect();
+    PGconn* conn = static_cast<soci::postgresql_session_backend*>(c.session().get_backend())->conn_;
+    PQtrace(conn, f);
+    PQsetTraceFlags(conn, PQTRACE_SUPPRESS_TIMESTAMPS);
+  }
+  body();
+  {
+    auto c = db.connect();
+    PQuntrace(static_cast<soci::postgresql_session_backend*>(c.session().get_backend())->conn_);
+  }
+  std::fclose(f);
+  std::ifstream in(path);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    // "F<tab><length><tab><message>..." for a message from the client (F) to the server.
+    if (line.rfind("F\t", 0) != 0) continue;
+    std::istringstream words(line);
+    std::string dir, len, type;
+    words >> dir >> len >> type;
+    if (type == "Sync" || type == "Query") ++n;
+  }
+  std::remove(path);
+  return n;
+}
+
+// MySQL counts the statements a session sent ("Questions"); reading it is one more.
+long long mysql_questions(dblock::database& db) {
+  auto c = db.connect();
+  std::string name, value;
+  c.session() << "SHOW SESSION STATUS LIKE 'Questions'", soci::into(name), soci::into(value);
+  return std::stoll(value);
+}
+
+int open_fds_to(const std::string& path) {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  REQUIRE(d != nullptr);
+  while (auto* e = readdir(d)) {
+    char target[4096];
+    std::string link = std::string("/proc/self/fd/") + e->d_name;
+    ssize_t len = readlink(link.c_str(), target, sizeof target - 1);
+    if (len <= 0) continue;
+    target[len] = 0;
+    if (std::string(target).rfind(path, 0) == 0) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+}  // namespace
+
+DBLOCK_TEST_ONLY("postgresql", "acquire, renew and release are one round trip each",
+                 "[lease][statements]") {
+  auto db = one_connection(ctx);
+  dblock::lease_lock lock(db, "rt/" + dblock::test::random_suffix());
+  lock.try_acquire()->release();  // the first use prepares the statements
+  CHECK(pg_round_trips(db, [&] {
+          auto g = lock.try_acquire();
+          REQUIRE(g);
+        }) == 2);  // acquire, then release by the guard's destructor
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  g->renew();  // the first renew prepares it
+  CHECK(pg_round_trips(db, [&] { g->renew(); }) == 1);
+  CHECK(pg_round_trips(db, [&] { g->release(); }) == 1);
+}
+
+DBLOCK_TEST_ONLY("mysql", "acquire, renew and release are one statement each",
+                 "[lease][statements]") {
+  auto db = one_connection(ctx);
+  dblock::lease_lock lock(db, "rt/" + dblock::test::random_suffix());
+  lock.try_acquire()->release();
+  long long before = mysql_questions(db);
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  g->renew();
+  g->release();
+  // acquire + renew + release, plus the second SHOW STATUS.
+  CHECK(mysql_questions(db) - before == 4);
+}
+
+DBLOCK_TEST_ONLY("postgresql", "a connection that forgot its prepared statements re-prepares",
+                 "[lease][statements]") {
+  auto db = one_connection(ctx);
+  dblock::lease_lock lock(db, "forgot/" + dblock::test::random_suffix());
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  const auto fence = g->fence();
+  g->release();
+  {
+    auto c = db.connect();
+    c.session() << "DEALLOCATE ALL";  // what a transaction-mode pooler does between clients
+  }
+  auto g2 = lock.try_acquire();
+  REQUIRE(g2);
+  CHECK(g2->fence() == fence + 1);
+  g2->renew();
+  g2->release();
+  CHECK_FALSE(g2->valid());
+}
+
+DBLOCK_TEST_SERVERS("a killed connection drops its prepared statements with it",
+                    "[lease][statements]") {
+  auto db = one_connection(ctx);
+  dblock::lease_lock lock(db, "killed/" + dblock::test::random_suffix());
+  lock.try_acquire()->release();
+  long long id = 0;
+  {
+    auto c = db.connect();
+    c.session() << (ctx.backend == "postgresql" ? "SELECT pg_backend_pid()"
+                                                : "SELECT CONNECTION_ID()"),
+        soci::into(id);
+  }
+  ctx.exec(ctx.backend == "postgresql" ? "SELECT pg_terminate_backend(" + std::to_string(id) + ")"
+                                       : "KILL CONNECTION " + std::to_string(id));
+  // The first use may see the dead connection; the pool reconnects, and the new connection
+  // prepares its own statements.
+  for (int i = 0; i < 3; ++i) {
+    try {
+      auto g = lock.try_acquire();
+      REQUIRE(g);
+      g->release();
+      break;
+    } catch (const dblock::error& e) {
+      UNSCOPED_INFO(e.what());
+      CHECK((e.code() == dblock::errc::connection_lost || e.code() == dblock::errc::in_doubt));
+    }
+  }
+  auto g = lock.try_acquire();
+  if (!g) {
+    auto rows = dblock::list_locks(db);
+    for (auto& r : rows)
+      UNSCOPED_INFO(r.name << " fence " << r.fence << " holds " << r.hold_count);
+  }
+  REQUIRE(g);
+  g->renew();
+  g->release();
+}
+
+DBLOCK_TEST_ONLY("sqlite", "cached statements are finalized so the file is closed",
+                 "[lease][statements]") {
+  // A file of its own: the test's other handles keep theirs open.
+  const std::string file = ctx.url.substr(std::string("sqlite://").size()) + "-fd.db";
+  {
+    dblock::database db("sqlite://" + file, ctx.options());
+    dblock::migrate(db);
+    dblock::lease_lock lock(db, "fd/" + dblock::test::random_suffix());
+    for (int i = 0; i < 3; ++i) {
+      auto g = lock.try_acquire();
+      REQUIRE(g);
+      g->renew();
+    }
+    CHECK(open_fds_to(file) > 0);
+  }
+  // sqlite3_close() refuses to close while statements are unfinalized: the file would stay open.
+  CHECK(open_fds_to(file) == 0);
+}
+
+DBLOCK_TEST("the lease statements match the ones the library runs", "[lease][statements]") {
+  const auto& d = *ctx.db.impl()->dia;
+  const auto s = d.lease_sql(ctx.db.impl()->tables);
+  for (const auto* text : {&s.acquire, &s.release, &s.renew}) {
+    INFO(*text);
+    CHECK(text->find(ctx.db.lock_table()) != std::string::npos);
+  }
+  CHECK(dblock::detail::to_positional("a = :x AND b = :y::int OR c = :x", {"x", "y"}) ==
+        "a = $1 AND b = $2::int OR c = $1");
+  CHECK_THROWS_AS(dblock::detail::to_positional("a = :z", {"x"}), dblock::error);
+}
