@@ -25,6 +25,7 @@ PACKAGES=(
     nlohmann-json3-dev
     prometheus-cpp-dev
     liburiparser-dev
+    libhiredis-dev
     postgresql
     mariadb-server
     mariadb-client
@@ -33,6 +34,12 @@ PACKAGES=(
     procps
     iproute2
 )
+
+# `install-deps.sh --bench` adds what the benchmark's optional parts use: a throwaway Redis to
+# compare against, and gnuplot for `dblock bench --plot`.
+if [ "${1:-}" = --bench ]; then
+    PACKAGES+=(redis-server redis-tools gnuplot-nox)
+fi
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }
 

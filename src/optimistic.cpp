@@ -47,7 +47,7 @@ versioned_result attempt(const detail::database_impl& db, soci::session& sql,
     b.bind(st, key, "k");
     st.exchange(soci::into(row));
     st.alloc();
-    st.prepare(select);
+    st.prepare(select, soci::details::st_one_time_query);
     st.define_and_bind();
     if (!st.execute(true))
       throw error(errc::not_found, "versioned update of " + spec.table + ": no row with " +
@@ -89,7 +89,7 @@ versioned_result attempt(const detail::database_impl& db, soci::session& sql,
   b.bind(st, key, "k");
   b.bind(st, old_version, "old_version");
   st.alloc();
-  st.prepare(update);
+  st.prepare(update, soci::details::st_one_time_query);
   st.define_and_bind();
   st.execute(true);
   if (st.get_affected_rows() != 1)
@@ -117,7 +117,7 @@ std::uint64_t run_cas(const detail::database_impl& db, soci::session& sql, const
   for (const auto& p : u.params)
     b.bind(st, p.second, p.first);
   st.alloc();
-  st.prepare("UPDATE " + db.dia->quote(u.table) + " SET " + u.set + " WHERE " + u.where);
+  st.prepare("UPDATE " + db.dia->quote(u.table) + " SET " + u.set + " WHERE " + u.where, soci::details::st_one_time_query);
   st.define_and_bind();
   st.execute(true);
   return static_cast<std::uint64_t>(st.get_affected_rows());

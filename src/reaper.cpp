@@ -106,7 +106,7 @@ std::uint64_t delete_batch_once(const std::shared_ptr<detail::database_impl>& db
         q += ") AND " + expired_long_ago(d) + " AND " + covered;
         b.bind(st, neg, "neg_retention");
         st.alloc();
-        st.prepare(q);
+        st.prepare(q, soci::details::st_one_time_query);
         st.define_and_bind();
         st.execute(true);
         deleted = static_cast<std::uint64_t>(st.get_affected_rows());

@@ -92,7 +92,7 @@ struct transaction::impl {
       b.bind(st, p.second, p.first);
     st.exchange(soci::into(row));
     st.alloc();
-    st.prepare(query);
+    st.prepare(query, soci::details::st_one_time_query);
     st.define_and_bind();
     if (st.execute(true)) {
       do {

@@ -12,8 +12,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -390,29 +393,73 @@ DBLOCK_TEST("cli release --force of a missing name exits 1", "[cli]") {
 
 // ---- bench, reap, migrate ---------------------------------------------------------------------
 
-DBLOCK_TEST("cli bench: one row per mode and client count", "[cli]") {
-  auto r = cli(ctx, "bench", {"--seconds", "0.2", "--clients", "1,2"});
+// The benchmark suite cannot rot: every operation runs briefly on every backend, without a single
+// error, and the table and the JSON (bench/README.md) have every row.
+DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row", "[cli][bench]") {
+  const std::string json_path = "/tmp/dblock-bench-test-" + dblock::test::random_suffix() + ".json";
+  auto r = cli(ctx, "bench",
+               {"--seconds", "0.05", "--rounds", "2", "--clients", "1,2", "--keys", "20",
+                "--hold-us", "100", "--json", json_path});
   INFO(r);
-  CHECK(r.status == 0);
-  CHECK(r.seconds < 8.0);
-  std::regex row(
-      R"(^(lease, random keys|lease, one hot key) +(\d+) +(\d+) +([0-9.]+) +([0-9.]+)$)");
-  std::vector<std::string> modes, clients;
-  bool header = false;
-  for (const auto& l : lines_of(r.out)) {
-    if (std::regex_search(l, std::regex(R"(^operation +clients +cycles/s +p50 us +p99 us$)")))
-      header = true;
-    std::smatch m;
-    if (!std::regex_match(l, m, row)) continue;
-    modes.push_back(m[1]);
-    clients.push_back(m[2]);
-    CHECK(std::stod(m[3]) > 0);
-    CHECK(std::stod(m[4]) <= std::stod(m[5]));
+  REQUIRE(r.status == 0);
+  std::ifstream in(json_path);
+  REQUIRE(in);
+  const auto j = nlohmann::json::parse(in);
+  std::remove(json_path.c_str());
+  CHECK(j.at("format") == "dblock-bench/1");
+  CHECK(j.at("rounds") == 2);
+  REQUIRE(j.at("backends").size() == 1);
+  CHECK(j.at("backends")[0].at("backend") == ctx.backend);
+
+  std::set<std::string> expected = {"raw.select1",
+                                    "dblock.ping",
+                                    "raw.lease",
+                                    "dblock.lease",
+                                    "raw.lease_hot",
+                                    "dblock.lease_hot",
+                                    "raw.renew",
+                                    "dblock.renew",
+                                    "raw.for_update",
+                                    "dblock.for_update",
+                                    "raw.optimistic_hot",
+                                    "dblock.optimistic_hot",
+                                    "raw.optimistic_spread",
+                                    "dblock.optimistic_spread",
+                                    "raw.cas",
+                                    "dblock.cas",
+                                    "dblock.handoff"};
+  if (ctx.backend == "postgresql") expected.insert({"pg.advisory", "pg.notify_handoff"});
+  if (ctx.backend == "mysql") expected.insert("mysql.get_lock");
+  std::map<std::string, std::set<int>> seen;
+  for (const auto& row : j.at("results")) {
+    const std::string op = row.at("operation");
+    INFO(row.dump());
+    CHECK(row.at("backend") == ctx.backend);
+    CHECK(row.at("errors") == 0);
+    CHECK(row.at("successes").get<long long>() > 0);
+    CHECK(row.at("per_second").get<double>() > 0);
+    CHECK(row.at("p50_us").get<double>() <= row.at("p99_us").get<double>());
+    if (row.at("kind") == "dblock") {
+      CHECK(row.at("floor").get<std::string>().rfind("raw.", 0) == 0);
+      CHECK(row.at("ratio").get<double>() > 0);
+    }
+    seen[op].insert(row.at("clients").get<int>());
+    // Every row is in the printed table too.
+    CHECK(std::regex_search(
+        r.out,
+        std::regex("\\n" + ctx.backend + " +" + std::regex_replace(op, std::regex("\\."), "\\.") +
+                   " +" + std::to_string(row.at("clients").get<int>()) + " ")));
   }
-  CHECK(header);
-  CHECK(modes == std::vector<std::string>{"lease, random keys", "lease, random keys",
-                                          "lease, one hot key", "lease, one hot key"});
-  CHECK(clients == std::vector<std::string>{"1", "2", "1", "2"});
+  for (const auto& op : expected) {
+    INFO(op);
+    const std::set<int> clients =
+        op.find("handoff") != std::string::npos ? std::set<int>{2} : std::set<int>{1, 2};
+    CHECK(seen[op] == clients);
+  }
+  CHECK(seen.size() == expected.size());
+  CHECK(j.at("contention_collapse").at(ctx.backend).contains("dblock.lease_hot"));
+  CHECK(contains(r.err, "bench: ["));  // progress
+  CHECK(contains(r.err, "redis.lock skipped"));
 }
 
 DBLOCK_TEST("cli reap: deletes released rows, keeps held ones, says how many", "[cli]") {

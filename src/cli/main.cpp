@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "dblock/dblock.hpp"
+#include "dialect/dialect.hpp"
+#include "suite.hpp"
 
 namespace {
 
@@ -271,57 +273,15 @@ int run_release(const common_options& c, bool force, const std::string& name,
   }
 }
 
-// A quick in-process benchmark of acquire+release cycles (see bench/ for the full suite).
-int run_bench(const common_options& c, double seconds, const std::vector<int>& clients) {
-  // Its own tables (prefix dblock_bench_ unless given), never the production lock table.
-  dblock::database_options o;
-  o.table_prefix = c.prefix.empty() ? "dblock_bench_" : c.prefix;
-  o.pool_size = 64;
-  dblock::database db(url_or_env(c.url), o);
-  dblock::migrate(db);
-  std::cout << "acquire+release cycles on " << db.redacted_url() << ", " << seconds
-            << " s per cell\n";
-  std::printf("%-22s %8s %12s %10s %10s\n", "operation", "clients", "cycles/s", "p50 us", "p99 us");
-  for (bool hot : {false, true}) {
-    for (int n : clients) {
-      std::vector<std::vector<double>> lat(n);
-      std::atomic<bool> stop{false};
-      std::vector<std::thread> ts;
-      const auto cell_start = std::chrono::steady_clock::now();
-      for (int i = 0; i < n; ++i)
-        ts.emplace_back([&, i] {
-          std::mt19937 rng(i);
-          while (!stop) {
-            std::string key = hot ? "bench/hot" : "bench/" + std::to_string(rng() % 10000);
-            dblock::lease_lock lock(db, key);
-            auto t0 = std::chrono::steady_clock::now();
-            auto g = lock.try_acquire();
-            if (g) g->release();
-            if (g)
-              lat[i].push_back(
-                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                      .count());
-          }
-        });
-      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-      stop = true;
-      for (auto& t : ts)
-        t.join();
-      const double measured =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - cell_start).count();
-      std::vector<double> all;
-      for (auto& v : lat)
-        all.insert(all.end(), v.begin(), v.end());
-      std::sort(all.begin(), all.end());
-      double p50 = all.empty() ? 0 : all[all.size() / 2];
-      double p99 = all.empty() ? 0 : all[all.size() * 99 / 100];
-      std::printf("%-22s %8d %12.0f %10.1f %10.1f\n",
-                  hot ? "lease, one hot key" : "lease, random keys", n, all.size() / measured, p50,
-                  p99);
-      std::fflush(stdout);
-    }
-  }
-  return exit_ok;
+// The benchmark suite (bench/suite/): its own tables (prefix dblock_bench_ unless given), never
+// the production lock table.
+int run_bench(const common_options& c, const std::vector<std::string>& urls,
+              dblock::bench::options o) {
+  o.urls = urls;
+  if (o.urls.empty()) o.urls.push_back(url_or_env(""));
+  if (!c.prefix.empty()) o.prefix = c.prefix;
+  dblock::detail::make_table_names(o.prefix);  // validates the prefix
+  return dblock::bench::run(o, std::cout, std::cerr);
 }
 
 int run_migrate(const common_options& c, bool dry_run) {
@@ -534,16 +494,41 @@ int main(int argc, char** argv) {
   release->add_option("--reason", reason, "why (recorded in the audit table)");
   release->add_option("name", release_name, "lock name")->required();
 
-  double bench_seconds = 2;
-  std::vector<int> bench_clients = {1, 4, 16};
-  auto* bench = app.add_subcommand("bench", "measure acquire+release cycles per second");
-  add_common(bench);
-  bench->add_option("--seconds", bench_seconds, "seconds per measurement")
-      ->check(CLI::Range(0.1, 600.0))
+  dblock::bench::options bench_opts;
+  std::vector<std::string> bench_urls;
+  auto* bench = app.add_subcommand(
+      "bench", "benchmark suite: dblock against the raw-SQL floor and the alternatives");
+  bench->add_option("--url", bench_urls,
+                    "database URL, repeatable: one per backend to measure (default $DBLOCK_URL)");
+  bench->add_option("--table-prefix", common.prefix,
+                    "prefix of the benchmark's tables (default dblock_bench_)");
+  bench->add_flag("-v,--verbose", common.verbose, "say more on stderr");
+  bench->add_option("--seconds", bench_opts.seconds, "seconds per measurement")
+      ->check(CLI::Range(0.01, 600.0))
       ->capture_default_str();
-  bench->add_option("--clients", bench_clients, "client counts (threads, own connections)")
-      ->check(CLI::Range(1, 60))
+  bench->add_option("--clients", bench_opts.clients, "client counts (threads, own connections)")
+      ->check(CLI::Range(1, 256))
       ->delimiter(',');
+  bench
+      ->add_option("--rounds", bench_opts.repeat,
+                   "rounds of every measurement; each figure is the median over them")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  bench->add_option("--only", bench_opts.only,
+                    "run only the operations whose name contains this (e.g. lease, handoff)");
+  bench->add_option("--redis", bench_opts.redis,
+                    "HOST:PORT of a throwaway redis-server for the Redis comparison");
+  bench->add_option("--json", bench_opts.json_path, "write the results as JSON (bench/README.md)");
+  bench->add_option("--plot", bench_opts.plot_path,
+                    "draw throughput against clients into this SVG file (needs gnuplot)");
+  bench->add_option("--keys", bench_opts.keys, "distinct keys per client for spread operations")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  bench
+      ->add_option("--hold-us", bench_opts.hold_us,
+                   "how long a holder keeps the lock in the handoff measurement (µs)")
+      ->check(CLI::Range(0, 10000000))
+      ->capture_default_str();
 
   exec_options x;
   auto* exec = app.add_subcommand("exec", "run a command while holding a lease lock");
@@ -572,7 +557,7 @@ int main(int argc, char** argv) {
     if (reap->parsed()) return run_reap(common, retention, batch, grace);
     if (status->parsed()) return run_status(common, json, all, pattern);
     if (release->parsed()) return run_release(common, force, release_name, reason);
-    if (bench->parsed()) return run_bench(common, bench_seconds, bench_clients);
+    if (bench->parsed()) return run_bench(common, bench_urls, bench_opts);
   } catch (const dblock::error& e) {
     std::cerr << "dblock: " << e.what() << "\n";
     return exit_status_for(e);

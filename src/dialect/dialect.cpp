@@ -14,6 +14,12 @@
 
 namespace dblock::detail {
 
+void prepare_once(soci::statement& st, const std::string& text) {
+  st.alloc();
+  st.prepare(text, soci::details::st_one_time_query);
+  st.define_and_bind();
+}
+
 namespace {
 // Sessions live in the pool for the life of a database, so their addresses are stable keys.
 std::mutex state_mu;
@@ -140,8 +146,12 @@ void dialect::ensure_lock_row(soci::session& sql, const table_names& t, const st
 bool dialect::lease_renew(soci::session& sql, const table_names& t, const std::string& name,
                           const std::string& token, std::int64_t fence, std::int64_t ttl_us) const {
   long long ttl = ttl_us, f = fence;
-  soci::statement st = (sql.prepare << lease_sql(t).renew, soci::use(ttl, "ttl"),
-                        soci::use(name, "name"), soci::use(token, "token"), soci::use(f, "fence"));
+  soci::statement st(sql);
+  st.exchange(soci::use(ttl, "ttl"));
+  st.exchange(soci::use(name, "name"));
+  st.exchange(soci::use(token, "token"));
+  st.exchange(soci::use(f, "fence"));
+  prepare_once(st, lease_sql(t).renew);
   st.execute(true);
   return st.get_affected_rows() == 1;
 }
@@ -149,8 +159,11 @@ bool dialect::lease_renew(soci::session& sql, const table_names& t, const std::s
 bool dialect::lease_release(soci::session& sql, const table_names& t, const std::string& name,
                             const std::string& token, std::int64_t fence) const {
   long long f = fence;
-  soci::statement st = (sql.prepare << lease_sql(t).release, soci::use(name, "name"),
-                        soci::use(token, "token"), soci::use(f, "fence"));
+  soci::statement st(sql);
+  st.exchange(soci::use(name, "name"));
+  st.exchange(soci::use(token, "token"));
+  st.exchange(soci::use(f, "fence"));
+  prepare_once(st, lease_sql(t).release);
   st.execute(true);
   return st.get_affected_rows() == 1;
 }
@@ -178,14 +191,22 @@ std::optional<lease_row> dialect::lease_read(soci::session& sql, const table_nam
                                              const std::string& name) const {
   lease_row r;
   long long fence = 0, acquired = 0, expires = 0, now = 0, pid = 0;
-  soci::statement st =
-      (sql.prepare << "SELECT resource_name, owner_token, fence, hold_count, "
-                   << epoch_us_sql("acquired_at") << ", " << epoch_us_sql("expires_at") << ", "
-                   << epoch_us_sql(now_sql()) << ", holder_host, holder_pid, holder_thread FROM "
-                   << t.lock << " WHERE resource_name = :name",
-       soci::use(name, "name"), soci::into(r.name), soci::into(r.owner_token), soci::into(fence),
-       soci::into(r.hold_count), soci::into(acquired), soci::into(expires), soci::into(now),
-       soci::into(r.holder_host), soci::into(pid), soci::into(r.holder_thread));
+  soci::statement st(sql);
+  st.exchange(soci::use(name, "name"));
+  st.exchange(soci::into(r.name));
+  st.exchange(soci::into(r.owner_token));
+  st.exchange(soci::into(fence));
+  st.exchange(soci::into(r.hold_count));
+  st.exchange(soci::into(acquired));
+  st.exchange(soci::into(expires));
+  st.exchange(soci::into(now));
+  st.exchange(soci::into(r.holder_host));
+  st.exchange(soci::into(pid));
+  st.exchange(soci::into(r.holder_thread));
+  prepare_once(st, "SELECT resource_name, owner_token, fence, hold_count, " +
+                       epoch_us_sql("acquired_at") + ", " + epoch_us_sql("expires_at") + ", " +
+                       epoch_us_sql(now_sql()) + ", holder_host, holder_pid, holder_thread FROM " +
+                       t.lock + " WHERE resource_name = :name");
   if (!st.execute(true)) return std::nullopt;
   r.fence = fence;
   r.acquired_at_us = acquired;

@@ -18,6 +18,7 @@
 
 namespace soci {
 class session;
+class statement;
 class row;
 class backend_factory;
 }  // namespace soci
@@ -78,6 +79,11 @@ struct lease_statements {
   /// True when each statement must run inside BEGIN IMMEDIATE ... COMMIT (SQLite).
   bool write_transaction = false;
 };
+
+/// Prepares `st` (its use/into elements exchanged already) for a single execution. SOCI's
+/// repeatable statements cost PostgreSQL a PREPARE and a DEALLOCATE round trip each; a one-time
+/// statement is one round trip (PQexecParams).
+void prepare_once(soci::statement& st, const std::string& text);
 
 /// Replaces named parameters (`:name`) by PostgreSQL's positional ones ($1, $2, ...) in the order
 /// of `params` (a name may occur several times). `::` casts are left alone.

@@ -208,6 +208,10 @@ class sqlite_dialect final : public dialect {
   }
 
   void atomic_write(soci::session& sql, const std::function<void()>& body) const override {
+    if (auto* st = dynamic_cast<sqlite_state*>(state_of(sql))) {
+      st->write(body);  // BEGIN IMMEDIATE and COMMIT prepared once per connection
+      return;
+    }
     sql << "BEGIN IMMEDIATE";
     try {
       body();

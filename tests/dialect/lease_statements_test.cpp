@@ -202,3 +202,19 @@ DBLOCK_TEST("the lease statements match the ones the library runs", "[lease][sta
         "a = $1 AND b = $2::int OR c = $1");
   CHECK_THROWS_AS(dblock::detail::to_positional("a = :z", {"x"}), dblock::error);
 }
+
+DBLOCK_TEST_ONLY("postgresql", "conditional and versioned updates cost one round trip a statement",
+                 "[optimistic][statements]") {
+  auto db = one_connection(ctx);
+  const std::string t = ctx.table("rt_item");
+  ctx.exec("CREATE TABLE " + t + " (id BIGINT PRIMARY KEY, stock BIGINT NOT NULL, version BIGINT NOT NULL)");
+  ctx.exec("INSERT INTO " + t + " (id, stock, version) VALUES (1, 10, 0)");
+  const dblock::cas_update cas{t, "stock = stock - 1", "id = :id AND stock > 0", {{"id", 1LL}}};
+  CHECK(pg_round_trips(db, [&] { CHECK(dblock::compare_and_set(db, cas) == 1); }) == 1);
+  const dblock::versioned_table spec{t, "id", "version", {"stock"}};
+  dblock::versioned_update(db, spec, 1LL, [](dblock::record&) {});  // caches the index check
+  CHECK(pg_round_trips(db, [&] {
+          dblock::versioned_update(db, spec, 1LL,
+                                   [](dblock::record& r) { std::get<long long>(r["stock"]) -= 1; });
+        }) == 2);  // read, then the conditional UPDATE
+}

@@ -1,0 +1,889 @@
+#include "suite.hpp"
+
+#include <libpq-fe.h>
+#include <sys/select.h>
+#include <unistd.h>
+#include <dblock/dblock.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <tuple>
+
+#include "database_impl.hpp"
+#include "dialect/dialect.hpp"
+#include "raw.hpp"
+#include "url.hpp"
+
+#ifdef DBLOCK_HAVE_HIREDIS
+#include <hiredis/hiredis.h>
+#endif
+
+namespace dblock::bench {
+namespace {
+
+using clk = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// ---- measurement -----------------------------------------------------------------------------
+
+/// One thread's operation: returns true when it succeeded (only successes are counted).
+using cycle_fn = std::function<bool()>;
+/// Builds one thread's operation (and its own connection) for thread `i`.
+using setup_fn = std::function<cycle_fn(int i)>;
+
+struct result {
+  std::string backend, operation, kind, floor, note;
+  int clients = 0;
+  double per_second = 0, p50_us = 0, p99_us = 0;
+  long long operations = 0, successes = 0, errors = 0;
+  int rounds = 1;
+  std::string first_error;
+  std::optional<double> ratio;
+};
+
+double percentile(std::vector<float>& v, double q) {
+  if (v.empty()) return 0;
+  std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(q * (v.size() - 1) + 0.5));
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
+  return v[k];
+}
+
+// Runs `clients` threads for `seconds` (after a warm-up of a tenth of it, at least 0.1 s) and
+// reports successful operations per second and the latency of every operation.
+result measure(int clients, double seconds, const setup_fn& setup) {
+  std::vector<std::vector<float>> lat(clients);
+  std::vector<long long> ok(clients, 0), ops(clients, 0), errs(clients, 0);
+  std::vector<std::string> first_err(clients);
+  std::mutex mu;
+  std::condition_variable cv;
+  int ready = 0;
+  bool go = false;
+  clk::time_point start, end;
+  const auto warm = std::chrono::duration<double>(std::max(0.1, seconds / 10));
+  std::vector<std::thread> ts;
+  std::atomic<bool> setup_failed{false};
+  std::string setup_error;
+  for (int i = 0; i < clients; ++i)
+    ts.emplace_back([&, i] {
+      cycle_fn f;
+      try {
+        f = setup(i);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> g(mu);
+        setup_failed = true;
+        setup_error = e.what();
+      }
+      {
+        std::unique_lock<std::mutex> l(mu);
+        ++ready;
+        cv.notify_all();
+        cv.wait(l, [&] { return go; });
+      }
+      if (setup_failed) return;
+      auto run_one = [&](bool record) {
+        auto t0 = clk::now();
+        bool s = false;
+        try {
+          s = f();
+        } catch (const std::exception& e) {
+          if (record && errs[i]++ == 0) first_err[i] = e.what();
+        }
+        if (!record) return;
+        ++ops[i];
+        if (s) ++ok[i];
+        lat[i].push_back(std::chrono::duration<float, std::micro>(clk::now() - t0).count());
+      };
+      while (clk::now() < start)
+        run_one(false);
+      while (clk::now() < end)
+        run_one(true);
+    });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return ready == clients; });
+    start = clk::now() + std::chrono::duration_cast<clk::duration>(warm);
+    end = start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(seconds));
+    go = true;
+  }
+  cv.notify_all();
+  for (auto& t : ts)
+    t.join();
+  if (setup_failed) throw std::runtime_error(setup_error);
+  result r;
+  r.clients = clients;
+  std::vector<float> all;
+  for (int i = 0; i < clients; ++i) {
+    all.insert(all.end(), lat[i].begin(), lat[i].end());
+    r.operations += ops[i];
+    r.successes += ok[i];
+    r.errors += errs[i];
+    if (r.first_error.empty()) r.first_error = first_err[i];
+  }
+  r.per_second = r.successes / seconds;
+  r.p50_us = percentile(all, 0.50);
+  r.p99_us = percentile(all, 0.99);
+  return r;
+}
+
+// ---- shared set-up ---------------------------------------------------------------------------
+
+std::string token() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+// A name no earlier measurement used (leases held for a whole measurement are not released).
+std::string fresh_name(const std::string& what) {
+  static std::atomic<long long> n{0};
+  return "bench/" + what + "/" + std::to_string(++n);
+}
+
+int rand_below(int n) {
+  static thread_local std::mt19937 rng(std::random_device{}());
+  return std::uniform_int_distribution<int>(0, n - 1)(rng);
+}
+
+constexpr int kItems = 10000;           // rows of the business table
+constexpr long long kTtlUs = 30000000;  // 30 s: no lease expires during a measurement
+
+struct backend_ctx {
+  std::string url, backend, version;
+  dblock::database db;
+  detail::lease_statements sql;
+  std::string item;  // business table
+  std::string for_update;
+  std::string begin_write;
+};
+
+// A raw lease acquire: the very statements dblock runs, through the C client.
+std::optional<long long> raw_acquire(raw_client& c, const backend_ctx& b, const std::string& name,
+                                     const std::string& tok) {
+  if (b.sql.write_transaction) c.run("begin", "BEGIN IMMEDIATE", {});
+  outcome o;
+  try {
+    o = c.run("acquire", b.sql.acquire,
+              {{"name", name},
+               {"token", tok},
+               {"ttl", kTtlUs},
+               {"host", std::string("bench")},
+               {"pid", static_cast<long long>(::getpid())},
+               {"thread", std::string("1")}});
+  } catch (...) {
+    if (b.sql.write_transaction) c.exec("ROLLBACK");
+    throw;
+  }
+  if (b.sql.write_transaction) c.run("commit", "COMMIT", {});
+  if (b.backend == "mysql")
+    return o.insert_id > 0 ? std::optional<long long>(o.insert_id) : std::nullopt;
+  return o.value;
+}
+
+bool raw_simple_write(raw_client& c, const backend_ctx& b, const std::string& key,
+                      const std::string& sql, const params& p) {
+  if (b.sql.write_transaction) c.run("begin", "BEGIN IMMEDIATE", {});
+  outcome o;
+  try {
+    o = c.run(key, sql, p);
+  } catch (...) {
+    if (b.sql.write_transaction) c.exec("ROLLBACK");
+    throw;
+  }
+  if (b.sql.write_transaction) c.run("commit", "COMMIT", {});
+  return o.affected == 1;
+}
+
+bool raw_release(raw_client& c, const backend_ctx& b, const std::string& name,
+                 const std::string& tok, long long fence) {
+  return raw_simple_write(c, b, "release", b.sql.release,
+                          {{"name", name}, {"token", tok}, {"fence", fence}});
+}
+
+// ---- the operations --------------------------------------------------------------------------
+
+struct operation {
+  std::string name;   // e.g. "dblock.lease"
+  std::string kind;   // floor, dblock, alternative
+  std::string floor;  // the floor operation a dblock figure is divided by
+  std::string note;
+  std::function<cycle_fn(backend_ctx&, int thread)> setup;  // empty: not on this backend
+};
+
+std::vector<operation> operations_for(backend_ctx& b, int keys) {
+  std::vector<operation> ops;
+  const bool pg = b.backend == "postgresql", my = b.backend == "mysql";
+  auto key_name = [keys](int thread) {
+    return "bench/" + std::to_string(thread) + "/" + std::to_string(rand_below(keys));
+  };
+
+  ops.push_back({"raw.select1", "floor", "", "SELECT 1 round trip", [](backend_ctx& b, int) {
+                   auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+                   return cycle_fn([c] { return c->run("s1", "SELECT 1", {}).value == 1; });
+                 }});
+  ops.push_back({"dblock.ping", "dblock", "raw.select1", "database::ping(): SELECT 1 via SOCI",
+                 [](backend_ctx& b, int) {
+                   return cycle_fn([&b] {
+                     b.db.ping();
+                     return true;
+                   });
+                 }});
+
+  ops.push_back({"raw.lease", "floor", "", "acquire+release, distinct keys",
+                 [key_name](backend_ctx& b, int t) {
+                   auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+                   return cycle_fn([c, &b, t, key_name] {
+                     const std::string name = key_name(t), tok = token();
+                     auto f = raw_acquire(*c, b, name, tok);
+                     return f && raw_release(*c, b, name, tok, *f);
+                   });
+                 }});
+  ops.push_back({"dblock.lease", "dblock", "raw.lease", "try_acquire()+release(), distinct keys",
+                 [keys](backend_ctx& b, int t) {
+                   auto locks = std::make_shared<std::vector<dblock::lease_lock>>();
+                   for (int k = 0; k < keys; ++k)
+                     locks->emplace_back(b.db,
+                                         "bench/" + std::to_string(t) + "/" + std::to_string(k));
+                   return cycle_fn([locks, keys] {
+                     auto g = (*locks)[rand_below(keys)].try_acquire();
+                     if (!g) return false;
+                     g->release();
+                     return true;
+                   });
+                 }});
+
+  ops.push_back({"raw.lease_hot", "floor", "",
+                 "one key, polling: one try per operation, successes counted",
+                 [](backend_ctx& b, int) {
+                   auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+                   return cycle_fn([c, &b] {
+                     const std::string tok = token();
+                     auto f = raw_acquire(*c, b, "bench/hot", tok);
+                     return f && raw_release(*c, b, "bench/hot", tok, *f);
+                   });
+                 }});
+  ops.push_back({"dblock.lease_hot", "dblock", "raw.lease_hot",
+                 "one key: acquire(wait)+release, default polling", [](backend_ctx& b, int) {
+                   auto lk = std::make_shared<dblock::lease_lock>(b.db, "bench/hot");
+                   return cycle_fn([lk] {
+                     auto g = lk->acquire(std::chrono::seconds(30));
+                     g.release();
+                     return true;
+                   });
+                 }});
+
+  ops.push_back({"raw.renew", "floor", "", "renew a held lease", [](backend_ctx& b, int) {
+                   auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+                   const std::string name = fresh_name("renew"), tok = token();
+                   auto f = raw_acquire(*c, b, name, tok);
+                   if (!f) throw std::runtime_error("cannot acquire " + name);
+                   const long long fence = *f;
+                   return cycle_fn([c, &b, name, tok, fence] {
+                     return raw_simple_write(
+                         *c, b, "renew", b.sql.renew,
+                         {{"ttl", kTtlUs}, {"name", name}, {"token", tok}, {"fence", fence}});
+                   });
+                 }});
+  ops.push_back(
+      {"dblock.renew", "dblock", "raw.renew", "lease_guard::renew()", [](backend_ctx& b, int) {
+         auto lk = std::make_shared<dblock::lease_lock>(b.db, fresh_name("renew"));
+         auto g = std::make_shared<dblock::lease_guard>(lk->acquire(milliseconds(0)));
+         return cycle_fn([lk, g] {
+           g->renew();
+           return true;
+         });
+       }});
+
+  ops.push_back(
+      {"raw.for_update", "floor", "",
+       "BEGIN; SELECT ... FOR UPDATE; UPDATE; COMMIT on a random row", [](backend_ctx& b, int) {
+         auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+         return cycle_fn([c, &b] {
+           const long long id = 1 + rand_below(kItems);
+           c->run("begin_w", b.begin_write, {});
+           try {
+             c->run("fu_select",
+                    "SELECT id, stock FROM " + b.item + " WHERE id = :id" + b.for_update,
+                    {{"id", id}});
+             c->run("fu_update", "UPDATE " + b.item + " SET stock = stock - 1 WHERE id = :id",
+                    {{"id", id}});
+             c->run("commit", "COMMIT", {});
+           } catch (...) {
+             c->exec("ROLLBACK");
+             throw;
+           }
+           return true;
+         });
+       }});
+  ops.push_back({"dblock.for_update", "dblock", "raw.for_update",
+                 "run_transaction + lock_rows + UPDATE on a random row", [](backend_ctx& b, int) {
+                   return cycle_fn([&b] {
+                     const long long id = 1 + rand_below(kItems);
+                     dblock::run_transaction(b.db, [&](dblock::transaction& t) {
+                       t.lock_rows({b.item, "id", id, {"stock"}});
+                       t.session()
+                           << "UPDATE " << b.item << " SET stock = stock - 1 WHERE id = :id",
+                           soci::use(id, "id");
+                     });
+                     return true;
+                   });
+                 }});
+
+  auto raw_opt = [](bool hot) {
+    return [hot](backend_ctx& b, int) {
+      auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+      return cycle_fn([c, &b, hot] {
+        const long long id = hot ? 1 : 1 + rand_below(kItems);
+        for (;;) {
+          // One read of both columns: version * 2^32 + stock packs them into the first column.
+          auto r = c->run("opt_read",
+                          "SELECT version * 4294967296 + stock FROM " + b.item + " WHERE id = :id",
+                          {{"id", id}});
+          const long long v = r.value.value_or(0);
+          auto o = c->run("opt_write",
+                          "UPDATE " + b.item +
+                              " SET stock = :stock, version = version + 1 WHERE id = :id AND "
+                              "version = :version",
+                          {{"stock", (v & 0xffffffffLL) - 1}, {"id", id}, {"version", v >> 32}});
+          if (o.affected == 1) return true;
+        }
+      });
+    };
+  };
+  auto dblock_opt = [](bool hot) {
+    return [hot](backend_ctx& b, int) {
+      auto spec = std::make_shared<dblock::versioned_table>(
+          dblock::versioned_table{b.item, "id", "version", {"stock"}});
+      return cycle_fn([&b, spec, hot] {
+        const long long id = hot ? 1 : 1 + rand_below(kItems);
+        dblock::versioned_update(
+            b.db, *spec, id, [](dblock::record& r) { std::get<long long>(r["stock"]) -= 1; },
+            dblock::retry_policy::until_success());
+        return true;
+      });
+    };
+  };
+  ops.push_back({"raw.optimistic_hot", "floor", "",
+                 "read; UPDATE ... WHERE version = ?; again on conflict; one row", raw_opt(true)});
+  ops.push_back({"dblock.optimistic_hot", "dblock", "raw.optimistic_hot",
+                 "versioned_update, until success; one row", dblock_opt(true)});
+  ops.push_back(
+      {"raw.optimistic_spread", "floor", "", "the same on random rows of 10,000", raw_opt(false)});
+  ops.push_back({"dblock.optimistic_spread", "dblock", "raw.optimistic_spread",
+                 "versioned_update on random rows of 10,000", dblock_opt(false)});
+
+  ops.push_back(
+      {"raw.cas", "floor", "", "UPDATE ... SET stock = stock - 1 WHERE id = 1 AND stock > 0",
+       [](backend_ctx& b, int) {
+         auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+         return cycle_fn([c, &b] {
+           return c->run("cas",
+                         "UPDATE " + b.item + " SET stock = stock - 1 WHERE id = :id AND stock > 0",
+                         {{"id", 1LL}})
+                      .affected == 1;
+         });
+       }});
+  ops.push_back(
+      {"dblock.cas", "dblock", "raw.cas", "compare_and_set on one row", [](backend_ctx& b, int) {
+         auto u = std::make_shared<dblock::cas_update>(dblock::cas_update{
+             b.item, "stock = stock - 1", "id = :id AND stock > 0", {{"id", 1LL}}});
+         return cycle_fn([&b, u] { return dblock::compare_and_set(b.db, *u) == 1; });
+       }});
+
+  if (pg)
+    ops.push_back(
+        {"pg.advisory", "alternative", "",
+         "pg_try_advisory_lock + pg_advisory_unlock, distinct keys (no fencing, no "
+         "lease: dies with the session)",
+         [keys](backend_ctx& b, int t) {
+           auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+           return cycle_fn([c, t, keys] {
+             const long long k = 1000000LL * (t + 1) + rand_below(keys);
+             if (c->run("adv_lock", "SELECT pg_try_advisory_lock(:k)::int", {{"k", k}}).value != 1)
+               return false;
+             return c->run("adv_unlock", "SELECT pg_advisory_unlock(:k)::int", {{"k", k}}).value ==
+                    1;
+           });
+         }});
+  if (my)
+    ops.push_back({"mysql.get_lock", "alternative", "",
+                   "GET_LOCK(name, 0) + RELEASE_LOCK, distinct names (no fencing, no lease)",
+                   [key_name](backend_ctx& b, int t) {
+                     auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+                     return cycle_fn([c, t, key_name] {
+                       const std::string k = key_name(t);
+                       if (c->run("gl", "SELECT GET_LOCK(:k, 0)", {{"k", k}}).value != 1)
+                         return false;
+                       return c->run("rl", "SELECT RELEASE_LOCK(:k)", {{"k", k}}).value == 1;
+                     });
+                   }});
+  return ops;
+}
+
+// ---- handoff latency -------------------------------------------------------------------------
+
+// K = clients - 1 waiters on one lock. Each holder keeps it hold_us, notes when it starts
+// release(), and the next holder measures from that instant to the return of its acquire().
+result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us) {
+  std::atomic<long long> release_started{0};
+  std::mutex mu;
+  std::vector<float> lat;
+  auto now_ns = [] { return clk::now().time_since_epoch().count(); };
+  auto r = measure(clients, seconds, [&](int) {
+    auto lk = std::make_shared<dblock::lease_lock>(b.db, "bench/handoff");
+    return cycle_fn([&, lk] {
+      auto g = lk->acquire(std::chrono::seconds(30));
+      const long long got = now_ns(), rel = release_started.exchange(0);
+      if (rel) {
+        std::lock_guard<std::mutex> l(mu);
+        lat.push_back(static_cast<float>((got - rel) / 1000.0));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
+      release_started = now_ns();
+      g.release();
+      return true;
+    });
+  });
+  r.p50_us = percentile(lat, 0.5);
+  r.p99_us = percentile(lat, 0.99);
+  return r;
+}
+
+// The same with PostgreSQL LISTEN/NOTIFY: a waiter sleeps until the holder's release notifies
+// it (or 100 ms pass), instead of polling. Raw libpq, the lease statements of dblock.
+result handoff_notify(backend_ctx& b, int clients, double seconds, int hold_us) {
+  std::atomic<long long> release_started{0};
+  std::mutex mu;
+  std::vector<float> lat;
+  auto now_ns = [] { return clk::now().time_since_epoch().count(); };
+  auto r = measure(clients, seconds, [&](int) {
+    auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+    c->exec("LISTEN dblock_bench_handoff");
+    return cycle_fn([&, c] {
+      auto* conn = static_cast<PGconn*>(c->handle());
+      for (;;) {
+        const std::string tok = token();
+        auto f = raw_acquire(*c, b, "bench/handoff_notify", tok);
+        if (f) {
+          const long long got = now_ns(), rel = release_started.exchange(0);
+          if (rel) {
+            std::lock_guard<std::mutex> l(mu);
+            lat.push_back(static_cast<float>((got - rel) / 1000.0));
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
+          release_started = now_ns();
+          raw_release(*c, b, "bench/handoff_notify", tok, *f);
+          c->exec("NOTIFY dblock_bench_handoff");
+          return true;
+        }
+        // Wait for a notification (or 100 ms), then drain them all and try again.
+        while (PGnotify* n = PQnotifies(conn))
+          PQfreemem(n);
+        fd_set fds;
+        FD_ZERO(&fds);
+        FD_SET(PQsocket(conn), &fds);
+        timeval tv{0, 100000};
+        select(PQsocket(conn) + 1, &fds, nullptr, nullptr, &tv);
+        PQconsumeInput(conn);
+        while (PGnotify* n = PQnotifies(conn))
+          PQfreemem(n);
+      }
+    });
+  });
+  r.p50_us = percentile(lat, 0.5);
+  r.p99_us = percentile(lat, 0.99);
+  return r;
+}
+
+// ---- Redis -----------------------------------------------------------------------------------
+
+#ifdef DBLOCK_HAVE_HIREDIS
+setup_fn redis_setup(const std::string& hostport, int keys) {
+  return [hostport, keys](int t) {
+    auto colon = hostport.rfind(':');
+    const std::string host = hostport.substr(0, colon);
+    const int port = std::stoi(hostport.substr(colon + 1));
+    std::shared_ptr<redisContext> c(redisConnect(host.c_str(), port), redisFree);
+    if (!c || c->err)
+      throw std::runtime_error("redis: cannot connect to " + hostport + ": " +
+                               (c ? c->errstr : "out of memory"));
+    // Compare-and-delete: delete the key only while it still carries our token.
+    auto* load = static_cast<redisReply*>(redisCommand(
+        c.get(), "SCRIPT LOAD %s",
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
+        "else return 0 end"));
+    if (!load || load->type != REDIS_REPLY_STRING)
+      throw std::runtime_error("redis: SCRIPT LOAD failed");
+    const std::string sha(load->str, load->len);
+    freeReplyObject(load);
+    return cycle_fn([c, sha, t, keys] {
+      const std::string k = "bench:" + std::to_string(t) + ":" + std::to_string(rand_below(keys));
+      const std::string tok = token();
+      auto* r = static_cast<redisReply*>(
+          redisCommand(c.get(), "SET %s %s NX PX 30000", k.c_str(), tok.c_str()));
+      if (!r) throw std::runtime_error("redis: connection lost");
+      const bool got = r->type == REDIS_REPLY_STATUS;
+      freeReplyObject(r);
+      if (!got) return false;
+      r = static_cast<redisReply*>(
+          redisCommand(c.get(), "EVALSHA %s 1 %s %s", sha.c_str(), k.c_str(), tok.c_str()));
+      if (!r) throw std::runtime_error("redis: connection lost");
+      const bool del = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+      freeReplyObject(r);
+      return del;
+    });
+  };
+}
+#endif
+
+// ---- set-up of one backend -------------------------------------------------------------------
+
+std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options& o) {
+  dblock::database_options dbo;
+  dbo.table_prefix = o.prefix;
+  dbo.pool_size =
+      static_cast<std::size_t>(*std::max_element(o.clients.begin(), o.clients.end())) + 2;
+  dblock::database db(url, dbo);
+  dblock::migrate(db);
+  auto b = std::unique_ptr<backend_ctx>(new backend_ctx{url, db.backend(), "", db, {}, "", "", ""});
+  const auto& dia = *db.impl()->dia;
+  b->sql = dia.lease_sql(db.impl()->tables);
+  b->item = o.prefix + "item";
+  b->for_update = dia.for_update_sql();
+  b->begin_write = dia.begin_write_sql();
+  b->version = connect_raw(url)->server_version();
+  auto c = db.connect();
+  c.session() << "DROP TABLE IF EXISTS " << b->item;
+  c.session() << "CREATE TABLE " << b->item
+              << " (id BIGINT NOT NULL PRIMARY KEY, stock BIGINT NOT NULL, version BIGINT NOT "
+                 "NULL)";
+  for (int first = 1; first <= kItems; first += 500) {
+    std::string q = "INSERT INTO " + b->item + " (id, stock, version) VALUES ";
+    for (int id = first; id < first + 500 && id <= kItems; ++id)
+      q += (id == first ? "" : ",") + ("(" + std::to_string(id) + ", 1000000000, 0)");
+    c.session() << q;
+  }
+  // Lease rows of the hot and handoff keys start free.
+  c.session() << "DELETE FROM " << db.lock_table() << " WHERE resource_name LIKE 'bench/%'";
+  return b;
+}
+
+// ---- reporting -------------------------------------------------------------------------------
+
+std::string fmt_rate(double v) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(v < 100 ? 1 : 0) << v;
+  std::string out = s.str();
+  auto dot = out.find('.');
+  int pos = static_cast<int>(dot == std::string::npos ? out.size() : dot) - 3;
+  for (; pos > 0; pos -= 3)
+    out.insert(static_cast<std::size_t>(pos), ",");
+  return out;
+}
+
+void print_table(std::ostream& out, const std::vector<result>& rs) {
+  out << std::left << std::setw(11) << "backend" << std::setw(26) << "operation" << std::right
+      << std::setw(8) << "clients" << std::setw(12) << "ops/s" << std::setw(10) << "p50 us"
+      << std::setw(10) << "p99 us" << std::setw(8) << "ratio"
+      << "  vs\n";
+  std::string last;
+  for (const auto& r : rs) {
+    if (!last.empty() && last != r.backend + r.operation) {
+      if (last.substr(0, r.backend.size()) != r.backend) out << '\n';
+    }
+    last = r.backend + r.operation;
+    out << std::left << std::setw(11) << r.backend << std::setw(26) << r.operation << std::right
+        << std::setw(8) << r.clients << std::setw(12) << fmt_rate(r.per_second) << std::setw(10)
+        << std::fixed << std::setprecision(0) << r.p50_us << std::setw(10) << r.p99_us;
+    if (r.ratio) {
+      out << std::setw(8) << std::setprecision(2) << *r.ratio << "  " << r.floor;
+    } else {
+      out << std::setw(8) << "";
+    }
+    if (r.errors) out << "  (" << r.errors << " errors: " << r.first_error.substr(0, 80) << ")";
+    out << '\n';
+  }
+}
+
+nlohmann::json to_json(const result& r) {
+  nlohmann::json j = {
+      {"backend", r.backend}, {"operation", r.operation},   {"kind", r.kind},
+      {"clients", r.clients}, {"per_second", r.per_second}, {"p50_us", r.p50_us},
+      {"p99_us", r.p99_us},   {"operations", r.operations}, {"successes", r.successes},
+      {"errors", r.errors},   {"rounds", r.rounds},         {"note", r.note}};
+  if (!r.floor.empty()) j["floor"] = r.floor;
+  if (r.ratio) j["ratio"] = *r.ratio;
+  if (r.errors) j["first_error"] = r.first_error;
+  return j;
+}
+
+// Draws ops/s against clients: one panel per backend, one line per operation.
+bool plot(const std::string& path, const std::vector<result>& rs, std::ostream& progress) {
+  std::map<std::string, std::map<std::string, std::vector<std::pair<int, double>>>> series;
+  for (const auto& r : rs)
+    if (r.kind != "handoff") series[r.backend][r.operation].push_back({r.clients, r.per_second});
+  char dir[] = "/tmp/dblock-plot-XXXXXX";
+  if (!mkdtemp(dir)) return false;
+  std::ofstream gp(std::string(dir) + "/plot.gp");
+  gp << "set terminal svg size 1400," << 420 * ((series.size() + 1) / 2)
+     << " dynamic font 'sans,10'\nset output '" << path << "'\n";
+  gp << "set multiplot layout " << (series.size() + 1) / 2 << ",2\n";
+  gp << "set logscale xy\nset xtics (1,4,16)\nset grid\nset key outside right\n"
+        "set xlabel 'clients'\nset ylabel 'successful ops/s'\n";
+  int file = 0;
+  for (const auto& [backend, ops] : series) {
+    gp << "set title '" << backend << "'\nplot ";
+    bool first = true;
+    for (const auto& [op, pts] : ops) {
+      const std::string data = std::string(dir) + "/" + std::to_string(file++) + ".dat";
+      std::ofstream d(data);
+      for (const auto& p : pts)
+        d << p.first << ' ' << std::max(p.second, 0.1) << '\n';
+      gp << (first ? "" : ", ") << "'" << data << "' using 1:2 with linespoints title '" << op
+         << "'" << (op.rfind("raw.", 0) == 0 ? " dashtype 2" : "");
+      first = false;
+    }
+    gp << '\n';
+  }
+  gp << "unset multiplot\n";
+  gp.close();
+  const std::string cmd = "gnuplot '" + std::string(dir) + "/plot.gp' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    progress << "bench: gnuplot failed or is not installed (apt-get install gnuplot-nox); no plot "
+                "written\n";
+    return false;
+  }
+  progress << "bench: plot written to " << path << '\n';
+  return true;
+}
+
+}  // namespace
+
+int run(const options& o, std::ostream& out, std::ostream& progress) {
+  if (o.urls.empty()) {
+    progress << "bench: no database URL given (--url, repeatable)\n";
+    return 2;
+  }
+  std::vector<result> results;
+  nlohmann::json backends = nlohmann::json::array();
+  const auto t_start = std::chrono::system_clock::now();
+  const int max_clients = *std::max_element(o.clients.begin(), o.clients.end());
+
+  // Plan first, so progress can say "n of N".
+  struct planned {
+    backend_ctx* b;
+    operation op;
+    int clients;
+  };
+  std::vector<std::unique_ptr<backend_ctx>> ctxs;
+  std::vector<planned> plan;
+  for (const auto& url : o.urls) {
+    progress << "bench: preparing " << detail::parse_url(url).redacted << "\n";
+    ctxs.push_back(open_backend(url, o));
+    auto& b = *ctxs.back();
+    backends.push_back(
+        {{"backend", b.backend}, {"url", b.db.redacted_url()}, {"server_version", b.version}});
+    // Rounds: every operation once per client count, repeated; the figures are medians over
+    // the rounds, so a drift of the machine hits the floor and dblock alike.
+    auto ops = operations_for(b, o.keys);
+    for (int c : o.clients)
+      for (int round = 0; round < o.repeat; ++round)
+        for (auto& op : ops) {
+          if (!o.only.empty() && op.name.find(o.only) == std::string::npos) continue;
+          plan.push_back({&b, op, c});
+        }
+  }
+  const bool want_handoff =
+      o.only.empty() || std::string("handoff").find(o.only) != std::string::npos;
+  std::size_t total = plan.size();
+  if (want_handoff)
+    for (auto& b : ctxs)
+      for (int c : o.clients)
+        if (c > 1) total += b->backend == "postgresql" ? 2 : 1;
+  const bool want_redis =
+      o.only.empty() || std::string("redis.lock").find(o.only) != std::string::npos;
+  if (want_redis && !o.redis.empty()) total += o.clients.size();
+  progress << "bench: " << total << " measurements of " << o.seconds << " s each (" << o.repeat
+           << " rounds of each; about " << static_cast<int>(total * o.seconds * 1.15 + 0.5)
+           << " s)\n";
+
+  std::size_t n = 0;
+  auto report = [&](result r) {
+    ++n;
+    progress << "bench: [" << n << "/" << total << "] " << r.backend << " " << r.operation
+             << " clients=" << r.clients << ": " << fmt_rate(r.per_second) << " ops/s, p50 "
+             << static_cast<long long>(r.p50_us) << " us"
+             << (r.errors ? " (" + std::to_string(r.errors) + " errors)" : "") << "\n";
+    results.push_back(std::move(r));
+  };
+  std::map<std::tuple<std::string, std::string, int>, std::vector<result>> rounds;
+  for (auto& p : plan) {
+    result r;
+    try {
+      r = measure(p.clients, o.seconds, [&](int i) { return p.op.setup(*p.b, i); });
+    } catch (const std::exception& e) {
+      r.clients = p.clients;
+      r.errors = 1;
+      r.first_error = e.what();
+    }
+    r.backend = p.b->backend;
+    r.operation = p.op.name;
+    r.kind = p.op.kind;
+    r.floor = p.op.floor;
+    r.note = p.op.note;
+    auto& v = rounds[{r.backend, r.operation, r.clients}];
+    v.push_back(r);
+    if (static_cast<int>(v.size()) < o.repeat) {
+      ++n;
+      progress << "bench: [" << n << "/" << total << "] " << r.backend << " " << r.operation
+               << " clients=" << r.clients << ": " << fmt_rate(r.per_second) << " ops/s\n";
+      continue;
+    }
+    // The last round: report the median (its latencies are those of the median run).
+    std::sort(v.begin(), v.end(),
+              [](const result& a, const result& b) { return a.per_second < b.per_second; });
+    result med = v[v.size() / 2];
+    long long errors = 0;
+    for (const auto& x : v) {
+      errors += x.errors;
+      if (med.first_error.empty()) med.first_error = x.first_error;
+    }
+    med.errors = errors;
+    med.rounds = static_cast<int>(v.size());
+    report(std::move(med));
+  }
+  if (want_handoff)
+    for (auto& b : ctxs)
+      for (int c : o.clients) {
+        if (c < 2) continue;
+        result r = handoff_dblock(*b, c, o.seconds, o.hold_us);
+        r.backend = b->backend;
+        r.operation = "dblock.handoff";
+        r.kind = "handoff";
+        r.note =
+            "K=clients-1 waiters; latency from release() start to the next acquire() "
+            "return (p50/p99); ops/s = handoffs/s; hold " +
+            std::to_string(o.hold_us) + " us";
+        report(std::move(r));
+        if (b->backend == "postgresql") {
+          result q = handoff_notify(*b, c, o.seconds, o.hold_us);
+          q.backend = b->backend;
+          q.operation = "pg.notify_handoff";
+          q.kind = "handoff";
+          q.note = "raw libpq: waiters LISTEN and retry on NOTIFY from the releaser";
+          report(std::move(q));
+        }
+      }
+  if (want_redis && !o.redis.empty()) {
+#ifdef DBLOCK_HAVE_HIREDIS
+    for (int c : o.clients) {
+      result r;
+      try {
+        r = measure(c, o.seconds, redis_setup(o.redis, o.keys));
+      } catch (const std::exception& e) {
+        r.clients = c;
+        r.errors = 1;
+        r.first_error = e.what();
+      }
+      r.backend = "redis";
+      r.operation = "redis.lock";
+      r.kind = "alternative";
+      r.note = "SET key token NX PX + compare-and-delete Lua (EVALSHA); in memory, no fencing";
+      report(std::move(r));
+    }
+#else
+    progress << "bench: redis.lock skipped: this dblock was built without hiredis "
+                "(libhiredis-dev)\n";
+#endif
+  } else if (want_redis) {
+    progress << "bench: redis.lock skipped: no --redis HOST:PORT given (scripts/bench.sh starts "
+                "a throwaway redis-server when one is installed)\n";
+  }
+
+  // Ratios: a dblock figure divided by its floor at the same backend and client count.
+  for (auto& r : results) {
+    if (r.floor.empty()) continue;
+    for (const auto& f : results)
+      if (f.backend == r.backend && f.operation == r.floor && f.clients == r.clients &&
+          f.per_second > 0)
+        r.ratio = r.per_second / f.per_second;
+  }
+  std::stable_sort(results.begin(), results.end(), [](const result& a, const result& b) {
+    return std::tie(a.backend, a.operation, a.clients) <
+           std::tie(b.backend, b.operation, b.clients);
+  });
+  out << "\n";
+  print_table(out, results);
+
+  // Contention collapse: hot-key successful cycles at the most clients over one client.
+  nlohmann::json collapse = nlohmann::json::object();
+  out << "\ncontention collapse (one hot key, successful cycles/s at " << max_clients
+      << " clients / at 1 client):\n";
+  for (auto& b : ctxs)
+    for (const char* op : {"raw.lease_hot", "dblock.lease_hot"}) {
+      double one = 0, many = 0;
+      for (const auto& r : results)
+        if (r.backend == b->backend && r.operation == op) {
+          if (r.clients == 1) one = r.per_second;
+          if (r.clients == max_clients) many = r.per_second;
+        }
+      if (one <= 0 || max_clients == 1) continue;
+      out << "  " << std::left << std::setw(11) << b->backend << std::setw(18) << op << std::right
+          << std::fixed << std::setprecision(2) << many / one << "x\n";
+      collapse[b->backend][op] = many / one;
+    }
+
+  if (!o.json_path.empty()) {
+    nlohmann::json j;
+    j["format"] = "dblock-bench/1";
+    const std::time_t t = std::chrono::system_clock::to_time_t(t_start);
+    char when[32];
+    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+    j["started"] = when;
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    j["host"] = host;
+    j["cpus"] = std::thread::hardware_concurrency();
+    j["seconds_per_measurement"] = o.seconds;
+    j["rounds"] = o.repeat;
+    j["clients"] = o.clients;
+    j["backends"] = backends;
+    j["results"] = nlohmann::json::array();
+    for (const auto& r : results)
+      j["results"].push_back(to_json(r));
+    j["contention_collapse"] = collapse;
+    std::ofstream f(o.json_path);
+    f << j.dump(2) << '\n';
+    if (!f) {
+      progress << "bench: cannot write " << o.json_path << "\n";
+      return 73;
+    }
+    progress << "bench: results written to " << o.json_path << "\n";
+  }
+  for (auto& b : ctxs) {
+    auto c = b->db.connect();
+    c.session() << "DROP TABLE IF EXISTS " << b->item;
+  }
+  if (!o.plot_path.empty() && !plot(o.plot_path, results, progress)) return 1;
+  return 0;
+}
+
+}  // namespace dblock::bench
