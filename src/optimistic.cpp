@@ -117,7 +117,8 @@ std::uint64_t run_cas(const detail::database_impl& db, soci::session& sql, const
   for (const auto& p : u.params)
     b.bind(st, p.second, p.first);
   st.alloc();
-  st.prepare("UPDATE " + db.dia->quote(u.table) + " SET " + u.set + " WHERE " + u.where, soci::details::st_one_time_query);
+  st.prepare("UPDATE " + db.dia->quote(u.table) + " SET " + u.set + " WHERE " + u.where,
+             soci::details::st_one_time_query);
   st.define_and_bind();
   st.execute(true);
   return static_cast<std::uint64_t>(st.get_affected_rows());

@@ -207,7 +207,8 @@ DBLOCK_TEST_ONLY("postgresql", "conditional and versioned updates cost one round
                  "[optimistic][statements]") {
   auto db = one_connection(ctx);
   const std::string t = ctx.table("rt_item");
-  ctx.exec("CREATE TABLE " + t + " (id BIGINT PRIMARY KEY, stock BIGINT NOT NULL, version BIGINT NOT NULL)");
+  ctx.exec("CREATE TABLE " + t +
+           " (id BIGINT PRIMARY KEY, stock BIGINT NOT NULL, version BIGINT NOT NULL)");
   ctx.exec("INSERT INTO " + t + " (id, stock, version) VALUES (1, 10, 0)");
   const dblock::cas_update cas{t, "stock = stock - 1", "id = :id AND stock > 0", {{"id", 1LL}}};
   CHECK(pg_round_trips(db, [&] { CHECK(dblock::compare_and_set(db, cas) == 1); }) == 1);
