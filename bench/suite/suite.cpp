@@ -167,6 +167,7 @@ constexpr long long kTtlUs = 30000000;  // 30 s: no lease expires during a measu
 
 struct backend_ctx {
   std::string url, backend, version;
+  dblock::lease_options wait_options;  // for acquire(wait): the polling being measured
   dblock::database db;
   detail::lease_statements sql;
   std::string item;  // business table
@@ -281,7 +282,8 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
                  }});
   ops.push_back({"dblock.lease_hot", "dblock", "raw.lease_hot",
                  "one key: acquire(wait)+release, default polling", [](backend_ctx& b, int) {
-                   auto lk = std::make_shared<dblock::lease_lock>(b.db, "bench/hot");
+                   auto lk =
+                       std::make_shared<dblock::lease_lock>(b.db, "bench/hot", b.wait_options);
                    return cycle_fn([lk] {
                      auto g = lk->acquire(std::chrono::seconds(30));
                      g.release();
@@ -439,25 +441,36 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
 
 // ---- handoff latency -------------------------------------------------------------------------
 
+// A releaser stays out of the race until another thread has taken the lock (at most 2 s), so that
+// every measured handoff goes to a waiter, not back to the releaser.
+void wait_for_successor(const std::atomic<long long>& generation, long long released) {
+  const auto give_up = clk::now() + std::chrono::seconds(2);
+  while (generation.load() == released && clk::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
 // K = clients - 1 waiters on one lock. Each holder keeps it hold_us, notes when it starts
 // release(), and the next holder measures from that instant to the return of its acquire().
 result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us) {
-  std::atomic<long long> release_started{0};
+  std::atomic<long long> release_started{0}, generation{0};
   std::mutex mu;
   std::vector<float> lat;
   auto now_ns = [] { return clk::now().time_since_epoch().count(); };
   auto r = measure(clients, seconds, [&](int) {
-    auto lk = std::make_shared<dblock::lease_lock>(b.db, "bench/handoff");
+    auto lk = std::make_shared<dblock::lease_lock>(b.db, "bench/handoff", b.wait_options);
     return cycle_fn([&, lk] {
       auto g = lk->acquire(std::chrono::seconds(30));
       const long long got = now_ns(), rel = release_started.exchange(0);
+      ++generation;
       if (rel) {
         std::lock_guard<std::mutex> l(mu);
         lat.push_back(static_cast<float>((got - rel) / 1000.0));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
+      const long long gen = ++generation;
       release_started = now_ns();
       g.release();
+      wait_for_successor(generation, gen);
       return true;
     });
   });
@@ -469,7 +482,7 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us) 
 // The same with PostgreSQL LISTEN/NOTIFY: a waiter sleeps until the holder's release notifies
 // it (or 100 ms pass), instead of polling. Raw libpq, the lease statements of dblock.
 result handoff_notify(backend_ctx& b, int clients, double seconds, int hold_us) {
-  std::atomic<long long> release_started{0};
+  std::atomic<long long> release_started{0}, generation{0};
   std::mutex mu;
   std::vector<float> lat;
   auto now_ns = [] { return clk::now().time_since_epoch().count(); };
@@ -483,14 +496,18 @@ result handoff_notify(backend_ctx& b, int clients, double seconds, int hold_us) 
         auto f = raw_acquire(*c, b, "bench/handoff_notify", tok);
         if (f) {
           const long long got = now_ns(), rel = release_started.exchange(0);
+          ++generation;
+          ++generation;
           if (rel) {
             std::lock_guard<std::mutex> l(mu);
             lat.push_back(static_cast<float>((got - rel) / 1000.0));
           }
           std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
+          const long long gen = ++generation;
           release_started = now_ns();
           raw_release(*c, b, "bench/handoff_notify", tok, *f);
           c->exec("NOTIFY dblock_bench_handoff");
+          wait_for_successor(generation, gen);
           return true;
         }
         // Wait for a notification (or 100 ms), then drain them all and try again.
@@ -562,13 +579,15 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
       static_cast<std::size_t>(*std::max_element(o.clients.begin(), o.clients.end())) + 2;
   dblock::database db(url, dbo);
   dblock::migrate(db);
-  auto b = std::unique_ptr<backend_ctx>(new backend_ctx{url, db.backend(), "", db, {}, "", "", ""});
+  auto b =
+      std::unique_ptr<backend_ctx>(new backend_ctx{url, db.backend(), "", {}, db, {}, "", "", ""});
   const auto& dia = *db.impl()->dia;
   b->sql = dia.lease_sql(db.impl()->tables);
   b->item = o.prefix + "item";
   b->for_update = dia.for_update_sql();
   b->begin_write = dia.begin_write_sql();
   b->version = connect_raw(url)->server_version();
+  if (o.poll_max_ms > 0) b->wait_options.poll_max = milliseconds(o.poll_max_ms);
   auto c = db.connect();
   c.session() << "DROP TABLE IF EXISTS " << b->item;
   c.session() << "CREATE TABLE " << b->item
