@@ -24,7 +24,9 @@ std::unique_ptr<pooled_session> database_impl::lease(const std::shared_ptr<datab
       if (sql.get_backend() != nullptr) sql.close();
       sql.open(dia->factory(), connect_string);
       dia->on_connect(sql, options);
-      attach_state(sql, dia->make_connection_state(sql));
+      auto state = dia->make_connection_state(sql);
+      if (state) dia->identify_session(sql, *state);
+      attach_state(sql, std::move(state));
       auto iso = dia->isolation_sql(options.isolation);
       if (!iso.empty()) sql << iso;
     } catch (...) {

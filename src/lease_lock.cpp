@@ -73,6 +73,22 @@ nanoseconds full_jitter(nanoseconds cap) {
   return nanoseconds(d(jitter_rng()));
 }
 
+}  // namespace
+
+/// Ends the server session behind a broken connection (see dialect::end_session), on another
+/// pooled connection; false when that could not be confirmed.
+bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_ref& s) {
+  try {
+    return with_session(db, "end a broken session", [&](soci::session& sql) {
+      return db->dia->end_session(sql, s, milliseconds(5000));
+    });
+  } catch (const error&) {
+    return false;
+  }
+}
+
+namespace {
+
 bool transient_write_conflict(errc c) {
   return c == errc::deadlock || c == errc::serialization_failure || c == errc::lock_not_available;
 }
@@ -246,13 +262,20 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
     bool in_doubt = false;
     bool released = false;
     for (int attempt = 0; attempt < 3 && !released; ++attempt) {
+      session_ref sess;
       try {
         released = with_session(db, what, [&](soci::session& sql) {
+          sess = session_of(sql);
           return db->dia->lease_release(sql, db->tables, name, token, fence);
         });
         break;
       } catch (const error& e) {
         if (e.code() == errc::connection_lost) {
+          // The server may still apply it later: end that session first (see attempt()).
+          if (!end_broken_session(db, sess))
+            throw error(errc::in_doubt, what +
+                                            ": the connection broke and the server session "
+                                            "could not be confirmed ended");
           // The UPDATE may have been applied: never repeat it blindly (with reentrant holds a
           // repeat would drop a hold that is still in use). Read the row back and decide.
           in_doubt = true;
@@ -387,11 +410,13 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
 
   std::optional<std::int64_t> fence;
   steady::time_point sent;
+  detail::session_ref sess;
   const auto started = steady::now();
   for (int attempt = 0;; ++attempt) {
     sent = steady::now();
     try {
       fence = detail::with_session(dbi, what, [&](soci::session& sql) {
+        sess = detail::session_of(sql);
         return dbi->dia->lease_acquire(sql, dbi->tables, p);
       });
       break;
@@ -404,7 +429,15 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
         continue;
       }
       if (e.code() != errc::connection_lost) throw;
-      // The upsert may have committed. Resolve by reading the row by owner token.
+      // The upsert may have committed, or may still be running on the server (waiting on a row
+      // lock) and commit later. End that server session first; then the row tells the outcome
+      // for good, and we resolve by reading it by owner token.
+      if (!detail::end_broken_session(dbi, sess))
+        throw error(errc::in_doubt, what +
+                                        ": the connection broke after the request was sent and "
+                                        "the server session could not be confirmed ended; owner "
+                                        "token " +
+                                        p.owner_token + " will expire unless renewed");
       std::optional<detail::lease_row> row;
       try {
         row = detail::with_session(

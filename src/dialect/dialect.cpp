@@ -49,6 +49,21 @@ void attach_state(soci::session& sql, std::unique_ptr<connection_state> state) {
   if (state) states().emplace(&sql, std::move(state));
 }
 
+session_ref session_of(soci::session& sql) noexcept {
+  session_ref r;
+  std::lock_guard<std::mutex> lk(state_mu);
+  auto it = states().find(&sql);
+  if (it != states().end()) {
+    r.id = it->second->session_id;
+    try {
+      r.tag = it->second->session_tag;
+    } catch (...) {
+      r.id = 0;
+    }
+  }
+  return r;
+}
+
 std::string to_positional(const std::string& sql, const std::vector<std::string>& params) {
   std::string out;
   for (std::size_t i = 0; i < sql.size(); ++i) {

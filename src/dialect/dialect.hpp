@@ -57,7 +57,21 @@ struct acquire_params {
 /// statements of the lease hot path). Destroyed before the session closes or reconnects.
 struct connection_state {
   virtual ~connection_state() = default;
+  /// The server session behind the connection (PostgreSQL backend pid, MySQL connection id;
+  /// 0: none, as on SQLite) and what tells it apart from a later session that reuses the id
+  /// (PostgreSQL: backend start in µs; MySQL: the client address as the server sees it).
+  std::int64_t session_id = 0;
+  std::string session_tag;
 };
+
+/// A server session, as recorded when its connection was opened.
+struct session_ref {
+  std::int64_t id = 0;  ///< 0: no server session (SQLite)
+  std::string tag;
+};
+
+/// The server session of a pooled connection (no round trip; empty for a session without state).
+session_ref session_of(soci::session&) noexcept;
 
 /// The state attached to a session by the pool, or nullptr (a session dblock did not open).
 connection_state* state_of(soci::session&) noexcept;
@@ -119,7 +133,23 @@ class dialect {
   virtual void on_connect(soci::session&, const database_options&) const {}
   /// Per-connection state for a freshly opened session (nothing by default).
   virtual std::unique_ptr<connection_state> make_connection_state(soci::session&) const {
-    return nullptr;
+    return std::make_unique<connection_state>();
+  }
+  /// Records the server session of a freshly opened connection in its state (one round trip
+  /// on the servers, none on SQLite).
+  virtual void identify_session(soci::session&, connection_state&) const {}
+  /**
+   * From another connection: ends server session `s` if it still runs and waits until it is
+   * gone, so that a statement it was still executing (its client's connection broke while the
+   * server worked on it) can no longer take effect. Returns false when that could not be
+   * established within `timeout` (no permission, the server unreachable). A session id reused
+   * by someone else's later session is never touched (the tag must match).
+   */
+  virtual bool end_session(soci::session&, const session_ref& s,
+                           std::chrono::milliseconds timeout) const {
+    (void)s;
+    (void)timeout;
+    return true;
   }
 
   /// Statement setting the session's isolation level; empty when the backend has no choice.

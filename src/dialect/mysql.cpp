@@ -5,6 +5,8 @@
 #include <soci/soci.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "common.hpp"
 #include "dialect.hpp"
@@ -35,6 +37,42 @@ class mysql_dialect final : public dialect {
     for (const auto& kv : u.query)
       add(kv.first, kv.second);
     return s;
+  }
+
+  void identify_session(soci::session& sql, connection_state& st) const override {
+    long long id = 0;
+    std::string host;
+    sql << "SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()",
+        soci::into(id), soci::into(host);
+    st.session_id = id;
+    st.session_tag = host;  // "address:port" of this client as the server sees it
+  }
+
+  bool end_session(soci::session& sql, const session_ref& s,
+                   std::chrono::milliseconds timeout) const override {
+    if (s.id == 0 || s.tag.empty()) return false;
+    std::string host = s.tag;
+    const std::string id = std::to_string(s.id);  // an integer: safe to splice (KILL takes no
+                                                  // parameters)
+    const std::string match =
+        " FROM information_schema.PROCESSLIST WHERE ID = " + id + " AND HOST = :host";
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    int n = 0;
+    sql << "SELECT COUNT(*)" << match, soci::use(host, "host"), soci::into(n);
+    if (n > 0) {
+      try {
+        sql << "KILL CONNECTION " << id;
+      } catch (const soci::soci_error&) {
+        // 1094: it ended meanwhile. Anything else (no permission): the wait below decides.
+      }
+    }
+    for (auto pause = std::chrono::milliseconds(1);;
+         pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+      sql << "SELECT COUNT(*)" << match, soci::use(host, "host"), soci::into(n);
+      if (n == 0) return true;  // gone: its statement has committed or rolled back
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(pause);
+    }
   }
 
   void on_connect(soci::session& sql, const database_options&) const override {

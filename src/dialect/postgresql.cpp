@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "common.hpp"
@@ -212,6 +213,35 @@ class postgresql_dialect final : public dialect {
     return std::make_unique<pg_state>();
   }
 
+  void identify_session(soci::session& sql, connection_state& st) const override {
+    long long pid = 0, start = 0;
+    sql << "SELECT pid, " << backend_start_us
+        << " FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+        soci::into(pid), soci::into(start);
+    st.session_id = pid;
+    st.session_tag = std::to_string(start);
+  }
+
+  bool end_session(soci::session& sql, const session_ref& s,
+                   std::chrono::milliseconds timeout) const override {
+    if (s.id == 0 || s.tag.empty()) return false;
+    long long pid = s.id, start = std::stoll(s.tag);
+    const std::string match = std::string(" FROM pg_stat_activity WHERE pid = :pid AND ") +
+                              backend_start_us + " = :start";
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    int n = 0;
+    sql << "SELECT count(pg_terminate_backend(pid))" << match, soci::use(pid, "pid"),
+        soci::use(start, "start"), soci::into(n);
+    for (auto pause = std::chrono::milliseconds(1);;
+         pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+      sql << "SELECT count(*)" << match, soci::use(pid, "pid"), soci::use(start, "start"),
+          soci::into(n);
+      if (n == 0) return true;  // gone: whatever it ran has committed or rolled back
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(pause);
+    }
+  }
+
   std::optional<std::int64_t> lease_acquire(soci::session& sql, const table_names& t,
                                             const acquire_params& p) const override {
     const std::string ttl = std::to_string(p.ttl_us), pid = std::to_string(p.holder_pid);
@@ -236,6 +266,9 @@ class postgresql_dialect final : public dialect {
   }
 
  private:
+  static constexpr const char* backend_start_us =
+      "(extract(epoch FROM backend_start) * 1000000)::bigint";
+
   struct pg_state final : connection_state {
     std::set<std::string> prepared;  // statement names prepared on this connection
   };
