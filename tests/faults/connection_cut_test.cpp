@@ -1,0 +1,123 @@
+// Scenario 2 (SAFETY.md T7, E1): connections are killed at random points while 4 worker
+// processes run the fenced counter workload through a loopback proxy (tcp_proxy): all
+// connections reset, a reset after N bytes, the reply to the next COMMIT / acquire upsert /
+// release dropped (the statement ran, the client never hears of it), and server-side kills
+// (pg_terminate_backend, KILL CONNECTION) of the proxy's upstream sessions.
+// Every try_acquire outcome must be acquired, not acquired or in_doubt, and never "not acquired"
+// while the row carries an unexpired lease of ours (workers check the row directly after every
+// "not acquired"); fenced COMMITs in doubt are resolved by reading the items log by owner token;
+// then the exactness, fence and non-overlap checks of fault_support.hpp must hold.
+#include <soci/soci.h>
+
+#include <thread>
+
+#include "fault_support.hpp"
+#include "harness.hpp"
+#include "proxy.hpp"
+
+using namespace dblock::test;
+using namespace dblock::test::faults;
+using std::chrono::milliseconds;
+
+namespace {
+
+// Kills one server session whose client port is `port`; true when one was killed.
+bool kill_session(const context& ctx, int port) {
+  try {
+    auto c = ctx.db.connect();
+    if (ctx.backend == "postgresql") {
+      int n = 0;
+      c.session() << "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                     "client_port = :p",
+          soci::use(port), soci::into(n);
+      return n > 0;
+    }
+    long long id = 0;
+    soci::indicator ind = soci::i_null;
+    std::string host = "127.0.0.1:" + std::to_string(port);
+    c.session() << "SELECT id FROM information_schema.processlist WHERE host = :h", soci::use(host),
+        soci::into(id, ind);
+    if (!c.session().got_data() || ind == soci::i_null) return false;
+    c.session() << "KILL CONNECTION " << id;
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+DBLOCK_TEST_SERVERS("connections cut at random points, including between COMMIT and its reply",
+                    "[faults][cut]") {
+  const int seconds = count(10, 60);
+  create_workload_tables(ctx);
+  auto [host, port] = url_host_port(ctx.url);
+  tcp_proxy proxy(host, port);
+  temp_dir dir("faults-cut");
+  workload w;
+  w.url = url_via(ctx.url, proxy.port());
+  w.direct_url = ctx.url;
+  w.prefix = ctx.prefix;
+  w.lock = "cut-" + random_suffix();
+  w.dir = dir.path;
+  w.ttl_ms = 700;
+  w.try_mode = true;
+  w.pool = 2;
+  process_set ps;
+  for (int i = 0; i < 4; ++i)
+    spawn_counter_worker(ps, w, i);
+  std::this_thread::sleep_for(milliseconds(800));
+  const std::string lock_table = ctx.db.lock_table();
+  long long server_kills = 0, commands = 0;
+  std::map<int, long long> kinds;
+  const long long end = monotonic_ns() + seconds * 1000000000LL;
+  while (monotonic_ns() < end) {
+    std::this_thread::sleep_for(milliseconds(rnd(30, 200)));
+    int kind = static_cast<int>(rnd(0, 5));
+    ++kinds[kind];
+    ++commands;
+    switch (kind) {
+      case 0:
+        proxy.cut_all();
+        break;
+      case 1:
+        proxy.cut_after_bytes(rnd(1, 3000));
+        break;
+      case 2:
+        proxy.cut_reply_to("COMMIT");
+        break;
+      case 3:
+        proxy.cut_reply_to("INSERT INTO " + lock_table);
+        break;
+      case 4:
+        proxy.cut_reply_to("UPDATE " + lock_table);
+        break;
+      default: {
+        auto ports = proxy.upstream_ports();
+        if (!ports.empty() &&
+            kill_session(
+                ctx,
+                ports[static_cast<std::size_t>(rnd(0, static_cast<long long>(ports.size()) - 1))]))
+          ++server_kills;
+      }
+    }
+  }
+  stop_workers(w);
+  auto st = ps.wait_all(std::chrono::seconds(90));
+  for (std::size_t i = 0; i < st.size(); ++i) {
+    INFO("worker " << i << " exit status " << st[i]);
+    CHECK(st[i] == 0);
+  }
+  auto a = analyze(ctx.db, ctx, w, true);
+  const long long faults = proxy.cuts() + server_kills;
+  INFO(a.summary() << "\nfaults: proxy resets " << proxy.cuts() << ", server-side kills "
+                   << server_kills << " (" << commands << " commands)");
+  CHECK(a.violations == 0);
+  CHECK(a.acked > 0);
+  CHECK(faults > 0);
+  report("2-connection-cut", ctx.backend, commands, faults, a.violations,
+         "acked=" + std::to_string(a.acked) +
+             " in_doubt_commit=" + std::to_string(a.doubt_written + a.doubt_not_written) +
+             " rolled_back=" + std::to_string(a.rolled_back) + " acquire_errors=" +
+             std::to_string(a.errors) + " server_kills=" + std::to_string(server_kills));
+}

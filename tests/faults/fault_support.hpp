@@ -1,0 +1,114 @@
+// Shared pieces of the fault-injection suite: trial counts, the fenced counter workload run by
+// worker processes, the parent's analysis of what they acknowledged, and the report lines.
+//
+// The counter workload: each worker loops acquire lease -> (work) -> fenced { read counter n;
+// write n+1; insert (n+1, fence, owner token) into the items log } -> release, and appends every
+// outcome to its own log file with O_APPEND (so a SIGKILL loses nothing already reported):
+//   G <fence> <enter_ns>          granted (CLOCK_MONOTONIC read by a raw syscall, so libfaketime
+//                                 cannot skew it)
+//   A <fence>                     about to write
+//   K <fence> <n> <enter> <exit>  acknowledged: fenced() returned, counter value n is ours
+//   L <fence>                     lease_lost: nothing written
+//   X <fence>                     another error before COMMIT: rolled back, nothing written
+//   D <fence> <0|1>               in_doubt, resolved by reading the items log by owner token
+//   V <fence>                     skipped: the guard's local validity had run out
+//   N <fence>                     VIOLATION: try_acquire said "not acquired" while the row
+//                                 carried an unexpired lease of ours that we never got
+//   E <text>                      any other error (acquire failed, ...)
+//
+// Exactness, defined precisely: with c = the counter, R = the rows of the items log ordered by
+// n, K = acknowledged fences, D1/D0 = in_doubt fences resolved as written/not written, and M =
+// fences with an "A" but no outcome (the worker was killed mid-write):
+//   c == |R|, R's n are exactly 1..c, fences strictly increase along R (no stale write ever
+//   committed after a newer holder's), every K and D1 fence is in R with its n, no D0 fence is
+//   in R, every fence in R is in K, D1 or M; so |K| + |D1| <= c <= |K| + |D1| + |M|.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+
+namespace dblock::test::faults {
+
+/// True with DBLOCK_FAULTS_FULL=1: run the full trial counts instead of the reduced CI ones.
+bool full();
+/// `reduced`, or `full_count` under DBLOCK_FAULTS_FULL=1.
+int count(int reduced, int full_count);
+
+/// CLOCK_MONOTONIC by a raw system call (not intercepted by libfaketime).
+long long raw_monotonic_ns();
+
+/// Path of libfaketime, or "" when it is not installed.
+std::string faketime_lib();
+
+/// Creates the workload's "counter" (one row, n = 0) and "items" tables.
+void create_workload_tables(const context& ctx);
+
+/// Settings of the counter workers; turned into key=value worker arguments.
+struct workload {
+  std::string url;         // what dblock connects to (maybe through a proxy)
+  std::string direct_url;  // for in_doubt resolution and row checks (never proxied)
+  std::string prefix;
+  std::string lock;
+  std::string dir;  // logs: <dir>/w<id>.log; stop file: <dir>/stop
+  int ttl_ms = 1000;
+  int work_ms = 2;          // random work 0..work_ms between acquire and write
+  bool fenced = true;       // false: plain autocommit read/write (negative control)
+  bool check_valid = true;  // skip the write when guard.valid() is false
+  bool try_mode = false;    // try_acquire loop with the "N" check instead of acquire(wait)
+  int poll_max_ms = 50;
+  int pool = 3;
+  std::string slots;      // "" or a file of shared int64 slots: slot[id] = fence while before-write
+  int in_txn_ms = 0;      // sleep inside the fenced transaction (widens kill windows)
+  bool own_lock = false;  // negative control: one lock per worker, i.e. no exclusion at all
+  std::vector<std::string> args(int id) const;
+};
+
+/// Starts worker `id` of `w`; returns its pid.
+int spawn_counter_worker(process_set& ps, const workload& w, int id,
+                         const std::vector<std::string>& env = {});
+
+/// Creates <dir>/stop, which ends every worker's loop after its current iteration.
+void stop_workers(const workload& w);
+
+/// What the parent found.
+struct analysis {
+  long long counter = 0, rows = 0, grants = 0, acked = 0, lost = 0, rolled_back = 0;
+  long long doubt_written = 0, doubt_not_written = 0, killed_mid_write = 0, invalid_skips = 0;
+  long long errors = 0, overlaps = 0;
+  long long violations = 0;  // every broken invariant, counted
+  std::vector<std::string> problems;
+  std::vector<long long> ack_exit_ns;  // for recovery times
+  std::string summary() const;
+};
+
+/// Reads every worker log of `w.dir` and the tables through `db`; `check_overlap` adds the
+/// CLOCK_MONOTONIC non-overlap of acknowledged sections and grant order (not under pauses).
+analysis analyze(const database& db, const context& ctx, const workload& w, bool check_overlap);
+
+/// Prints one line of the scenario x backend table and appends it to $DBLOCK_FAULTS_REPORT.
+void report(const std::string& scenario, const std::string& backend, long long trials,
+            long long faults, long long violations, const std::string& extra = "");
+
+/// Runs a shell command (from an environment variable) with an argument; true on status 0.
+bool run_env_cmd(const char* var, const std::string& arg);
+
+/// Random integer in [lo, hi].
+long long rnd(long long lo, long long hi);
+
+/// A file of int64 slots shared (mmap) between the parent and workers.
+struct shared_slots {
+  long long* v = nullptr;
+  int n = 0;
+  shared_slots(const std::string& path, int count, bool create);
+  ~shared_slots();
+  shared_slots(const shared_slots&) = delete;
+  shared_slots& operator=(const shared_slots&) = delete;
+};
+
+/// True once the process `pid` is in the stopped state ('T').
+bool wait_stopped(int pid, std::chrono::milliseconds timeout);
+
+}  // namespace dblock::test::faults

@@ -1,0 +1,124 @@
+// Scenario 3 (SAFETY.md T4, S1): holders are paused with SIGSTOP for 1.5 x TTL or 3 x TTL after
+// their acquire returned and before their fenced write began (the worker publishes that phase in
+// a shared slot; the parent reads it again once the process is stopped, so a trial counts only
+// when the pause really fell there). After SIGCONT the stale holder attempts its fenced write,
+// which must be refused: zero stale fenced writes accepted, fences strictly increasing in commit
+// order, exact counts. Negative control: the same pauses with plain (unfenced) writes must be
+// caught as stale writes or lost updates.
+#include <signal.h>
+#include <unistd.h>
+
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "fault_support.hpp"
+#include "harness.hpp"
+
+using namespace dblock::test;
+using namespace dblock::test::faults;
+using std::chrono::milliseconds;
+
+namespace {
+
+struct pause_result {
+  analysis a;
+  long long trials = 0;          // pauses that fell between acquire and write
+  long long stale_accepted = 0;  // of those, writes acknowledged anyway
+};
+
+pause_result run_pauses(context& ctx, bool fenced, int trials) {
+  const int ttl_ms = 300;
+  create_workload_tables(ctx);
+  temp_dir dir("faults-pause");
+  workload w;
+  w.url = ctx.url;
+  w.direct_url = ctx.url;
+  w.prefix = ctx.prefix;
+  w.lock = "pause-" + random_suffix();
+  w.dir = dir.path;
+  w.ttl_ms = ttl_ms;
+  w.work_ms = 120;
+  w.fenced = fenced;
+  w.check_valid = false;  // the stale holder must really try to write
+  w.poll_max_ms = 20;
+  w.slots = dir.file("slots");
+  shared_slots slots(w.slots, 64, true);
+  process_set ps;
+  std::vector<int> pids;
+  for (int i = 0; i < 4; ++i)
+    pids.push_back(spawn_counter_worker(ps, w, i));
+  std::this_thread::sleep_for(milliseconds(800));
+  pause_result r;
+  std::set<long long> paused_fences;
+  const long long deadline = monotonic_ns() + 240LL * 1000000000LL;
+  while (r.trials < trials && monotonic_ns() < deadline) {
+    int victim = -1;
+    for (int spin = 0; spin < 2000 && victim < 0; ++spin) {
+      for (int i = 0; i < 4; ++i)
+        if (__atomic_load_n(&slots.v[i], __ATOMIC_SEQ_CST) > 0) victim = i;
+      if (victim < 0) std::this_thread::sleep_for(milliseconds(1));
+    }
+    if (victim < 0) continue;
+    ::kill(pids[victim], SIGSTOP);
+    if (!wait_stopped(pids[victim], std::chrono::seconds(5))) {
+      ::kill(pids[victim], SIGCONT);
+      continue;
+    }
+    long long fence = __atomic_load_n(&slots.v[victim], __ATOMIC_SEQ_CST);
+    bool counts = fence > 0;  // still between acquire and write while stopped
+    std::this_thread::sleep_for(milliseconds(r.trials % 2 == 0 ? ttl_ms * 3 / 2 : ttl_ms * 3));
+    ::kill(pids[victim], SIGCONT);
+    if (counts) {
+      ++r.trials;
+      paused_fences.insert(fence);
+    }
+    std::this_thread::sleep_for(milliseconds(rnd(0, ttl_ms)));
+  }
+  stop_workers(w);
+  auto st = ps.wait_all(std::chrono::seconds(90));
+  for (std::size_t i = 0; i < st.size(); ++i) {
+    INFO("worker " << i << " exit status " << st[i]);
+    CHECK(st[i] == 0);
+  }
+  r.a = analyze(ctx.db, ctx, w, false);
+  // A paused fence that was acknowledged is a stale write accepted.
+  for (int i = 0; i < 4; ++i) {
+    std::istringstream in(read_file(dir.file("w" + std::to_string(i) + ".log")));
+    std::string k;
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream l(line);
+      long long f = 0;
+      if (l >> k >> f && k == "K" && paused_fences.count(f)) ++r.stale_accepted;
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+DBLOCK_TEST("holders paused 1.5 x TTL and 3 x TTL: zero stale fenced writes accepted",
+            "[faults][pause]") {
+  const int trials = count(10, 100);
+  auto r = run_pauses(ctx, true, trials);
+  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
+                     << r.stale_accepted);
+  CHECK(r.trials == trials);
+  CHECK(r.stale_accepted == 0);
+  CHECK(r.a.violations == 0);
+  CHECK(r.a.lost >= r.trials);  // every paused holder was told lease_lost
+  report("3-paused-holder", ctx.backend, r.trials, r.trials, r.stale_accepted + r.a.violations,
+         "acked=" + std::to_string(r.a.acked) + " lease_lost=" + std::to_string(r.a.lost));
+}
+
+DBLOCK_TEST("negative control: paused holders writing without the fence are caught",
+            "[faults][pause][control]") {
+  auto r = run_pauses(ctx, false, 4);
+  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
+                     << r.stale_accepted);
+  CHECK(r.stale_accepted > 0);
+  CHECK(r.a.violations > 0);
+  report("control-3-unfenced-pause", ctx.backend, r.trials, r.trials,
+         r.stale_accepted + r.a.violations, "expected=violations>0");
+}

@@ -1,0 +1,169 @@
+// Scenario 5 (SAFETY.md T11): right after a watchdog-renewed lease is acquired, every renewal
+// fails. PostgreSQL/MariaDB: the worker's own proxy either blackholes (renewals hang) or resets
+// and refuses every connection (renewals fail fast). SQLite: another connection holds BEGIN
+// EXCLUSIVE, with the busy timeout at 5 s (renewals hang) or 50 ms (they fail fast).
+// Checked per trial: on_lost fires, less than TTL after the acquire request was sent, and at
+// that moment the row read directly on the database clock still carries our unexpired lease (the
+// loss is reported before the lease can have expired); valid() is false afterwards.
+// Negative control: with the watchdog off, the same check must find no report.
+#include <soci/soci.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "database_impl.hpp"
+#include "fault_support.hpp"
+#include "harness.hpp"
+#include "proxy.hpp"
+
+using namespace dblock;
+using namespace dblock::test;
+using namespace dblock::test::faults;
+using std::chrono::milliseconds;
+
+// args: backend url prefix trials ttl_ms watchdog(0|1) out_file
+// Writes one line per trial: "T <variant> <reported 0|1> <ms from send to report>
+// <row unexpired at report 0|1> <valid after 0|1>".
+DBLOCK_WORKER(renewal_blackhole_worker) {
+  const std::string backend = args.at(0), url = args.at(1), prefix = args.at(2);
+  const int trials = std::stoi(args.at(3)), ttl_ms = std::stoi(args.at(4));
+  const bool watchdog = args.at(5) == "1";
+  const bool sqlite = backend == "sqlite";
+  std::unique_ptr<tcp_proxy> proxy;
+  std::string via = url;
+  if (!sqlite) {
+    auto [host, port] = url_host_port(url);
+    proxy = std::make_unique<tcp_proxy>(host, port);
+    via = url_via(url, proxy->port());
+  }
+  auto direct = open_db(url, prefix, 2);
+  std::ostringstream out;
+  for (int t = 0; t < trials; ++t) {
+    const int variant = t % 2;
+    database_options o = with_prefix(prefix);
+    o.pool_size = 3;
+    o.sqlite_busy_timeout = milliseconds(variant == 0 ? 5000 : 50);
+    database db(via, o);
+    db.ping();
+    std::mutex mu;
+    std::condition_variable cv;
+    bool reported = false;
+    long long reported_ns = 0;
+    lease_options lo;
+    lo.ttl = milliseconds(ttl_ms);
+    lo.watchdog = watchdog;
+    lo.on_lost = [&](const error&) {
+      std::lock_guard<std::mutex> g(mu);
+      reported = true;
+      reported_ns = monotonic_ns();
+      cv.notify_all();
+    };
+    lease_lock lock(db, "renew-" + random_suffix(), lo);
+    const long long sent = monotonic_ns();
+    auto g = lock.try_acquire();
+    if (!g) return 10;
+    // From now on every renewal fails.
+    auto blocker = direct.connect();
+    if (sqlite) {
+      blocker.session() << "BEGIN EXCLUSIVE";
+    } else if (variant == 0) {
+      proxy->set_blackhole(true);
+    } else {
+      proxy->set_refuse(true);
+      proxy->cut_all();
+    }
+    bool unexpired = false;
+    bool seen = false;  // reported within 3 x TTL (release() below may report later)
+    long long seen_ns = 0;
+    {
+      std::unique_lock<std::mutex> l(mu);
+      seen = cv.wait_for(l, milliseconds(3 * ttl_ms), [&] { return reported; });
+      seen_ns = reported_ns;
+    }
+    if (seen) {
+      // Read the row at once on the database clock (SQLite: through the connection holding the
+      // exclusive lock; it is the only one that can read now).
+      auto row =
+          direct.impl()->dia->lease_read(blocker.session(), direct.impl()->tables, lock.name());
+      unexpired = row && row->owner_token == g->owner_token() && row->expires_at_us > row->now_us;
+    }
+    const bool valid_after = g->valid();
+    if (sqlite) blocker.session() << "COMMIT";
+    if (proxy) {
+      proxy->set_blackhole(false);
+      proxy->set_refuse(false);
+      proxy->cut_all();
+    }
+    try {
+      g->release();
+    } catch (const std::exception&) {
+    }
+    g.reset();
+    out << "T " << variant << " " << (seen ? 1 : 0) << " "
+        << (seen ? (seen_ns - sent) / 1000000 : -1) << " " << (unexpired ? 1 : 0) << " "
+        << (valid_after ? 1 : 0) << "\n";
+  }
+  write_file_atomic(args.at(6), out.str());
+  return 0;
+}
+
+namespace {
+
+struct renewal_result {
+  long long trials = 0, reported = 0, late = 0, expired_at_report = 0, valid_after = 0;
+  std::string lines;
+};
+
+renewal_result run_renewal(const context& ctx, int trials, int ttl_ms, bool watchdog) {
+  temp_dir dir("faults-renew");
+  process_set ps;
+  int pid = ps.spawn("renewal_blackhole_worker",
+                     {ctx.backend, ctx.url, ctx.prefix, std::to_string(trials),
+                      std::to_string(ttl_ms), watchdog ? "1" : "0", dir.file("out")});
+  int rc = ps.wait(pid, std::chrono::seconds(120));
+  INFO("worker exit status " << rc);
+  REQUIRE(rc == 0);
+  renewal_result r;
+  r.lines = read_file(dir.file("out"));
+  std::istringstream in(r.lines);
+  std::string k;
+  int variant = 0, rep = 0, unexp = 0, valid = 0;
+  long long ms = 0;
+  while (in >> k >> variant >> rep >> ms >> unexp >> valid) {
+    ++r.trials;
+    r.reported += rep;
+    if (rep && ms >= ttl_ms) ++r.late;
+    if (rep && !unexp) ++r.expired_at_report;
+    r.valid_after += valid;
+  }
+  return r;
+}
+
+}  // namespace
+
+DBLOCK_TEST("renewal blackhole: the guard reports the loss before the lease can expire",
+            "[faults][renewal][serial]") {
+  const int trials = count(4, 20), ttl_ms = 800;
+  auto r = run_renewal(ctx, trials, ttl_ms, true);
+  INFO(r.lines);
+  CHECK(r.trials == trials);
+  CHECK(r.reported == trials);
+  CHECK(r.late == 0);
+  CHECK(r.expired_at_report == 0);
+  CHECK(r.valid_after == 0);
+  long long violations = (trials - r.reported) + r.late + r.expired_at_report + r.valid_after;
+  report("5-renewal-blackhole", ctx.backend, r.trials, r.trials, violations);
+}
+
+DBLOCK_TEST("negative control: without the watchdog no loss is reported",
+            "[faults][renewal][control]") {
+  auto r = run_renewal(ctx, 1, 300, false);
+  INFO(r.lines);
+  CHECK(r.trials == 1);
+  CHECK(r.reported == 0);
+  report("control-5-no-watchdog", ctx.backend, r.trials, r.trials, r.trials - r.reported,
+         "expected=violations>0");
+}
