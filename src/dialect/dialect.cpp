@@ -22,10 +22,15 @@ void prepare_once(soci::statement& st, const std::string& text) {
 
 namespace {
 // Sessions live in the pool for the life of a database, so their addresses are stable keys.
-std::mutex state_mu;
+// Both are never destroyed: a detached renewal thread may still return its connection while the
+// process exits and runs static destructors.
+std::mutex& state_mutex() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
 std::unordered_map<const soci::session*, std::unique_ptr<connection_state>>& states() {
-  static std::unordered_map<const soci::session*, std::unique_ptr<connection_state>> m;
-  return m;
+  static auto* m = new std::unordered_map<const soci::session*, std::unique_ptr<connection_state>>;
+  return *m;
 }
 bool ident_char(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
@@ -33,14 +38,14 @@ bool ident_char(char c) {
 }  // namespace
 
 connection_state* state_of(soci::session& sql) noexcept {
-  std::lock_guard<std::mutex> lk(state_mu);
+  std::lock_guard<std::mutex> lk(state_mutex());
   auto it = states().find(&sql);
   return it == states().end() ? nullptr : it->second.get();
 }
 
 void attach_state(soci::session& sql, std::unique_ptr<connection_state> state) {
   std::unique_ptr<connection_state> old;  // destroyed outside the lock
-  std::lock_guard<std::mutex> lk(state_mu);
+  std::lock_guard<std::mutex> lk(state_mutex());
   auto it = states().find(&sql);
   if (it != states().end()) {
     old = std::move(it->second);
@@ -51,7 +56,7 @@ void attach_state(soci::session& sql, std::unique_ptr<connection_state> state) {
 
 session_ref session_of(soci::session& sql) noexcept {
   session_ref r;
-  std::lock_guard<std::mutex> lk(state_mu);
+  std::lock_guard<std::mutex> lk(state_mutex());
   auto it = states().find(&sql);
   if (it != states().end()) {
     r.id = it->second->session_id;

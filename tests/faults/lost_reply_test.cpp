@@ -1,13 +1,12 @@
-// Deterministic reproduction of a lost-reply resolution bug found by scenario 2 (see
-// connection_cut_test.cpp). Hidden ([.]) and not tagged [faults], so the CTest entries do not run
-// it; run it with: dblock_fault_tests "[bug]".
+// Regression test for a lost-reply resolution bug found by scenario 2 (connection_cut_test.cpp),
+// fixed by ending the broken server session before reading the row back.
 //
 // try_acquire's upsert waits on the lock row, which a holder's fenced() transaction has locked.
 // The connection is reset meanwhile; lease_lock resolves the lost reply by reading the row at
 // once, sees the holder's row and reports "not acquired". The server still runs the upsert: when
-// the holder commits (its lease has expired by then), the upsert takes the row under our owner
-// token. The row then carries an unexpired lease of ours although we were told "not acquired"
-// (SAFETY.md E1); the correct outcome would have been in_doubt (or waiting for the old session).
+// the holder commits (its lease has expired by then), the upsert took the row under our owner
+// token: the row then carried an unexpired lease of ours although we were told "not acquired"
+// (SAFETY.md E1). Now the old session is ended first, so the read-back is final.
 #include <soci/soci.h>
 #include <unistd.h>
 
@@ -22,8 +21,9 @@ using namespace dblock;
 using namespace dblock::test;
 using std::chrono::milliseconds;
 
-DBLOCK_TEST_SERVERS("BUG: lost reply of an upsert waiting on a row lock is 'not acquired'",
-                    "[.][bug]") {
+DBLOCK_TEST_SERVERS(
+    "a lost reply of an upsert waiting on a row lock is never a false 'not acquired'",
+    "[faults][lost-reply]") {
   auto [host, port] = url_host_port(ctx.url);
   tcp_proxy proxy(host, port);
   const std::string name = "bug-" + random_suffix();
