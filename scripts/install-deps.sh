@@ -31,6 +31,12 @@ PACKAGES=(
     mariadb-client
     faketime
     clang-format
+    # scripts/fuzz.sh: clang++ with -fsanitize=fuzzer needs the compiler-rt archives
+    # (libclang_rt.fuzzer*, asan, ubsan) of libclang-rt-14-dev, which clang only recommends;
+    # llvm provides llvm-symbolizer for readable sanitizer stacks.
+    clang
+    libclang-rt-14-dev
+    llvm
     procps
     iproute2
 )

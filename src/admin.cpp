@@ -30,6 +30,7 @@ std::vector<lock_info> list_locks(const database& db, const list_options& o) {
   if (o.limit < 1 || o.limit > 100000)
     throw error(errc::invalid_argument, "list_locks: limit must be 1..100000");
   if (o.pattern.size() > 1000) throw error(errc::invalid_argument, "list_locks: pattern too long");
+  detail::validate_text(o.pattern, "list_locks pattern");
   const auto& impl = db.impl();
   const auto& d = *impl->dia;
   return detail::with_session(impl, "list locks", [&](soci::session& sql) {
@@ -83,6 +84,8 @@ forced_release force_release(const database& db, const std::string& name, const 
     throw error(errc::invalid_argument, "force_release: the reason is over 1000 bytes");
   if (forced_by.size() > 255)
     throw error(errc::invalid_argument, "force_release: forced_by is over 255 bytes");
+  detail::validate_text(reason, "force_release reason");
+  detail::validate_text(forced_by, "force_release forced_by");
   const auto& impl = db.impl();
   const auto& d = *impl->dia;
   const auto& t = impl->tables;

@@ -5,7 +5,6 @@
 #include "dblock/error.hpp"
 
 namespace dblock::detail {
-namespace {
 
 std::string printable(std::string_view s) {
   std::string out;
@@ -22,6 +21,8 @@ std::string printable(std::string_view s) {
   if (s.size() > 64) out += "...";
   return out;
 }
+
+namespace {
 
 bool valid_utf8(std::string_view s) {
   std::size_t i = 0;
@@ -84,6 +85,15 @@ void validate_resource_name(std::string_view name) {
   if (!valid_utf8(name))
     throw error(errc::invalid_argument,
                 "invalid resource name '" + printable(name) + "': not valid UTF-8");
+}
+
+void validate_text(std::string_view text, const char* what) {
+  if (text.find('\0') != std::string_view::npos)
+    throw error(errc::invalid_argument,
+                std::string("invalid ") + what + " '" + printable(text) + "': contains a NUL byte");
+  if (!valid_utf8(text))
+    throw error(errc::invalid_argument,
+                std::string("invalid ") + what + " '" + printable(text) + "': not valid UTF-8");
 }
 
 }  // namespace dblock::detail

@@ -9,11 +9,20 @@ namespace dblock::detail {
 /// Longest resource name in bytes; the lock table's column holds exactly this many.
 constexpr std::size_t max_resource_name_bytes = 255;
 
+/// At most the first 64 bytes of `s` for an error message, every byte outside printable ASCII
+/// as \xNN (a hostile value never puts raw control bytes or invalid UTF-8 into a message).
+std::string printable(std::string_view s);
+
 /// Throws errc::invalid_argument unless `ident` matches [A-Za-z_][A-Za-z0-9_]{0,62}.
 void validate_identifier(std::string_view ident, const char* what);
 
 /// Throws errc::invalid_argument unless `name` is 1..255 bytes of valid UTF-8 without NUL.
 /// Names are compared byte for byte: "a", "A" and "a " are three different locks.
 void validate_resource_name(std::string_view name);
+
+/// Throws errc::invalid_argument unless free text (a name pattern, a force_release reason)
+/// is valid UTF-8 without NUL: PostgreSQL text holds neither, and libpq and SOCI pass C strings,
+/// so a NUL would silently cut the value short on every backend.
+void validate_text(std::string_view text, const char* what);
 
 }  // namespace dblock::detail

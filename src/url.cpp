@@ -25,12 +25,31 @@ std::string decode(std::string s) {
   return std::string(static_cast<const char*>(buf.data()), end);
 }
 
+// Control bytes and non-ASCII bytes of a rejected URL are shown as \xNN, never raw.
+std::string escaped(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void bad(const std::string& redacted, const std::string& why) {
-  throw error(errc::invalid_argument, "invalid database URL '" + redacted + "': " + why);
+  throw error(errc::invalid_argument, "invalid database URL '" + escaped(redacted) + "': " + why);
 }
 
 // The URL with the password part of userinfo masked, computed without a full parse so that it
-// can be used in the parser's own error messages.
+// can be used in the parser's own error messages. The password is taken to run to the last '@'
+// of the whole URL, not of the authority: a password given raw (RFC 3986 wants it
+// percent-encoded) may contain '/', '?' or '#', which would end the authority early and leave
+// the rest of it in view. An '@' in the path or query then masks more than needed, the safe side.
 std::string redact(const std::string& url) {
   auto scheme_end = url.find("://");
   if (scheme_end == std::string::npos) {
@@ -39,16 +58,11 @@ std::string redact(const std::string& url) {
     return colon == std::string::npos ? std::string("<unparsable>") : url.substr(0, colon) + ":...";
   }
   auto auth_begin = scheme_end + 3;
-  auto auth_end = url.find_first_of("/?#", auth_begin);
-  std::string authority = url.substr(
-      auth_begin, auth_end == std::string::npos ? std::string::npos : auth_end - auth_begin);
-  auto at = authority.rfind('@');
-  if (at == std::string::npos) return url;
-  auto colon = authority.find(':');
+  auto at = url.rfind('@');
+  if (at == std::string::npos || at < auth_begin) return url;
+  auto colon = url.find(':', auth_begin);
   if (colon == std::string::npos || colon > at) return url;
-  std::string masked = authority.substr(0, colon) + ":***" + authority.substr(at);
-  return url.substr(0, auth_begin) + masked +
-         (auth_end == std::string::npos ? std::string() : url.substr(auth_end));
+  return url.substr(0, colon) + ":***" + url.substr(at);
 }
 
 }  // namespace
@@ -61,6 +75,10 @@ parsed_url parse_url(const std::string& url) {
   for (unsigned char c : url) {
     if (c < 0x20 || c == 0x7f) bad(out.redacted, "contains a control character");
   }
+  // A decoded NUL would cut the value short in the C strings of libpq, libmysqlclient and
+  // uriparser's query list, so that another database, user or option than written is used.
+  if (url.find("%00") != std::string::npos)
+    bad(out.redacted, "contains a percent-encoded NUL byte (%00)");
 
   if (url.rfind("sqlite", 0) == 0 && url.find(":memory:") != std::string::npos)
     bad(out.redacted,
@@ -144,7 +162,8 @@ parsed_url parse_url(const std::string& url) {
     if (!out.path.empty() && out.path[0] == '/') out.path.erase(0, 1);
     if (out.path.empty()) bad(out.redacted, "missing database name (the path after the host)");
     if (out.path.find('/') != std::string::npos)
-      bad(out.redacted, "database name '" + out.path + "' contains '/'");
+      // The name is not shown: with a raw '/' in the password, it holds the rest of the password.
+      bad(out.redacted, "the database name (the path after the host) contains '/'");
     if (out.host.empty() && !out.query.count("host") && !out.query.count("unix_socket"))
       bad(out.redacted, "missing host");
   }

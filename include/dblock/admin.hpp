@@ -37,7 +37,8 @@ struct list_options {
 };
 
 /// Lists lease rows; held leases only unless include_free. Thread-safe.
-/// @throws dblock::error (schema_missing, connection errors, invalid_argument for a bad limit).
+/// @throws dblock::error (schema_missing, connection errors, invalid_argument for a bad limit or
+///         a pattern over 1000 bytes, with a NUL byte or not valid UTF-8).
 std::vector<lock_info> list_locks(const database& db, const list_options& options = {});
 
 /// A forced release, as recorded in the audit table.
@@ -60,7 +61,8 @@ struct forced_release {
  * it), replaces the owner token and ends the lease, so the old holder's renew, release and
  * fenced() fail with errc::lease_lost. Records who, when and why in `<prefix>resource_lock_audit`.
  * @throws dblock::error errc::not_found when no row has that name, errc::invalid_argument for a
- *         bad name or a reason over 1000 bytes.
+ *         bad name, a reason over 1000 bytes, forced_by over 255 bytes, or either with a NUL
+ *         byte or not valid UTF-8.
  */
 forced_release force_release(const database& db, const std::string& name, const std::string& reason,
                              const std::string& forced_by);

@@ -88,6 +88,33 @@ milliseconds parse_duration(const std::string& text, const char* option) {
   return milliseconds(static_cast<long long>(value * factor + 0.5));
 }
 
+// A name or free text for a terminal: control characters (C0, DEL and the UTF-8 encoded C1
+// range U+0080..U+009F) become \xNN, so that a hostile lock name or reason cannot move the
+// cursor, clear the screen or forge output lines. JSON output escapes by itself.
+std::string shown(std::string_view s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  auto esc = [&](unsigned char c) {
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  };
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    auto next = i + 1 < s.size() ? static_cast<unsigned char>(s[i + 1]) : 0;
+    if (c < 0x20 || c == 0x7f) {
+      esc(c);
+    } else if (c == 0xc2 && next >= 0x80 && next <= 0x9f) {
+      esc(c);
+      esc(next);
+      ++i;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 std::string url_or_env(const std::string& url) {
   if (!url.empty()) return url;
   const char* env = std::getenv("DBLOCK_URL");
@@ -142,7 +169,7 @@ class stderr_listener : public dblock::listener {
   std::mutex mu_;
   void say(const std::string& m) {
     std::lock_guard<std::mutex> lk(mu_);
-    std::cerr << "dblock: " << m << "\n";
+    std::cerr << "dblock: " << shown(m) << "\n";
   }
 };
 
@@ -217,7 +244,7 @@ int run_status(const common_options& c, bool json, bool all, const std::string& 
   }
   std::size_t w = 4;
   for (const auto& l : locks)
-    w = std::max(w, std::min<std::size_t>(l.name.size(), 60));
+    w = std::max(w, std::min<std::size_t>(shown(l.name).size(), 60));
   std::cout << std::left << std::setw(static_cast<int>(w)) << "NAME"
             << "  " << std::setw(28) << "HOLDER" << std::right << std::setw(10) << "FENCE"
             << std::setw(12) << "ACQUIRED" << std::setw(12) << "EXPIRES IN" << std::setw(6)
@@ -225,21 +252,22 @@ int run_status(const common_options& c, bool json, bool all, const std::string& 
             << "\n";
   for (const auto& l : locks) {
     auto ago = std::chrono::duration_cast<std::chrono::microseconds>(now - l.acquired_at);
-    std::cout << std::left << std::setw(static_cast<int>(w)) << l.name.substr(0, 60) << "  "
+    std::cout << std::left << std::setw(static_cast<int>(w)) << shown(l.name).substr(0, 60) << "  "
               << std::setw(28) << (l.holder_host + ":" + std::to_string(l.holder_pid)).substr(0, 28)
               << std::right << std::setw(10) << l.fence << std::setw(12) << (human(ago) + " ago")
               << std::setw(12) << (l.held ? human(l.expires_in) : std::string("free"))
               << std::setw(6) << l.hold_count << "\n";
   }
   std::cout << locks.size() << (all ? " lock row(s)" : " held lock(s)")
-            << (pattern.empty() ? "" : " matching '" + pattern + "'") << " in " << db.redacted_url()
-            << "\n";
+            << (pattern.empty() ? "" : " matching '" + shown(pattern) + "'") << " in "
+            << db.redacted_url() << "\n";
   if (!forced.empty()) {
     std::cout << "\nlast forced releases:\n";
     for (const auto& f : forced)
-      std::cout << "  " << iso_time(f.at) << "  " << f.name << "  fence " << f.previous_fence
+      std::cout << "  " << iso_time(f.at) << "  " << shown(f.name) << "  fence " << f.previous_fence
                 << " -> " << f.new_fence << "  was " << (f.was_held ? "held" : "free") << " by "
-                << f.previous_holder << "  forced by " << f.forced_by << ": " << f.reason << "\n";
+                << f.previous_holder << "  forced by " << shown(f.forced_by) << ": "
+                << shown(f.reason) << "\n";
   }
   return exit_ok;
 }
@@ -262,13 +290,13 @@ int run_release(const common_options& c, bool force, const std::string& name,
   auto db = open_db(c);
   try {
     auto f = dblock::force_release(db, name, reason, who_am_i());
-    std::cout << "released '" << f.name << "' (it was " << (f.was_held ? "held" : "free")
+    std::cout << "released '" << shown(f.name) << "' (it was " << (f.was_held ? "held" : "free")
               << ", last holder " << f.previous_holder << "); fence " << f.previous_fence << " -> "
               << f.new_fence << ", recorded in the audit table\n";
     return exit_ok;
   } catch (const dblock::error& e) {
     if (e.code() != dblock::errc::not_found) throw;
-    std::cerr << "dblock release: " << e.what() << "\n";
+    std::cerr << "dblock release: " << shown(e.what()) << "\n";
     return exit_not_found;
   }
 }
@@ -347,7 +375,7 @@ int run_exec(const common_options& c, const exec_options& x) {
   lo.watchdog = true;
   lo.on_lost = [&lost](const dblock::error& e) {
     lost = true;
-    std::cerr << "dblock exec: " << e.what() << "; sending SIGTERM to the command\n";
+    std::cerr << "dblock exec: " << shown(e.what()) << "; sending SIGTERM to the command\n";
     pid_t p = child_pid.load();
     if (p > 0) ::kill(p, SIGTERM);
   };
@@ -365,13 +393,13 @@ int run_exec(const common_options& c, const exec_options& x) {
     if (e.code() != dblock::errc::timeout) throw;
   }
   if (!guard) {
-    std::cerr << "dblock exec: lock '" << x.lock << "' is held by another owner";
+    std::cerr << "dblock exec: lock '" << shown(x.lock) << "' is held by another owner";
     if (wait.count() > 0) std::cerr << " and was not freed within " << x.wait;
     std::cerr << "; not running the command\n";
     return exit_not_acquired;
   }
   if (c.verbose)
-    std::cerr << "dblock exec: acquired '" << x.lock << "' fence " << guard->fence() << "\n";
+    std::cerr << "dblock exec: acquired '" << shown(x.lock) << "' fence " << guard->fence() << "\n";
 
   struct sigaction sa {};
   sa.sa_handler = forward_signal;
@@ -419,7 +447,7 @@ int run_exec(const common_options& c, const exec_options& x) {
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 
   if (lost) {
-    std::cerr << "dblock exec: the lease on '" << x.lock
+    std::cerr << "dblock exec: the lease on '" << shown(x.lock)
               << "' was lost while the command ran (it was sent SIGTERM); exit " << exit_lease_lost
               << "\n";
     guard.reset();
@@ -429,14 +457,14 @@ int run_exec(const common_options& c, const exec_options& x) {
     guard->release();
   } catch (const dblock::error& e) {
     if (e.code() == dblock::errc::lease_lost) {
-      std::cerr << "dblock exec: " << e.what() << "\n";
+      std::cerr << "dblock exec: " << shown(e.what()) << "\n";
       return exit_lease_lost;
     }
     // The command ran to its end under the lease; only the release failed (for example the
     // connection broke). The lease expires by itself within --ttl, nobody renews it. Report
     // and keep the command's status, which is what the caller scripts on.
-    std::cerr << "dblock exec: warning: could not release '" << x.lock << "' (" << e.what()
-              << "); it expires within " << x.ttl << "\n";
+    std::cerr << "dblock exec: warning: could not release '" << shown(x.lock) << "' ("
+              << shown(e.what()) << "); it expires within " << x.ttl << "\n";
   }
   return code;
 }
@@ -563,10 +591,10 @@ int main(int argc, char** argv) {
     if (release->parsed()) return run_release(common, force, release_name, reason);
     if (bench->parsed()) return run_bench(common, bench_urls, bench_opts);
   } catch (const dblock::error& e) {
-    std::cerr << "dblock: " << e.what() << "\n";
+    std::cerr << "dblock: " << shown(e.what()) << "\n";
     return exit_status_for(e);
   } catch (const std::exception& e) {
-    std::cerr << "dblock: " << e.what() << "\n";
+    std::cerr << "dblock: " << shown(e.what()) << "\n";
     return exit_software;
   }
   return exit_usage;

@@ -249,7 +249,7 @@ table_names make_table_names(const std::string& prefix) {
       ok = ok && (std::islower(c) || std::isdigit(c) || c == '_');
     if (!ok)
       throw error(errc::invalid_argument,
-                  "invalid table prefix '" + prefix.substr(0, 40) +
+                  "invalid table prefix '" + printable(prefix) +
                       "': expected [a-z_][a-z0-9_]{0,31} (lower case, so that every backend "
                       "spells the table names the same way)");
   }

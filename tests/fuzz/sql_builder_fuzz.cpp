@@ -1,0 +1,172 @@
+// libFuzzer target: the pure functions that assemble SQL text and connection strings.
+// Invariants:
+//  - name_pattern_value(): the bound LIKE (PostgreSQL, MySQL: ESCAPE '!') or GLOB (SQLite)
+//    pattern means exactly the shell pattern: `*` any run, `?` one character, every other byte
+//    literal (no unescaped '%', '_', '!', '[' can widen a match);
+//  - apply_prefix(): replaces every "{{prefix}}" (the identity for prefix "{{prefix}}");
+//  - split_statements(): no comment line inside a statement, no byte lost but the statement
+//    separators;
+//  - conn_quote(): one quoted token that unquotes to the input (no key=value injection);
+//  - quote()/select_value_sql()/name_pattern_sql() of a valid identifier never add a quote of
+//    the identifier's kind inside it.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dialect/common.hpp"
+#include "dialect/dialect.hpp"
+#include "fuzz_common.hpp"
+
+namespace {
+
+using namespace dblock::detail;
+
+enum kind : int { any_run = -1, any_one = -2 };
+
+// A shell pattern as tokens: a byte value (literal) or a wildcard.
+std::vector<int> glob_tokens(const std::string& glob) {
+  std::vector<int> out;
+  for (unsigned char c : glob)
+    out.push_back(c == '*' ? any_run : c == '?' ? any_one : c);
+  return out;
+}
+
+// A LIKE pattern with ESCAPE '!' as tokens; false when malformed (a dangling escape).
+bool like_tokens(const std::string& p, std::vector<int>& out) {
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    unsigned char c = p[i];
+    if (c == '!') {
+      if (i + 1 == p.size()) return false;
+      out.push_back(static_cast<unsigned char>(p[++i]));
+    } else {
+      out.push_back(c == '%' ? any_run : c == '_' ? any_one : c);
+    }
+  }
+  return true;
+}
+
+// A GLOB pattern as tokens; false for a character class other than "[[]" (dblock never
+// produces one) or an unterminated one.
+bool sqlite_glob_tokens(const std::string& p, std::vector<int>& out) {
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    unsigned char c = p[i];
+    if (c == '[') {
+      if (p.compare(i, 3, "[[]") != 0) return false;
+      out.push_back('[');
+      i += 2;
+    } else {
+      out.push_back(c == '*' ? any_run : c == '?' ? any_one : c);
+    }
+  }
+  return true;
+}
+
+std::size_t non_space(const std::string& s) {
+  std::size_t n = 0;
+  for (char c : s)
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') ++n;
+  return n;
+}
+
+void check_split(const std::string& sql) {
+  auto stmts = split_statements(sql);
+  // Bytes that survive: those of lines that are neither blank nor comments.
+  std::size_t kept = 0, enders = 0;
+  std::size_t pos = 0;
+  while (pos < sql.size()) {
+    auto nl = sql.find('\n', pos);
+    std::string line = sql.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    pos = nl == std::string::npos ? sql.size() : nl + 1;
+    auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line.compare(first, 2, "--") == 0) continue;
+    kept += non_space(line);
+    if (line[line.find_last_not_of(" \t\r")] == ';') ++enders;
+  }
+  std::size_t got = 0;
+  for (const auto& s : stmts) {
+    got += non_space(s);
+    std::size_t p = 0;
+    while (p < s.size()) {
+      auto nl = s.find('\n', p);
+      std::string line = s.substr(p, nl == std::string::npos ? std::string::npos : nl - p);
+      p = nl == std::string::npos ? s.size() : nl + 1;
+      auto first = line.find_first_not_of(" \t\r");
+      if (first != std::string::npos)
+        FUZZ_CHECK(line.compare(first, 2, "--") != 0, "a comment line inside a statement");
+    }
+  }
+  // Each statement-ending ';' is dropped (everything after it on its line is blank).
+  FUZZ_CHECK(got + enders == kept, "split_statements lost or invented bytes");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string in(reinterpret_cast<const char*>(data), size);
+  const dialect& pg = postgresql_dialect_instance();
+  const dialect& my = mysql_dialect_instance();
+  const dialect& lite = sqlite_dialect_instance();
+
+  // Name patterns.
+  const auto want = glob_tokens(in);
+  for (const dialect* d : {&pg, &my}) {
+    std::vector<int> got;
+    FUZZ_CHECK(like_tokens(d->name_pattern_value(in), got), "dangling escape");
+    FUZZ_CHECK(got == want, std::string(d->name()) + ": LIKE pattern means something else");
+  }
+  {
+    std::vector<int> got;
+    FUZZ_CHECK(sqlite_glob_tokens(lite.name_pattern_value(in), got), "stray GLOB class");
+    FUZZ_CHECK(got == want, "sqlite: GLOB pattern means something else");
+  }
+
+  // Prefix substitution.
+  FUZZ_CHECK(apply_prefix(in, "{{prefix}}") == in, "apply_prefix is not the identity");
+  {
+    std::size_t n = 0;
+    for (auto p = in.find("{{prefix}}"); p != std::string::npos; p = in.find("{{prefix}}", p + 10))
+      ++n;
+    std::string out = apply_prefix(in, "p_");
+    FUZZ_CHECK(out.size() + 8 * n == in.size(), "apply_prefix length");
+  }
+
+  // Migration splitting.
+  check_split(in);
+
+  // Connection-string quoting: '...' with \ and ' escaped.
+  {
+    std::string q = conn_quote(in);
+    FUZZ_CHECK(q.size() >= 2 && q.front() == '\'' && q.back() == '\'', q);
+    std::string back;
+    bool closed = false;
+    for (std::size_t i = 1; i < q.size(); ++i) {
+      if (q[i] == '\\') {
+        FUZZ_CHECK(i + 2 < q.size(), "dangling backslash");
+        back += q[++i];
+      } else if (q[i] == '\'') {
+        FUZZ_CHECK(i + 1 == q.size(), "quote closed early: key=value injection");
+        closed = true;
+      } else {
+        back += q[i];
+      }
+    }
+    FUZZ_CHECK(closed && back == in, "conn_quote does not round-trip");
+  }
+
+  // Identifier quoting in generated SQL fragments (identifiers are validated first).
+  if (dblock::fuzz::is_identifier(in)) {
+    for (const dialect* d : {&pg, &my, &lite}) {
+      const char mark = d->quote("x")[0];
+      for (const std::string& sql : {d->quote(in), d->select_value_sql(in)}) {
+        std::size_t marks = 0;
+        for (char c : sql)
+          marks += c == mark;
+        FUZZ_CHECK(marks % 2 == 0, sql);
+      }
+      std::string cond = d->name_pattern_sql(in, "pattern");
+      FUZZ_CHECK(cond.find(":pattern") != std::string::npos, cond);
+    }
+  }
+  return 0;
+}
