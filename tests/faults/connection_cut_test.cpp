@@ -87,10 +87,10 @@ DBLOCK_TEST_SERVERS("connections cut at random points, including between COMMIT 
         proxy.cut_reply_to("COMMIT");
         break;
       case 3:
-        proxy.cut_reply_to("INSERT INTO " + lock_table);
+        proxy.cut_reply_to(acquire_request_pattern(ctx.url, lock_table));
         break;
       case 4:
-        proxy.cut_reply_to("UPDATE " + lock_table);
+        proxy.cut_reply_to(renew_release_request_pattern(ctx.url, lock_table));
         break;
       default: {
         auto ports = proxy.upstream_ports();

@@ -478,4 +478,14 @@ analysis analyze(const database& db, const context& ctx, const workload& w, bool
   return r;
 }
 
+std::string acquire_request_pattern(const std::string& url, const std::string& lock_table) {
+  if (url.rfind("postgresql://", 0) == 0) return "dblock_lease_acquire";
+  return "INSERT INTO " + lock_table;
+}
+
+std::string renew_release_request_pattern(const std::string& url, const std::string& lock_table) {
+  if (url.rfind("postgresql://", 0) == 0) return "dblock_lease_re";  // renew and release
+  return "UPDATE " + lock_table;
+}
+
 }  // namespace dblock::test::faults

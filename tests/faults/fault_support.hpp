@@ -43,6 +43,12 @@ long long raw_monotonic_ns();
 /// Path of libfaketime, or "" when it is not installed.
 std::string faketime_lib();
 
+/// What the proxy matches to find the lease acquire (or renew/release) request of `url`'s
+/// backend on the wire: PostgreSQL runs them as prepared statements, so after the first use only
+/// the statement name travels ("dblock_lease_acquire"); MySQL sends the SQL text every time.
+std::string acquire_request_pattern(const std::string& url, const std::string& lock_table);
+std::string renew_release_request_pattern(const std::string& url, const std::string& lock_table);
+
 /// Creates the workload's "counter" (one row, n = 0) and "items" tables.
 void create_workload_tables(const context& ctx);
 

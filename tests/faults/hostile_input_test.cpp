@@ -337,7 +337,7 @@ TEST_CASE("hostile URLs are rejected clearly and never echo the password", "[uni
 // ---- on every backend --------------------------------------------------------------------------
 
 DBLOCK_TEST("hostile names: bound, distinct, byte-exact, rejected clearly; a canary survives",
-            "[hostile][names]") {
+            "[faults][hostile][names]") {
   dblock::test::table_cleanup cleanup{ctx, {}};
   const std::string canary = cleanup.add(ctx.table("canary"));
   ctx.exec("CREATE TABLE " + canary + " (id INTEGER PRIMARY KEY, v VARCHAR(50) NOT NULL)");
@@ -418,7 +418,8 @@ DBLOCK_TEST("hostile names: bound, distinct, byte-exact, rejected clearly; a can
   CHECK(count_rows(ctx, tables.floor) == 1);
 }
 
-DBLOCK_TEST_SERVERS("hostile names: distinct names never share a row lock", "[hostile][names]") {
+DBLOCK_TEST_SERVERS("hostile names: distinct names never share a row lock",
+                    "[faults][hostile][names]") {
   // SQLite's "row lock" is the database's single write lock, so this is for the servers only.
   const std::vector<std::string> names = {"a",
                                           "A",
@@ -443,7 +444,7 @@ DBLOCK_TEST_SERVERS("hostile names: distinct names never share a row lock", "[ho
   }
 }
 
-DBLOCK_TEST("hostile names through the dblock CLI", "[hostile][names][cli]") {
+DBLOCK_TEST("hostile names through the dblock CLI", "[faults][hostile][names][cli]") {
   dblock::test::temp_dir dir("hostile-cli");
   const std::string out = dir.file("out");
   auto cli = [&](const std::string& sub, std::vector<std::string> rest) {
@@ -552,7 +553,8 @@ DBLOCK_TEST("hostile names through the dblock CLI", "[hostile][names][cli]") {
   }
 }
 
-DBLOCK_TEST("hostile free text: list patterns and force_release reasons", "[hostile][admin]") {
+DBLOCK_TEST("hostile free text: list patterns and force_release reasons",
+            "[faults][hostile][admin]") {
   lease_lock lock(ctx.db, "a");
   auto g = lock.try_acquire();
   REQUIRE(g);
