@@ -552,8 +552,9 @@ int main(int argc, char** argv) {
   bench->add_option("--keys", bench_opts.keys, "distinct keys per client for spread operations")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
-  bench->add_option("--poll-max-ms", bench_opts.poll_max_ms,
-                    "lease_options::poll_max of the waiting acquires (0: the library default)")
+  bench
+      ->add_option("--poll-max-ms", bench_opts.poll_max_ms,
+                   "lease_options::poll_max of the waiting acquires (0: the library default)")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
   bench
