@@ -4,8 +4,13 @@
 #
 # Usage: scripts/test.sh [CTEST_ARGS...]      e.g. scripts/test.sh -R sqlite
 #
+# After the suite passes, the fuzzers run for a fixed number of inputs (scripts/fuzz.sh) and
+# the suite runs again under ASan+UBSan and its threaded tests under TSan
+# (scripts/sanitizers.sh). DBLOCK_QUICK=1 or CTEST_ARGS skip those (not allowed with CI=true).
+#
 # Environment:
 #   BUILD_DIR   build directory (default: build, relative to the repo root)
+#   DBLOCK_FUZZ_RUNS  inputs per fuzz target (default 20000)
 #   CI=true     strict mode: every backend (postgresql, mysql, sqlite) must
 #               have passing tests and none may be skipped
 #   DBLOCK_SUMMARIZE_ONLY=DIR
@@ -175,4 +180,21 @@ case "$ctest_status" in
         exit "$ctest_status"
         ;;
 esac
-exit "$status"
+[ "$status" -eq 0 ] || exit "$status"
+
+# The same suite again under the sanitizers, and the fuzzers for a fixed number of inputs.
+# DBLOCK_QUICK=1 skips them (for quick local iterations only; CI always runs them). Extra
+# arguments (a ctest filter) also skip them: they are for running a part of the suite.
+if [ "${DBLOCK_QUICK:-}" = 1 ] || [ "$#" -gt 0 ]; then
+    if is_ci; then
+        echo "test.sh: CI=true runs the whole suite: DBLOCK_QUICK and ctest filters are refused" >&2
+        exit 2
+    fi
+    banner "Skipped: fuzzers and sanitizer runs (DBLOCK_QUICK=1 or a ctest filter was given)."
+    exit 0
+fi
+msg "fuzzers: ${DBLOCK_FUZZ_RUNS:-20000} inputs each, under ASan+UBSan"
+bash "$REPO_ROOT/scripts/fuzz.sh" "${DBLOCK_FUZZ_RUNS:-20000}"
+msg "sanitizers: the whole suite under ASan+UBSan, the threaded tests under TSan"
+bash "$REPO_ROOT/scripts/sanitizers.sh" all
+printf '\nWall time with fuzzers and sanitizers: %s\n' "$(wall_time)"
