@@ -508,6 +508,7 @@ lease_guard lease_lock::acquire(milliseconds wait, const cancellation& cancel) {
   const auto& dbi = impl_->db.impl();
   const auto& o = impl_->options;
   const auto deadline = steady::now() + wait;
+  bool lost_race = false;  // the last try followed a read that showed the lease free
   for (int attempt = 0;; ++attempt) {
     if (cancel.cancelled())
       throw error(errc::cancelled, "acquire lease '" + impl_->name + "': cancelled");
@@ -526,7 +527,20 @@ lease_guard lease_lock::acquire(milliseconds wait, const cancellation& cancel) {
           dbi, "acquire lease '" + impl_->name + "'",
           [&](soci::session& sql) { return dbi->dia->lease_read(sql, dbi->tables, impl_->name); });
       bool free = !row || row->hold_count == 0 || row->expires_at_us <= row->now_us;
-      if (free) break;
+      if (free && lost_race) {
+        // Free, but the last try after a free read failed (another waiter won): back off
+        // before trying again, so that waiters never spin on try and read.
+        sleep = std::min<nanoseconds>(sleep, deadline - now);
+        if (cancel.sleep_for(sleep))
+          throw error(errc::cancelled, "acquire lease '" + impl_->name + "': cancelled");
+        lost_race = false;
+        continue;
+      }
+      if (free) {
+        lost_race = true;
+        break;
+      }
+      lost_race = false;
       auto until_expiry =
           std::chrono::microseconds(row->expires_at_us - row->now_us) + milliseconds(1);
       sleep = std::min<nanoseconds>(sleep, until_expiry);

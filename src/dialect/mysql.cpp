@@ -240,15 +240,18 @@ class mysql_dialect final : public dialect {
   lease_statements lease_sql(const table_names& t) const override {
     lease_statements s = common_lease_sql(t);
     // ON DUPLICATE KEY UPDATE has no WHERE, and MySQL assigns left to right, so every column
-    // is an IF() on conditions over owner_token and expires_at, and those two are assigned
-    // last (owner_token before expires_at: once the owner is ours, "ours" stays true).
+    // is an IF() on conditions over owner_token, hold_count and expires_at, and those three are
+    // assigned last in an order that keeps the conditions true for the columns after them:
+    // owner_token first (once the owner is ours, "ours" stays true), then hold_count (its
+    // reentry test still sees the old expires_at), then expires_at. A released row
+    // (hold_count 0) is free whatever the clock says, also after the clock stepped back.
     // The fence comes back via LAST_INSERT_ID(expr), which mysql_insert_id() reads from the OK
     // packet: the new fence when acquired, 0 when held by another owner. SOCI connects with
     // CLIENT_FOUND_ROWS, so affected rows cannot tell "held" from "inserted"; the id can.
     const std::string now = now_sql();
     const std::string ours = "owner_token = VALUES(owner_token)";
-    const std::string reentry = "(" + ours + " AND expires_at > " + now + ")";
-    const std::string take = "(" + ours + " OR expires_at <= " + now + ")";
+    const std::string reentry = "(" + ours + " AND expires_at > " + now + " AND hold_count > 0)";
+    const std::string take = "(" + ours + " OR expires_at <= " + now + " OR hold_count = 0)";
     s.acquire =
         "INSERT INTO " + t.lock +
         " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
@@ -260,9 +263,9 @@ class mysql_dialect final : public dialect {
         " acquired_at = IF(" + reentry + ", acquired_at, IF(" + take + ", " + now +
         ", acquired_at))," + " holder_host = IF(" + take + ", VALUES(holder_host), holder_host)," +
         " holder_pid = IF(" + take + ", VALUES(holder_pid), holder_pid)," + " holder_thread = IF(" +
-        take + ", VALUES(holder_thread), holder_thread)," + " hold_count = IF(" + reentry +
-        ", hold_count + 1, IF(" + take + ", 1, hold_count))," + " owner_token = IF(" + take +
-        ", VALUES(owner_token), owner_token)," + " expires_at = IF(" + take +
+        take + ", VALUES(holder_thread), holder_thread)," + " owner_token = IF(" + take +
+        ", VALUES(owner_token), owner_token)," + " hold_count = IF(" + reentry +
+        ", hold_count + 1, IF(" + take + ", 1, hold_count))," + " expires_at = IF(" + take +
         ", VALUES(expires_at), expires_at)";
     return s;
   }

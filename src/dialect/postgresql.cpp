@@ -184,8 +184,10 @@ class postgresql_dialect final : public dialect {
     lease_statements s = common_lease_sql(t);
     // One statement. EXCLUDED.acquired_at is this statement's clock reading, so every
     // comparison below uses the same instant. Reentry (our token, unexpired) keeps the fence.
+    // A released row (hold_count 0) is free whatever the clock says (also after it stepped back).
     const std::string reentry =
-        "(l.owner_token = EXCLUDED.owner_token AND l.expires_at > EXCLUDED.acquired_at)";
+        "(l.owner_token = EXCLUDED.owner_token AND l.expires_at > EXCLUDED.acquired_at AND "
+        "l.hold_count > 0)";
     s.acquire =
         "INSERT INTO " + t.lock +
         " AS l (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
@@ -202,6 +204,7 @@ class postgresql_dialect final : public dialect {
         " holder_host = EXCLUDED.holder_host, holder_pid = EXCLUDED.holder_pid,"
         " holder_thread = EXCLUDED.holder_thread"
         " WHERE l.owner_token = EXCLUDED.owner_token OR l.expires_at <= EXCLUDED.acquired_at"
+        " OR l.hold_count = 0"
         " RETURNING fence";
     return s;
   }

@@ -229,7 +229,8 @@ class sqlite_dialect final : public dialect {
     lease_statements s = common_lease_sql(t);
     s.write_transaction = true;
     const std::string reentry =
-        "(owner_token = excluded.owner_token AND expires_at > excluded.acquired_at)";
+        "(owner_token = excluded.owner_token AND expires_at > excluded.acquired_at AND "
+        "hold_count > 0)";
     s.acquire = "INSERT INTO " + t.lock +
                 " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
                 " holder_host, holder_pid, holder_thread) VALUES (:name, :token, COALESCE((SELECT"
@@ -245,6 +246,7 @@ class sqlite_dialect final : public dialect {
                 " holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,"
                 " holder_thread = excluded.holder_thread"
                 " WHERE owner_token = excluded.owner_token OR expires_at <= excluded.acquired_at"
+                " OR hold_count = 0"
                 " RETURNING fence";
     return s;
   }
