@@ -27,6 +27,15 @@
 #   test-servers.sh mysql-stop DIR [TERM|KILL]             (default: TERM)
 #   test-servers.sh mysql-restart DIR [TERM|KILL]          (default: TERM)
 #
+# A PostgreSQL whose clock can be moved (for the clock-jump fault tests):
+#   test-servers.sh pg-faketime-setup DIR TIMESTAMP_FILE
+#       Set up and start a PostgreSQL alone in the new (or empty) directory DIR,
+#       running under libfaketime (LD_PRELOAD) with its offset read from
+#       TIMESTAMP_FILE on every clock call (e.g. "+0", "+1h", "-1h"; rewrite the
+#       file to jump). CLOCK_MONOTONIC stays real, as an NTP step leaves it.
+#       TIMESTAMP_FILE must be readable by the server's user. Prints
+#       "export DBLOCK_TEST_FAKETIME_PG_URL=..."; stop it with: stop DIR
+#
 # Environment overrides: DBLOCK_TEST_PG_BIN (PostgreSQL bin directory),
 # TMPDIR (where the temporary directory is created).
 set -euo pipefail
@@ -238,9 +247,12 @@ pg_start() {
         return 0
     fi
     # All settings live in postgresql.conf (written at setup), so a plain
-    # pg_ctl start/restart later brings the server back identically.
-    if ! as_pg "$PG_BIN/pg_ctl" -w -t "$PG_START_TIMEOUT" -D "$(pg_data "$dir")" \
-        -l "$(pg_log "$dir")" start >"$dir/pg/pg_ctl.out" 2>&1; then
+    # pg_ctl start/restart later brings the server back identically. DIR/pg/env
+    # (pg-faketime-setup) holds extra environment variables, one per line.
+    local extra_env=()
+    if [ -s "$dir/pg/env" ]; then mapfile -t extra_env <"$dir/pg/env"; fi
+    if ! as_pg env ${extra_env[@]+"${extra_env[@]}"} "$PG_BIN/pg_ctl" -w -t "$PG_START_TIMEOUT" \
+        -D "$(pg_data "$dir")" -l "$(pg_log "$dir")" start >"$dir/pg/pg_ctl.out" 2>&1; then
         cat "$dir/pg/pg_ctl.out" >&2
         show_log "$(pg_log "$dir")"
         msg "PostgreSQL failed to start"
@@ -722,6 +734,37 @@ cmd_start() {
     msg "servers keep running; stop them with: $SCRIPT stop $DIR"
 }
 
+cmd_pg_faketime_setup() {
+    local dir=${1:-} ts=${2:-} lib=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 port
+    if [ -z "$dir" ] || [ -z "$ts" ]; then usage; fi
+    [ -r "$lib" ] || die "libfaketime not found at $lib"
+    ts=$(realpath -m -- "$ts")
+    [ -r "$ts" ] || die "timestamp file $ts is not readable"
+    dir=$(realpath -m -- "$dir")
+    validate_dir_name "$dir"
+    if [ -e "$dir" ]; then
+        if [ ! -d "$dir" ] || [ -n "$(ls -A "$dir")" ]; then die "$dir is not an empty directory"; fi
+    fi
+    mkdir -p "$dir/pg"
+    touch "$dir/$MARKER"
+    chmod 755 "$dir"
+    if is_root && ! runuser -u postgres -- test -r "$ts"; then
+        die "user postgres cannot read $ts"
+    fi
+    trap 'trap "" INT TERM; teardown "$dir"' EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    printf '%s\n' "LD_PRELOAD=$lib" "FAKETIME_TIMESTAMP_FILE=$ts" FAKETIME_NO_CACHE=1 \
+        FAKETIME_DONT_FAKE_MONOTONIC=1 DONT_FAKE_MONOTONIC=1 >"$dir/pg/env"
+    pick_port >"$dir/pg/port"
+    setup_pg "$dir"
+    trap - EXIT INT TERM
+    port=$(read_port "$dir" pg)
+    printf "export DBLOCK_TEST_FAKETIME_PG_URL='%s'\n" \
+        "postgresql://$DB_USER:$DB_PASSWORD@127.0.0.1:$port/$DB_NAME"
+    msg "faketime PostgreSQL keeps running; stop it with: $SCRIPT stop $dir"
+}
+
 cmd_stop() {
     local dir=${1:-}
     [ -n "$dir" ] || usage
@@ -749,6 +792,7 @@ main() {
         mysql-start) check_dir "${1:-}" && my_start "$1" ;;
         mysql-stop) check_dir "${1:-}" && my_stop "$1" "${2:-TERM}" ;;
         mysql-restart) check_dir "${1:-}" && my_restart "$1" "${2:-TERM}" ;;
+        pg-faketime-setup) cmd_pg_faketime_setup "$@" ;;
         # Internal: run by setup_all under setsid.
         _setup-pg) setup_pg "$1" ;;
         _setup-mysql) setup_mysql "$1" ;;

@@ -304,6 +304,7 @@ DBLOCK_WORKER(fault_counter_worker) {
       }
     }
     set_slot(0);
+    log.line("r " + std::to_string(fence) + " " + std::to_string(raw_monotonic_ns()));
     try {
       g->release();
     } catch (const std::exception&) {

@@ -15,6 +15,7 @@
 //   N <fence>                     VIOLATION: try_acquire said "not acquired" while the row
 //                                 carried an unexpired lease of ours that we never got
 //   E <text>                      any other error (acquire failed, ...)
+//   r <fence> <ns>                about to release (CLOCK_MONOTONIC, raw): the hold ends here
 //
 // Exactness, defined precisely: with c = the counter, R = the rows of the items log ordered by
 // n, K = acknowledged fences, D1/D0 = in_doubt fences resolved as written/not written, and M =
