@@ -41,7 +41,9 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:supp
 
 run_asan() {
     msg "ASan+UBSan: configuring ($ASAN_BUILD_DIR)"
-    cmake -S . -B "$ASAN_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDBLOCK_TESTS=ON \
+    # -O1 -g1: instrumented code compiles much faster than at -O2 -g and still names every frame.
+    cmake -S . -B "$ASAN_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DDBLOCK_TESTS=ON \
         -DDBLOCK_EXAMPLES=ON -DDBLOCK_BENCH=OFF -DDBLOCK_ASAN=ON -DDBLOCK_UBSAN=ON >/dev/null
     msg "ASan+UBSan: building"
     local t=$SECONDS
@@ -49,15 +51,20 @@ run_asan() {
     msg "ASan+UBSan: built in $((SECONDS - t))s; running the whole suite"
     t=$SECONDS
     # The consumer test builds a separate project against the installed (instrumented) library
-    # without sanitizer flags; it checks packaging, not memory safety.
+    # without sanitizer flags; it checks packaging, not memory safety. The serial fault entries
+    # (server restarts, delayed replies, renewal blackholes, clock jumps) run in the plain build
+    # only: they are about timing windows, which ASan's slowdown distorts, and they would add
+    # minutes; every other fault scenario and the hostile-input tests run here.
     "$REPO_ROOT/scripts/test-servers.sh" run -- \
-        ctest --test-dir "$ASAN_BUILD_DIR" --output-on-failure -j2 --timeout 1800 -E '^consumer$'
+        ctest --test-dir "$ASAN_BUILD_DIR" --output-on-failure -j2 --timeout 1800 \
+        -E '^(consumer|faults_serial_.*)$'
     msg "ASan+UBSan: suite passed in $((SECONDS - t))s"
 }
 
 run_tsan() {
     msg "TSan: configuring ($TSAN_BUILD_DIR)"
-    cmake -S . -B "$TSAN_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDBLOCK_TESTS=ON \
+    cmake -S . -B "$TSAN_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DDBLOCK_TESTS=ON \
         -DDBLOCK_EXAMPLES=OFF -DDBLOCK_BENCH=OFF -DDBLOCK_TSAN=ON >/dev/null
     msg "TSan: building"
     local t=$SECONDS

@@ -22,7 +22,8 @@
 // SQLite has no server clock: expiry is judged by each process's own wall clock (documented in
 // the README and SAFETY.md). Skew therefore breaks time-based exclusion there (a process ahead
 // takes over unexpired leases at once; a process behind waits up to the skew; a row released by
-// a process ahead stays unacquirable for the others, see the BUG test at the end): the SQLite
+// a process ahead used to stay unacquirable for the others, fixed, see the regression test at the
+// end): the SQLite
 // test demonstrates that limitation (its probes require the premature and the missing takeovers
 // to happen) while still checking that fenced writes stay exact (S1 holds; S2 and L1 do not).
 //
@@ -31,8 +32,8 @@
 // fence order, and some increment acknowledged within 2 x TTL after every jump); then probes
 // measure the takeover after a forward jump (immediate: the lease expires early, the stale
 // holder's fenced write is refused) and after a backward jump (no takeover until the clock comes
-// back, i.e. up to skew + TTL). A backward jump that falls between a release and the next acquire
-// leaves the lock unacquirable for up to the jump (the BUG test); the progress check then fails.
+// back, i.e. up to skew + TTL). A backward jump that fell between a release and the next acquire
+// used to leave the lock unacquirable for up to the jump (fixed; regression test at the end).
 #include <soci/soci.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -183,9 +184,9 @@ skew_result run_skewed_counter(context& ctx, const clock_variant& v, int ms, int
   skew_result r;
   if (ctx.backend == "sqlite") {
     // A row released by a process whose clock is ahead carries expires_at in the future of the
-    // others, and acquire only takes expired rows: they cannot get it (the "BUG" test below) and
-    // spin until their acquire(30 s) times out. If the workers do not finish within 2 s, expire
-    // the released rows so that they can.
+    // others; acquire used to take only expired rows (fixed: released rows are free, see the
+    // regression test below). Should workers still not finish within 2 s, expire the released
+    // rows so that they can, and count them as stuck (reported).
     const long long deadline = monotonic_ns() + 2000000000LL;
     while (!all_exited(pids) && monotonic_ns() < deadline)
       std::this_thread::sleep_for(milliseconds(10));
@@ -679,11 +680,10 @@ struct contention_counter final : listener {
 // process whose clock is behind the releaser's), a released lease cannot be acquired until the
 // clock passes the release time again (up to the size of the step), and acquire(wait) spins:
 // read says free, the upsert fails, no sleep in between. Expected: a released lease is free
-// whatever the clock says, and acquire(wait) never polls without sleeping. Hidden ([.]) and not
-// tagged [faults]: run it with dblock_fault_tests "[bug]".
-DBLOCK_TEST_ONLY("postgresql",
-                 "BUG: a released lease is not acquirable after the server clock steps back",
-                 "[.][bug]") {
+// whatever the clock says, and acquire(wait) never polls without sleeping. Fixed: the acquire
+// statement takes rows with hold_count 0 on every backend; this is its regression test.
+DBLOCK_TEST_ONLY("postgresql", "a released lease is acquirable after the server clock steps back",
+                 "[faults][clock][serial]") {
   REQUIRE(!faketime_lib().empty());
   faketime_pg srv;
   INFO("pg-faketime-setup: " << read_file(srv.setup_log));
