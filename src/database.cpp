@@ -51,6 +51,24 @@ database_impl::~database_impl() {
     attach_state(pool.at(i), nullptr);
 }
 
+bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_ref& s) {
+  try {
+    return with_session(db, "end a broken session", [&](soci::session& sql) {
+      return db->dia->end_session(sql, s, std::chrono::milliseconds(5000));
+    });
+  } catch (const error&) {
+    return false;
+  }
+}
+
+std::string in_doubt_finality(const std::shared_ptr<database_impl>& db, const session_ref& s) {
+  if (end_broken_session(db, s))
+    return "; the server session has been ended, so reading the data back now gives the final "
+           "outcome";
+  return "; the server session could not be confirmed ended, so its COMMIT may still land "
+         "later";
+}
+
 error database_impl::failure(const std::string& what, pooled_session* s) const {
   error e = dia->classify_current(what);
   if (e.code() == errc::connection_lost && s) s->broken = true;

@@ -59,6 +59,16 @@ struct pooled_session {
   soci::session& sql() { return db->pool.at(pos); }
 };
 
+/// Ends the server session behind a broken connection (dialect::end_session) from another pooled
+/// connection, and waits until it is gone: then nothing it was still executing (a statement or
+/// a COMMIT whose reply was lost) can take effect any more, and reading the data back tells the
+/// final outcome. False when that could not be confirmed.
+bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_ref& s);
+
+/// For an in_doubt message: ends the broken session (end_broken_session) and says whether the
+/// outcome is final now.
+std::string in_doubt_finality(const std::shared_ptr<database_impl>& db, const session_ref& s);
+
 /// Runs f() and reports a lost connection as errc::in_doubt: for a write sent in autocommit
 /// mode, a broken connection leaves the outcome unknown, and retrying could apply it twice.
 template <class F>

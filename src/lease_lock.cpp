@@ -75,18 +75,6 @@ nanoseconds full_jitter(nanoseconds cap) {
 
 }  // namespace
 
-/// Ends the server session behind a broken connection (see dialect::end_session), on another
-/// pooled connection; false when that could not be confirmed.
-bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_ref& s) {
-  try {
-    return with_session(db, "end a broken session", [&](soci::session& sql) {
-      return db->dia->end_session(sql, s, milliseconds(5000));
-    });
-  } catch (const error&) {
-    return false;
-  }
-}
-
 namespace {
 
 bool transient_write_conflict(errc c) {
@@ -678,6 +666,7 @@ void lease_guard::fenced(const std::function<void(soci::session&)>& write) {
     rollback();
     throw;
   }
+  const detail::session_ref sess = detail::session_of(sql);
   try {
     sql << "COMMIT";
   } catch (...) {
@@ -685,8 +674,9 @@ void lease_guard::fenced(const std::function<void(soci::session&)>& write) {
     if (e.code() == errc::connection_lost)
       throw error(errc::in_doubt,
                   what +
-                      ": the connection broke during COMMIT; the write may "
-                      "or may not have been applied",
+                      ": the connection broke during COMMIT; the write may or may not have "
+                      "been applied" +
+                      detail::in_doubt_finality(dbi, sess),
                   e.backend(), e.sqlstate(), e.native_code());
     rollback();
     throw e;

@@ -188,6 +188,7 @@ void transaction::commit() {
         cause ? cause->code() : errc::backend_error,
         "commit: the transaction had failed and was rolled back, nothing was written" + why);
   }
+  const detail::session_ref sess = detail::session_of(impl_->sql());
   try {
     impl_->sql() << "COMMIT";
   } catch (...) {
@@ -196,7 +197,8 @@ void transaction::commit() {
     if (e.code() == errc::connection_lost)
       throw error(errc::in_doubt,
                   "commit: the connection broke after COMMIT was sent; the transaction may or "
-                  "may not have been applied (read back to find out; do not retry blindly)",
+                  "may not have been applied (read back to find out; do not retry blindly)" +
+                      detail::in_doubt_finality(impl_->conn.internal().db, sess),
                   e.backend(), e.sqlstate(), e.native_code());
     try {
       impl_->sql() << "ROLLBACK";
