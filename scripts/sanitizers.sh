@@ -79,7 +79,12 @@ run_tsan() {
 case "$WHAT" in
     asan) run_asan ;;
     tsan) run_tsan ;;
-    all) run_asan && run_tsan ;;
+    # Not "run_asan && run_tsan": bash ignores set -e inside a function called from an && list,
+    # which would let a failed run pass.
+    all)
+        run_asan
+        run_tsan
+        ;;
     *)
         echo "usage: $0 [asan|tsan|all]" >&2
         exit 2
