@@ -4,8 +4,9 @@
 
 #include <algorithm>
 
-#include "database_impl.hpp"
 #include "identifier.hpp"
+#include "storage/session.hpp"
+#include "storage/write_scope.hpp"
 #include "values.hpp"
 
 namespace dblock {
@@ -26,43 +27,37 @@ void validate(const versioned_table& spec) {
   }
 }
 
-// One read-modify-conditional-write attempt on `sql`.
-versioned_result attempt(const detail::database_impl& db, soci::session& sql,
-                         const versioned_table& spec, const value& key,
-                         const std::function<void(record&)>& mutate) {
-  const auto& d = *db.dia;
-  const std::string table = d.quote(spec.table);
-  const std::string key_col = d.quote(spec.key_column);
-  const std::string ver_col = d.quote(spec.version_column);
-
+// Reads the columns and the version of the row with `key`; returns the version.
+long long read_row(detail::session_scope& s, const versioned_table& spec, const value& key,
+                   record& values) {
+  const auto& d = s.dia().sql;
   std::string select = "SELECT ";
   for (const auto& c : spec.columns)
-    select += d.select_value_sql(c) + ", ";
-  select +=
-      d.select_value_sql(spec.version_column) + " FROM " + table + " WHERE " + key_col + " = :k";
+    select += d.select_value(c) + ", ";
+  select += d.select_value(spec.version_column) + " FROM " + d.quote(spec.table) + " WHERE " +
+            d.quote(spec.key_column) + " = :k";
   soci::row row;
-  {
-    detail::value_binder b;
-    soci::statement st(sql);
-    b.bind(st, key, "k");
-    st.exchange(soci::into(row));
-    st.alloc();
-    st.prepare(select, soci::details::st_one_time_query);
-    st.define_and_bind();
-    if (!st.execute(true))
-      throw error(errc::not_found, "versioned update of " + spec.table + ": no row with " +
-                                       spec.key_column + " = " + detail::describe(key));
-  }
-  record values;
+  detail::value_binder b;
+  soci::statement st(s.sql());
+  b.bind(st, key, "k");
+  st.exchange(soci::into(row));
+  st.alloc();
+  st.prepare(select, soci::details::st_one_time_query);
+  st.define_and_bind();
+  if (!st.execute(true))
+    throw error(errc::not_found, "versioned update of " + spec.table + ": no row with " +
+                                     spec.key_column + " = " + detail::describe(key));
   for (std::size_t i = 0; i < spec.columns.size(); ++i)
     values[spec.columns[i]] = d.decode_value(row, i);
   value version = d.decode_value(row, spec.columns.size());
   if (!std::holds_alternative<long long>(version))
     throw error(errc::invalid_argument, "versioned update of " + spec.table + ": column " +
                                             spec.version_column + " must be a non-NULL integer");
-  const long long old_version = std::get<long long>(version);
+  return std::get<long long>(version);
+}
 
-  mutate(values);
+// The mutation may change values only, never the set of columns.
+void check_mutation(const versioned_table& spec, const record& values) {
   if (values.size() != spec.columns.size() ||
       !std::all_of(spec.columns.begin(), spec.columns.end(),
                    [&](const std::string& c) { return values.count(c) == 1; }))
@@ -75,17 +70,23 @@ versioned_result attempt(const detail::database_impl& db, soci::session& sql,
                                               ": the mutation set column '" + kv.first +
                                               "', which is not in versioned_table.columns");
   }
+}
 
-  std::string update = "UPDATE " + table + " SET ";
+// The conditional UPDATE; throws version_conflict when the version moved on.
+void write_row(detail::session_scope& s, const versioned_table& spec, const value& key,
+               const record& values, long long old_version) {
+  const auto& d = s.dia().sql;
+  const std::string ver_col = d.quote(spec.version_column);
+  std::string update = "UPDATE " + d.quote(spec.table) + " SET ";
   detail::value_binder b;
-  soci::statement st(sql);
+  soci::statement st(s.sql());
   for (std::size_t i = 0; i < spec.columns.size(); ++i) {
     const std::string param = "v" + std::to_string(i);
     update += d.quote(spec.columns[i]) + " = :" + param + ", ";
-    b.bind(st, values[spec.columns[i]], param);
+    b.bind(st, values.at(spec.columns[i]), param);
   }
-  update += ver_col + " = " + ver_col + " + 1 WHERE " + key_col + " = :k AND " + ver_col +
-            " = :old_version";
+  update += ver_col + " = " + ver_col + " + 1 WHERE " + d.quote(spec.key_column) + " = :k AND " +
+            ver_col + " = :old_version";
   b.bind(st, key, "k");
   b.bind(st, old_version, "old_version");
   st.alloc();
@@ -97,6 +98,16 @@ versioned_result attempt(const detail::database_impl& db, soci::session& sql,
                                             spec.key_column + " = " + detail::describe(key) +
                                             ": version " + std::to_string(old_version) +
                                             " was changed by someone else");
+}
+
+// One read-modify-conditional-write attempt.
+versioned_result attempt(detail::session_scope& s, const versioned_table& spec, const value& key,
+                         const std::function<void(record&)>& mutate) {
+  record values;
+  const long long old_version = read_row(s, spec, key, values);
+  mutate(values);
+  check_mutation(spec, values);
+  write_row(s, spec, key, values, old_version);
   versioned_result r;
   r.version = old_version + 1;
   r.values = std::move(values);
@@ -111,13 +122,13 @@ void validate(const cas_update& u) {
     detail::validate_identifier(p.first, "parameter name");
 }
 
-std::uint64_t run_cas(const detail::database_impl& db, soci::session& sql, const cas_update& u) {
+std::uint64_t run_cas(detail::session_scope& s, const cas_update& u) {
   detail::value_binder b;
-  soci::statement st(sql);
+  soci::statement st(s.sql());
   for (const auto& p : u.params)
     b.bind(st, p.second, p.first);
   st.alloc();
-  st.prepare("UPDATE " + db.dia->quote(u.table) + " SET " + u.set + " WHERE " + u.where,
+  st.prepare("UPDATE " + s.dia().sql.quote(u.table) + " SET " + u.set + " WHERE " + u.where,
              soci::details::st_one_time_query);
   st.define_and_bind();
   st.execute(true);
@@ -130,22 +141,22 @@ versioned_result versioned_update(const database& db, const versioned_table& spe
                                   const std::function<void(record&)>& mutate,
                                   const retry_policy& policy) {
   validate(spec);
-  const auto& impl = db.impl();
+  const auto& impl = detail::access::impl(db);
   retry_stats stats;
   auto r = detail::unknown_outcome_is_in_doubt("versioned update of " + spec.table, [&] {
     return retry(
         policy,
         [&] {
-          return detail::with_session(
-              impl, "versioned update of " + spec.table, [&](soci::session& sql) {
-                versioned_result out;
-                // The conditional UPDATE is the only write; on SQLite
-                // run the attempt as one IMMEDIATE transaction so it
-                // waits for other writers instead of failing on a stale
-                // snapshot.
-                impl->dia->atomic_write(sql, [&] { out = attempt(*impl, sql, spec, key, mutate); });
-                return out;
-              });
+          return detail::with_session(impl, "versioned update of " + spec.table,
+                                      [&](detail::session_scope& s) {
+                                        // The conditional UPDATE is the only write; on SQLite the
+                                        // attempt is one IMMEDIATE transaction, so it waits for
+                                        // other writers instead of failing on a stale snapshot.
+                                        detail::write_scope w(s, detail::write_kind::statement);
+                                        versioned_result out = attempt(s, spec, key, mutate);
+                                        w.commit();
+                                        return out;
+                                      });
         },
         &stats);
   });
@@ -156,37 +167,38 @@ versioned_result versioned_update(const database& db, const versioned_table& spe
 versioned_result versioned_update(database::connection& conn, const versioned_table& spec,
                                   const value& key, const std::function<void(record&)>& mutate) {
   validate(spec);
-  auto& ps = conn.internal();
+  auto& s = detail::access::scope(conn);
   try {
-    return attempt(*ps.db, ps.sql(), spec, key, mutate);
+    return attempt(s, spec, key, mutate);
   } catch (const soci::soci_error&) {
-    throw ps.db->failure("versioned update of " + spec.table, &ps);
+    throw s.failure("versioned update of " + spec.table);
   }
 }
 
 std::uint64_t compare_and_set(const database& db, const cas_update& update,
                               const retry_policy& policy) {
   validate(update);
-  const auto& impl = db.impl();
+  const auto& impl = detail::access::impl(db);
   return detail::unknown_outcome_is_in_doubt("compare_and_set on " + update.table, [&] {
     return retry(policy, [&] {
-      return detail::with_session(
-          impl, "compare_and_set on " + update.table, [&](soci::session& sql) {
-            std::uint64_t rows = 0;
-            impl->dia->atomic_write(sql, [&] { rows = run_cas(*impl, sql, update); });
-            return rows;
-          });
+      return detail::with_session(impl, "compare_and_set on " + update.table,
+                                  [&](detail::session_scope& s) {
+                                    detail::write_scope w(s, detail::write_kind::statement);
+                                    const std::uint64_t rows = run_cas(s, update);
+                                    w.commit();
+                                    return rows;
+                                  });
     });
   });
 }
 
 std::uint64_t compare_and_set(database::connection& conn, const cas_update& update) {
   validate(update);
-  auto& ps = conn.internal();
+  auto& s = detail::access::scope(conn);
   try {
-    return run_cas(*ps.db, ps.sql(), update);
+    return run_cas(s, update);
   } catch (const soci::soci_error&) {
-    throw ps.db->failure("compare_and_set on " + update.table, &ps);
+    throw s.failure("compare_and_set on " + update.table);
   }
 }
 

@@ -1,7 +1,5 @@
 #include "dblock/reaper.hpp"
 
-#include <soci/soci.h>
-
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
@@ -9,9 +7,9 @@
 #include <thread>
 #include <vector>
 
-#include "database_impl.hpp"
 #include "dblock/retry.hpp"
-#include "values.hpp"
+#include "storage/lock_table.hpp"
+#include "storage/write_scope.hpp"
 
 namespace dblock {
 namespace {
@@ -31,15 +29,6 @@ void validate(const reaper_options& o) {
     throw error(errc::invalid_argument, "reaper interval must be at least 1 ms");
 }
 
-// SQL condition "this lease expired more than `retention` ago" (bound parameter :neg_retention).
-std::string expired_long_ago(const detail::dialect& d) {
-  return "expires_at < " + d.plus_us_sql(d.now_sql(), "neg_retention");
-}
-
-long long neg_micros(milliseconds retention) {
-  return -std::chrono::duration_cast<microseconds>(retention).count();
-}
-
 retry_policy batch_retry_policy() {
   retry_policy p;
   p.max_attempts = 10;
@@ -52,19 +41,10 @@ retry_policy batch_retry_policy() {
 // Phase 1: raise the fence floor to cover every row that is reapable now. Rows created later
 // start above the floor, so deleting a row never lets its name's fence go back.
 void raise_floor(const std::shared_ptr<detail::database_impl>& db, milliseconds retention) {
-  const auto& d = *db->dia;
-  const auto& t = db->tables;
   retry(batch_retry_policy(), [&] {
-    detail::with_session(db, "reaper: raise fence floor", [&](soci::session& sql) {
-      long long neg = neg_micros(retention), top = 0;
-      soci::indicator ind = soci::i_null;
-      sql << "SELECT MAX(fence) FROM " << t.lock << " WHERE " << expired_long_ago(d),
-          soci::use(neg, "neg_retention"), soci::into(top, ind);
-      if (ind == soci::i_null) return;
-      d.atomic_write(sql, [&] {
-        sql << "UPDATE " << t.floor << " SET max_fence = :top WHERE id = 1 AND max_fence < :top2",
-            soci::use(top, "top"), soci::use(top, "top2");
-      });
+    detail::with_session(db, "reaper: raise fence floor", [&](detail::session_scope& s) {
+      if (auto top = detail::lock_table::reapable_fence(s, retention))
+        detail::lock_table::raise_floor(s, *top);
     });
   });
 }
@@ -73,69 +53,17 @@ void raise_floor(const std::shared_ptr<detail::database_impl>& db, milliseconds 
 // conditions checked again. Returns rows deleted.
 std::uint64_t delete_batch_once(const std::shared_ptr<detail::database_impl>& db,
                                 const reaper_options& o) {
-  const auto& d = *db->dia;
-  const auto& t = db->tables;
-  return detail::with_session(db, "reaper: delete expired rows", [&](soci::session& sql) {
-    const std::string covered = "fence <= (SELECT max_fence FROM " + t.floor + " WHERE id = 1)";
-    long long neg = neg_micros(o.retention);
-    try {
-      // Inside the try: if a set-up statement after BEGIN fails, ROLLBACK below still runs.
-      d.begin_transaction(sql, milliseconds(5000));
-      std::vector<std::string> names;
-      {
-        soci::rowset<std::string> rs =
-            (sql.prepare << "SELECT resource_name FROM " << t.lock << " WHERE "
-                         << expired_long_ago(d) << " AND " << covered
-                         << " ORDER BY expires_at LIMIT " << o.batch_size
-                         << d.for_update_skip_locked_sql(),
-             soci::use(neg, "neg_retention"));
-        for (const auto& n : rs)
-          names.push_back(n);
-      }
-      std::uint64_t deleted = 0;
-      if (!names.empty()) {
-        std::string q = "DELETE FROM " + t.lock + " WHERE resource_name IN (";
-        detail::value_binder b;
-        soci::statement st(sql);
-        for (std::size_t i = 0; i < names.size(); ++i) {
-          std::string p = "n" + std::to_string(i);
-          q += (i ? ", :" : ":") + p;
-          b.bind(st, names[i], p);
-        }
-        // Re-checked here: a lease renewed or re-acquired since the SELECT is not removed.
-        q += ") AND " + expired_long_ago(d) + " AND " + covered;
-        b.bind(st, neg, "neg_retention");
-        st.alloc();
-        st.prepare(q, soci::details::st_one_time_query);
-        st.define_and_bind();
-        st.execute(true);
-        deleted = static_cast<std::uint64_t>(st.get_affected_rows());
-      }
-      sql << "COMMIT";
-      d.end_transaction(sql, db->options);
-      return deleted;
-    } catch (...) {
-      try {
-        sql << "ROLLBACK";
-        d.end_transaction(sql, db->options);
-      } catch (...) {
-      }
-      throw;
-    }
-  });
+  return detail::write_transaction(
+      db, "reaper: delete expired rows", milliseconds(5000), [&](detail::session_scope& s) {
+        return detail::lock_table::reap_batch(s, o.retention, o.batch_size);
+      });
 }
 
 // Reapable rows left, locked or not (a plain read).
 long long count_reapable(const std::shared_ptr<detail::database_impl>& db,
                          const reaper_options& o) {
-  const auto& d = *db->dia;
-  const auto& t = db->tables;
-  return detail::with_session(db, "reaper: count expired rows", [&](soci::session& sql) {
-    long long neg = neg_micros(o.retention), n = 0;
-    sql << "SELECT count(*) FROM " << t.lock << " WHERE " << expired_long_ago(d)
-        << " AND fence <= (SELECT max_fence FROM " << t.floor << " WHERE id = 1)",
-        soci::use(neg, "neg_retention"), soci::into(n);
-    return n;
+  return detail::with_session(db, "reaper: count expired rows", [&](detail::session_scope& s) {
+    return detail::lock_table::count_reapable(s, o.retention);
   });
 }
 
@@ -181,9 +109,9 @@ reap_result reap_once(const database& db, const reaper_options& options) {
   validate(options);
   const auto start = clock_type::now();
   reap_result r;
-  raise_floor(db.impl(), options.retention);
+  raise_floor(detail::access::impl(db), options.retention);
   if (options.floor_grace.count() > 0) std::this_thread::sleep_for(options.floor_grace);
-  delete_all(db.impl(), options, r, start, nullptr);
+  delete_all(detail::access::impl(db), options, r, start, nullptr);
   r.elapsed = std::chrono::duration_cast<microseconds>(clock_type::now() - start);
   return r;
 }
@@ -208,7 +136,7 @@ struct reaper::impl {
       reap_result r;
       std::optional<error> failure;
       try {
-        delete_all(db.impl(), options, r, start, [this] {
+        delete_all(detail::access::impl(db), options, r, start, [this] {
           std::lock_guard<std::mutex> lk(mu);
           return stopping;
         });
@@ -217,7 +145,7 @@ struct reaper::impl {
           std::lock_guard<std::mutex> lk(mu);
           stop_now = stopping;
         }
-        if (!stop_now) raise_floor(db.impl(), options.retention);
+        if (!stop_now) raise_floor(detail::access::impl(db), options.retention);
       } catch (const error& e) {
         failure = e;
       } catch (const std::exception& e) {

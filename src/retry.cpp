@@ -43,7 +43,7 @@ void run_with_retry(const retry_policy& policy, const std::function<void()>& att
           policy.time_budget.count() > 0 &&
           st.elapsed + backoff >= std::chrono::duration_cast<microseconds>(policy.time_budget);
       if (out_of_attempts || out_of_time) {
-        error gave_up(errc::version_conflict,
+        error gave_up(e.code(),
                       "gave up after " + std::to_string(st.attempts) + " attempt(s) in " +
                           std::to_string(st.elapsed.count() / 1000) + " ms (" +
                           (out_of_attempts ? "max_attempts" : "time_budget") +

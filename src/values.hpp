@@ -6,7 +6,7 @@
 #include <deque>
 #include <string>
 
-#include "dblock/optimistic.hpp"
+#include "dblock/value.hpp"
 
 namespace dblock::detail {
 

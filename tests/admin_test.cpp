@@ -13,8 +13,8 @@
 #include <sstream>
 #include <thread>
 
-#include "database_impl.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 
 #ifdef DBLOCK_TEST_PROMETHEUS
 #include <prometheus/registry.h>
@@ -48,11 +48,11 @@ lease_options ttl_of(milliseconds ttl) {
 
 // Makes the row look expired on the database clock (as if its holder paused past the TTL).
 void expire_row(const dblock::test::context& ctx, const std::string& name) {
-  const auto& d = *ctx.db.impl()->dia;
+  const auto& d = dblock::test::dialect_of(ctx.db);
   auto c = ctx.db.connect();
   long long minus = -3600LL * 1000000;
   c.session() << "UPDATE " << ctx.db.lock_table()
-              << " SET expires_at = " << d.plus_us_sql(d.now_sql(), "ttl")
+              << " SET expires_at = " << d.sql.plus_us(d.sql.now(), "ttl")
               << " WHERE resource_name = :name",
       soci::use(minus, "ttl"), soci::use(name, "name");
 }

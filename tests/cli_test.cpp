@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "database_impl.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 
 using std::chrono::milliseconds;
 
@@ -239,11 +239,10 @@ DBLOCK_TEST("cli exec: a lost lease terminates the command and exits 76", "[cli]
   cli_process cli(exec_args(ctx, {"--lock", name, "--ttl", "1s", "--", "sleep", "30"}));
 
   // Wait until the CLI holds the lease.
-  auto* impl = ctx.db.impl().get();
   bool held = false;
   for (auto deadline = steady::now() + std::chrono::seconds(20); steady::now() < deadline;) {
     auto c = ctx.db.connect();
-    auto row = impl->dia->lease_read(c.session(), impl->tables, name);
+    auto row = dblock::test::read_lease(c, name);
     if (row && row->hold_count > 0 && row->expires_at_us > row->now_us) {
       held = true;
       break;
@@ -255,8 +254,9 @@ DBLOCK_TEST("cli exec: a lost lease terminates the command and exits 76", "[cli]
   {
     auto c = ctx.db.connect();
     long long minus_hour_us = -3600LL * 1000000LL;
-    c.session() << "UPDATE " << ctx.db.lock_table()
-                << " SET expires_at = " << impl->dia->plus_us_sql(impl->dia->now_sql(), "d")
+    c.session() << "UPDATE " << ctx.db.lock_table() << " SET expires_at = "
+                << dblock::test::dialect_of(ctx.db).sql.plus_us(
+                       dblock::test::dialect_of(ctx.db).sql.now(), "d")
                 << " WHERE resource_name = :name",
         soci::use(minus_hour_us, "d"), soci::use(name, "name");
   }

@@ -3,8 +3,8 @@
 
 #include <thread>
 
-#include "database_impl.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 #include "url.hpp"
 
 using dblock::errc;
@@ -87,14 +87,14 @@ DBLOCK_TEST_ONLY("sqlite", "an unopenable sqlite path gives connection_failed", 
 }
 
 DBLOCK_TEST("the database clock moves inside a transaction", "[database][dialect]") {
-  auto& d = *ctx.db.impl()->dia;
+  auto& d = dblock::test::dialect_of(ctx.db);
   auto c = ctx.db.connect();
   long long a = 0, b = 0;
   // Inside one transaction: PostgreSQL's now() would stand still here, clock_timestamp() moves.
   soci::transaction tx(c.session());
-  c.session() << "SELECT " << d.epoch_us_sql(d.now_sql()), soci::into(a);
+  c.session() << "SELECT " << d.sql.epoch_us(d.sql.now()), soci::into(a);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  c.session() << "SELECT " << d.epoch_us_sql(d.now_sql()), soci::into(b);
+  c.session() << "SELECT " << d.sql.epoch_us(d.sql.now()), soci::into(b);
   tx.commit();
   // Microsecond resolution and moving forward (20 ms apart, allow scheduling slack).
   CHECK(b - a >= 19000);
@@ -110,7 +110,7 @@ DBLOCK_TEST("a connection returned inside a transaction is rolled back before re
   dblock::database_options o = ctx.options();
   o.pool_size = 1;  // the next connect() gets the very same connection
   auto db = ctx.open(o);
-  const std::string begin = db.impl()->dia->begin_write_sql();
+  const std::string begin = dblock::test::dialect_of(db).sql.begin_write();
   ctx.exec("CREATE TABLE " + ctx.table("items") + " (id INTEGER PRIMARY KEY, v INTEGER)");
   {
     auto c = db.connect();

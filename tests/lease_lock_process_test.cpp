@@ -29,8 +29,8 @@
 #include <thread>
 #include <vector>
 
-#include "database_impl.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 
 using dblock::errc;
 using dblock::test::monotonic_ns;
@@ -641,7 +641,7 @@ DBLOCK_TEST("holder paused past its TTL: successor takes over, stale holder writ
   }));
   {
     auto c = ctx.db.connect();
-    auto row = ctx.db.impl()->dia->lease_read(c.session(), ctx.db.impl()->tables, name);
+    auto row = dblock::test::read_lease(c, name);
     REQUIRE(row);
     CHECK(row->owner_token == g.owner_token());
     CHECK(row->fence == g.fence());

@@ -8,8 +8,8 @@
 #include <set>
 #include <thread>
 
-#include "database_impl.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 
 using dblock::errc;
 using dblock::lease_lock;
@@ -27,11 +27,11 @@ lease_options ttl_of(milliseconds ttl) {
 
 // Makes the row look expired on the database clock (as if its holder paused past the TTL).
 void expire_row(dblock::test::context& ctx, const std::string& name) {
-  const auto& d = *ctx.db.impl()->dia;
+  const auto& d = dblock::test::dialect_of(ctx.db);
   auto c = ctx.db.connect();
   long long minus = -3600LL * 1000000;
   c.session() << "UPDATE " << ctx.db.lock_table()
-              << " SET expires_at = " << d.plus_us_sql(d.now_sql(), "ttl")
+              << " SET expires_at = " << d.sql.plus_us(d.sql.now(), "ttl")
               << " WHERE resource_name = :name",
       soci::use(minus, "ttl"), soci::use(name, "name");
 }
@@ -91,7 +91,7 @@ DBLOCK_TEST("reentrant holds share one acquisition", "[lease]") {
   CHECK(g2->owner_token() == g1->owner_token());
   CHECK(g1->hold_count() == 2);
   const auto fence = g1->fence();
-  auto r = ctx.db.impl()->dia->lease_read(ctx.db.connect().session(), ctx.db.impl()->tables, name);
+  auto r = dblock::test::read_lease(ctx.db.connect(), name);
   REQUIRE(r);
   CHECK(r->hold_count == 2);
   g2->release();
@@ -272,7 +272,7 @@ DBLOCK_TEST("names are bound, byte-exact, and limited to 255 bytes", "[lease][na
   for (const auto& n : names) {
     INFO(n);
     CHECK_FALSE(lease_lock(ctx.db, n).try_acquire());
-    auto r = ctx.db.impl()->dia->lease_read(ctx.db.connect().session(), ctx.db.impl()->tables, n);
+    auto r = dblock::test::read_lease(ctx.db.connect(), n);
     REQUIRE(r);
     CHECK(r->name == n);  // stored exactly, never truncated or padded
   }

@@ -4,8 +4,8 @@
 #include <ctime>
 #include <thread>
 
-#include "database_impl.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 
 using dblock::errc;
 
@@ -41,7 +41,8 @@ DBLOCK_TEST("a dry run reports pending files and creates nothing", "[migrate]") 
   CHECK(r.applied_now.empty());
   for (const auto& f : r.files)
     CHECK_FALSE(f.applied);
-  CHECK_FALSE(db.impl()->dia->table_exists(db.connect().session(), prefix + "resource_lock"));
+  CHECK_FALSE(dblock::test::dialect_of(db).conn.table_exists(db.connect().session(),
+                                                             prefix + "resource_lock"));
   CHECK_FALSE(dblock::schema_up_to_date(db));
 }
 

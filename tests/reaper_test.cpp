@@ -9,8 +9,8 @@
 #include <random>
 #include <thread>
 
-#include "database_impl.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 
 using dblock::errc;
 using std::chrono::milliseconds;
@@ -24,8 +24,8 @@ bool full_run() {
 
 // Inserts `n` rows named "<stem><i>" whose lease ends `offset_us` from now (database clock).
 void insert_rows(const dblock::database& db, const std::string& stem, int n, long long offset_us) {
-  const auto& d = *db.impl()->dia;
-  const auto& t = db.impl()->tables;
+  const auto& d = dblock::test::dialect_of(db);
+  const auto& t = dblock::test::tables_of(db);
   auto c = db.connect();
   auto& sql = c.session();
   const int chunk = 250;
@@ -37,10 +37,10 @@ void insert_rows(const dblock::database& db, const std::string& stem, int n, lon
       if (i > base) q += ", ";
       // Names are generated here (digits), so splicing them is safe in this test.
       q += "('" + stem + std::to_string(i) + "', '00000000000000000000000000000000', " +
-           std::to_string(i + 1) + ", 1, " + d.now_sql() + ", " +
-           d.plus_us_sql(d.now_sql(), "off") + ", 'test', 1, 't')";
+           std::to_string(i + 1) + ", 1, " + d.sql.now() + ", " +
+           d.sql.plus_us(d.sql.now(), "off") + ", 'test', 1, 't')";
     }
-    sql << d.begin_write_sql();
+    sql << d.sql.begin_write();
     sql << q, soci::use(offset_us, "off");
     sql << "COMMIT";
   }

@@ -1393,7 +1393,7 @@ DBLOCK_TEST("run_transaction: lock_not_available twice, then success, commits on
   CHECK(count_rows(ctx.db, log) == 1);
   CHECK(query_ll(ctx.db, "SELECT attempt FROM " + log + " WHERE id = 1") == 3);
 
-  // Exhausted: version_conflict with the attempt count, nothing committed.
+  // Exhausted: the cause (deadlock) with the attempt count, nothing committed.
   auto p2 = dblock::transaction_retry_policy();
   p2.max_attempts = 2;
   int n = 0;
@@ -1408,7 +1408,7 @@ DBLOCK_TEST("run_transaction: lock_not_available twice, then success, commits on
         p2);
     FAIL_CHECK("no exception");
   } catch (const dblock::error& e) {
-    CHECK(e.code() == errc::version_conflict);
+    CHECK(e.code() == errc::deadlock);
     CHECK(e.attempts() == 2);
   }
   CHECK(n == 2);

@@ -28,7 +28,7 @@ class pg_client final : public raw_client {
   explicit pg_client(const std::string& url) {
     auto u = detail::parse_url(url);
     const auto& dia = detail::dialect_for_scheme(u.scheme);
-    conn_ = PQconnectdb(dia.connect_string(u, database_options{}).c_str());
+    conn_ = PQconnectdb(dia.conn.connect_string(u, database_options{}).c_str());
     if (PQstatus(conn_) != CONNECTION_OK) {
       std::string msg = PQerrorMessage(conn_);
       PQfinish(conn_);

@@ -25,9 +25,8 @@
 #include <thread>
 #include <tuple>
 
-#include "database_impl.hpp"
-#include "dialect/dialect.hpp"
 #include "raw.hpp"
+#include "storage/session.hpp"
 #include "url.hpp"
 
 #ifdef DBLOCK_HAVE_HIREDIS
@@ -169,7 +168,10 @@ struct backend_ctx {
   std::string url, backend, version;
   dblock::lease_options wait_options;  // for acquire(wait): the polling being measured
   dblock::database db;
-  detail::lease_statements sql;
+  struct {
+    std::string acquire, release, renew;
+    bool write_transaction = false;  // SQLite: each statement inside BEGIN IMMEDIATE ... COMMIT
+  } sql;
   std::string item;  // business table
   std::string for_update;
   std::string begin_write;
@@ -581,11 +583,12 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   dblock::migrate(db);
   auto b =
       std::unique_ptr<backend_ctx>(new backend_ctx{url, db.backend(), "", {}, db, {}, "", "", ""});
-  const auto& dia = *db.impl()->dia;
-  b->sql = dia.lease_sql(db.impl()->tables);
+  const auto& impl = detail::access::impl(db);
+  b->sql = {impl->statements.acquire.text, impl->statements.release.text,
+            impl->statements.renew.text, impl->dia->exec.statement_in_transaction()};
   b->item = o.prefix + "item";
-  b->for_update = dia.for_update_sql();
-  b->begin_write = dia.begin_write_sql();
+  b->for_update = impl->dia->sql.for_update();
+  b->begin_write = impl->dia->sql.begin_write();
   b->version = connect_raw(url)->server_version();
   if (o.poll_max_ms > 0) b->wait_options.poll_max = milliseconds(o.poll_max_ms);
   auto c = db.connect();

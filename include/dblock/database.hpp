@@ -16,7 +16,8 @@ namespace dblock {
 
 namespace detail {
 struct database_impl;
-struct pooled_session;
+class session_scope;
+struct access;
 }  // namespace detail
 
 /// Transaction isolation level for the pooled connections.
@@ -107,13 +108,12 @@ class database {
     soci::session& session();
     /// Marks the connection as broken so the pool reconnects it before its next use.
     void discard() noexcept;
-    /// Internal: dblock's own components reach the pool slot through this.
-    detail::pooled_session& internal() noexcept { return *s_; }
 
    private:
     friend class database;
-    explicit connection(std::unique_ptr<detail::pooled_session> s);
-    std::unique_ptr<detail::pooled_session> s_;
+    friend struct detail::access;
+    explicit connection(std::unique_ptr<detail::session_scope> s);
+    std::unique_ptr<detail::session_scope> s_;
   };
 
   /// Borrows a connection from the pool, connecting it when needed.
@@ -121,10 +121,8 @@ class database {
   ///         errc::connection_failed when connecting fails.
   connection connect() const;
 
-  /// Internal: the shared implementation (used by dblock's own components).
-  const std::shared_ptr<detail::database_impl>& impl() const noexcept { return impl_; }
-
  private:
+  friend struct detail::access;
   std::shared_ptr<detail::database_impl> impl_;
 };
 

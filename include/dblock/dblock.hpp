@@ -3,6 +3,7 @@
 #pragma once
 
 #include "dblock/admin.hpp"
+#include "dblock/cancellation.hpp"
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 #include "dblock/lease_lock.hpp"
@@ -11,4 +12,5 @@
 #include "dblock/optimistic.hpp"
 #include "dblock/reaper.hpp"
 #include "dblock/retry.hpp"
-#include "dblock/row_lock.hpp"
+#include "dblock/transaction.hpp"
+#include "dblock/value.hpp"

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "dblock/cancellation.hpp"
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 
@@ -15,27 +16,7 @@ namespace dblock {
 
 namespace detail {
 struct lease_state;
-struct cancel_state;
 }  // namespace detail
-
-/**
- * @brief A cancellation flag shared by copies; cancel() wakes every wait that watches it.
- *
- * Thread-safety: all members may be called concurrently.
- */
-class cancellation {
- public:
-  cancellation();
-  /// Requests cancellation; waits watching this flag end with errc::cancelled.
-  void cancel() noexcept;
-  /// True once cancel() was called.
-  bool cancelled() const noexcept;
-  /// Sleeps up to `d`; returns true early when cancelled.
-  bool sleep_for(std::chrono::nanoseconds d) const;
-
- private:
-  std::shared_ptr<detail::cancel_state> state_;
-};
 
 /// Settings of a lease lock.
 struct lease_options {

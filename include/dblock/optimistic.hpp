@@ -3,22 +3,15 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <string>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "dblock/database.hpp"
 #include "dblock/retry.hpp"
+#include "dblock/value.hpp"
 
 namespace dblock {
-
-/// A column value: NULL (std::monostate), an integer, a floating-point number or text.
-using value = std::variant<std::monostate, long long, double, std::string>;
-
-/// Column name to value.
-using record = std::map<std::string, value>;
 
 /// Where a versioned row lives. Every name is validated as an identifier and quoted.
 struct versioned_table {
@@ -46,7 +39,8 @@ struct versioned_result {
  * CLIENT_FOUND_ROWS), so writing unchanged values is not mistaken for a conflict.
  * Thread-safety: safe to call concurrently; each call uses its own pooled connection.
  *
- * @throws dblock::error errc::version_conflict when the policy is exhausted (attempts() and
+ * @throws dblock::error errc::version_conflict (or the starving error's own code: deadlock,
+ *         serialization_failure, lock_not_available) when the policy is exhausted (attempts() and
  *         elapsed() set; nothing of the failed attempts is visible), errc::invalid_argument for
  *         bad identifiers or a column of an unsupported type, errc::not_found when no row has
  *         the key, and other classified errors.

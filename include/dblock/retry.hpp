@@ -32,8 +32,11 @@ struct retry_stats {
  *
  * Used by optimistic updates, CAS updates and the transaction runner. Only errors whose code is
  * in `retryable` are retried; any other error propagates at once. When attempts or time run out,
- * the loop throws errc::version_conflict with attempts() and elapsed() set and the last cause in
- * the message. Thread-safety: a policy is a value; share copies freely.
+ * the loop throws the last attempt's error with its own code (version_conflict for a real
+ * conflict; deadlock, serialization_failure or lock_not_available when every attempt was starved
+ * by those), with attempts() and elapsed() set (attempts() > 0 is how to tell an exhausted loop)
+ * and the budget that ran out in the message. Thread-safety: a policy is a value; share copies
+ * freely.
  */
 struct retry_policy {
   /// Maximum attempts, including the first (at least 1).
@@ -73,9 +76,9 @@ void run_with_retry(const retry_policy& policy, const std::function<void()>& att
 /**
  * @brief Calls `f()` until it returns, retrying retryable dblock::error codes under `policy`.
  * @return what `f` returned.
- * @throws dblock::error errc::version_conflict when the policy is exhausted (attempts() and
- *         elapsed() set); errc::invalid_argument for a policy with max_attempts < 1; any
- *         non-retryable error of `f` as is.
+ * @throws dblock::error the last attempt's error (its own code) when the policy is exhausted
+ *         (attempts() and elapsed() set); errc::invalid_argument for a policy with max_attempts <
+ * 1; any non-retryable error of `f` as is.
  */
 template <class F>
 auto retry(const retry_policy& policy, F&& f, retry_stats* stats = nullptr) -> decltype(f()) {

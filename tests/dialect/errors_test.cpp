@@ -4,8 +4,8 @@
 #include <future>
 #include <thread>
 
-#include "database_impl.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 
 using dblock::errc;
 
@@ -18,7 +18,7 @@ std::optional<errc> run(const dblock::database& db, dblock::database::connection
     try {
       c.session() << sql_text;
     } catch (...) {
-      throw db.impl()->dia->classify_current("test");
+      throw dblock::test::dialect_of(db).errors.classify_current("test");
     }
   } catch (const dblock::error& e) {
     UNSCOPED_INFO("error: " << e.what());
@@ -49,14 +49,14 @@ DBLOCK_TEST("a missing table is schema_missing", "[errors]") {
 
 DBLOCK_TEST_SERVERS("NOWAIT on a locked row is lock_not_available", "[errors]") {
   create_items(ctx);
-  const auto& d = *ctx.db.impl()->dia;
+  const auto& d = dblock::test::dialect_of(ctx.db);
   auto a = ctx.db.connect();
   auto b = ctx.db.connect();
   a.session() << "BEGIN";
-  a.session() << "SELECT v FROM " << ctx.table("items") << " WHERE id = 1" << d.for_update_sql();
+  a.session() << "SELECT v FROM " << ctx.table("items") << " WHERE id = 1" << d.sql.for_update();
   b.session() << "BEGIN";
   CHECK(run(ctx.db, b,
-            "SELECT v FROM " + ctx.table("items") + " WHERE id = 1" + d.for_update_nowait_sql()) ==
+            "SELECT v FROM " + ctx.table("items") + " WHERE id = 1" + d.sql.for_update_nowait()) ==
         errc::lock_not_available);
   b.session() << "ROLLBACK";
   a.session() << "ROLLBACK";
@@ -64,12 +64,12 @@ DBLOCK_TEST_SERVERS("NOWAIT on a locked row is lock_not_available", "[errors]") 
 
 DBLOCK_TEST_SERVERS("a lock wait timeout is lock_not_available", "[errors]") {
   create_items(ctx);
-  const auto& d = *ctx.db.impl()->dia;
+  const auto& d = dblock::test::dialect_of(ctx.db);
   auto a = ctx.db.connect();
   auto b = ctx.db.connect();
   a.session() << "BEGIN";
   a.session() << "UPDATE " << ctx.table("items") << " SET v = 1 WHERE id = 1";
-  d.set_lock_timeout(b.session(), std::chrono::milliseconds(200));
+  d.conn.set_lock_timeout(b.session(), std::chrono::milliseconds(200));
   b.session() << "BEGIN";
   auto t0 = std::chrono::steady_clock::now();
   CHECK(run(ctx.db, b, "UPDATE " + ctx.table("items") + " SET v = 2 WHERE id = 1") ==
@@ -129,11 +129,11 @@ DBLOCK_TEST_ONLY("postgresql", "a repeatable-read write conflict is serializatio
 
 DBLOCK_TEST_ONLY("sqlite", "a second writer is lock_not_available (SQLITE_BUSY)", "[errors]") {
   create_items(ctx);
-  const auto& d = *ctx.db.impl()->dia;
+  const auto& d = dblock::test::dialect_of(ctx.db);
   auto a = ctx.db.connect();
   auto b = ctx.db.connect();
   a.session() << "BEGIN IMMEDIATE";
-  d.set_lock_timeout(b.session(), std::chrono::milliseconds(100));
+  d.conn.set_lock_timeout(b.session(), std::chrono::milliseconds(100));
   CHECK(run(ctx.db, b, "BEGIN IMMEDIATE") == errc::lock_not_available);
   a.session() << "ROLLBACK";
   CHECK_FALSE(run(ctx.db, b, "BEGIN IMMEDIATE"));

@@ -10,9 +10,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "database_impl.hpp"
 #include "dialect/dialect.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 
 using namespace std::chrono_literals;
 
@@ -192,9 +192,10 @@ DBLOCK_TEST_ONLY("sqlite", "cached statements are finalized so the file is close
 }
 
 DBLOCK_TEST("the lease statements match the ones the library runs", "[lease][statements]") {
-  const auto& d = *ctx.db.impl()->dia;
-  const auto s = d.lease_sql(ctx.db.impl()->tables);
-  for (const auto* text : {&s.acquire, &s.release, &s.renew}) {
+  const auto& d = dblock::test::dialect_of(ctx.db);
+  (void)d;
+  const auto& s = dblock::test::statements_of(ctx.db);
+  for (const auto* text : {&s.acquire.text, &s.release.text, &s.renew.text}) {
     INFO(*text);
     CHECK(text->find(ctx.db.lock_table()) != std::string::npos);
   }

@@ -1,4 +1,5 @@
 #include "fault_support.hpp"
+#include "internals.hpp"
 
 #include <fcntl.h>
 #include <soci/soci.h>
@@ -17,8 +18,6 @@
 #include <set>
 #include <sstream>
 #include <thread>
-
-#include "database_impl.hpp"
 
 namespace dblock::test::faults {
 
@@ -233,8 +232,7 @@ DBLOCK_WORKER(fault_counter_worker) {
           // Not acquired: the row must not carry an unexpired lease of ours that we never got.
           try {
             auto c = direct.connect();
-            auto row =
-                direct.impl()->dia->lease_read(c.session(), direct.impl()->tables, lock_name);
+            auto row = dblock::test::read_lease(c, lock_name);
             if (row && row->holder_pid == my_pid && row->hold_count > 0 &&
                 row->expires_at_us > row->now_us && !known.count(row->fence))
               log.line("N " + std::to_string(row->fence));
@@ -253,7 +251,7 @@ DBLOCK_WORKER(fault_counter_worker) {
         // The lease may be ours (nobody renews it; it expires): remember its fence.
         try {
           auto c = direct.connect();
-          auto row = direct.impl()->dia->lease_read(c.session(), direct.impl()->tables, lock_name);
+          auto row = dblock::test::read_lease(c, lock_name);
           if (row && row->holder_pid == my_pid) known.insert(row->fence);
         } catch (...) {
         }

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "database_impl.hpp"
 #include "dialect/dialect.hpp"
 #include "harness.hpp"
 #include "identifier.hpp"
+#include "internals.hpp"
 #include "url.hpp"
 
 extern char** environ;
@@ -357,14 +357,12 @@ DBLOCK_TEST("hostile names: bound, distinct, byte-exact, rejected clearly; a can
     CHECK(g->name() == n);
     guards.push_back(std::move(*g));
   }
-  const auto& dia = *ctx.db.impl()->dia;
-  const auto& tables = ctx.db.impl()->tables;
   for (const auto& n : names) {
     INFO(show(n));
     // The same byte string is the same lock.
     CHECK_FALSE(lease_lock(ctx.db, n).try_acquire());
     // Stored exactly: never truncated, padded, folded or normalised.
-    auto r = dia.lease_read(ctx.db.connect().session(), tables, n);
+    auto r = dblock::test::read_lease(ctx.db.connect(), n);
     REQUIRE(r);
     CHECK(r->name == n);
     CHECK(r->hold_count == 1);
@@ -415,7 +413,7 @@ DBLOCK_TEST("hostile names: bound, distinct, byte-exact, rejected clearly; a can
   // The canary and dblock's own tables are intact.
   CHECK(count_rows(ctx, canary) == 3);
   CHECK(count_rows(ctx, ctx.db.lock_table()) == static_cast<long long>(names.size()));
-  CHECK(count_rows(ctx, tables.floor) == 1);
+  CHECK(count_rows(ctx, dblock::test::tables_of(ctx.db).floor) == 1);
 }
 
 DBLOCK_TEST_SERVERS("hostile names: distinct names never share a row lock",

@@ -12,9 +12,9 @@
 
 #include <thread>
 
-#include "database_impl.hpp"
 #include "fault_support.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 #include "proxy.hpp"
 
 using namespace dblock;
@@ -60,7 +60,7 @@ DBLOCK_TEST_SERVERS(
   holder.join();
   std::this_thread::sleep_for(milliseconds(300));  // the orphaned upsert has committed by now
   auto c = ctx.db.connect();
-  auto row = ctx.db.impl()->dia->lease_read(c.session(), ctx.db.impl()->tables, name);
+  auto row = dblock::test::read_lease(c, name);
   REQUIRE(row);
   const bool ours = row->holder_pid == ::getpid() && row->fence > h->fence() &&
                     row->hold_count > 0 && row->expires_at_us > row->now_us;

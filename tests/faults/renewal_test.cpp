@@ -14,9 +14,9 @@
 #include <sstream>
 #include <thread>
 
-#include "database_impl.hpp"
 #include "fault_support.hpp"
 #include "harness.hpp"
+#include "internals.hpp"
 #include "proxy.hpp"
 
 using namespace dblock;
@@ -86,8 +86,7 @@ DBLOCK_WORKER(renewal_blackhole_worker) {
     if (seen) {
       // Read the row at once on the database clock (SQLite: through the connection holding the
       // exclusive lock; it is the only one that can read now).
-      auto row =
-          direct.impl()->dia->lease_read(blocker.session(), direct.impl()->tables, lock.name());
+      auto row = dblock::test::read_lease(blocker, lock.name());
       unexpired = row && row->owner_token == g->owner_token() && row->expires_at_us > row->now_us;
     }
     const bool valid_after = g->valid();

@@ -104,16 +104,17 @@ void check_split(const std::string& sql) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string in(reinterpret_cast<const char*>(data), size);
-  const dialect& pg = postgresql_dialect_instance();
-  const dialect& my = mysql_dialect_instance();
-  const dialect& lite = sqlite_dialect_instance();
+  const vocabulary& pg = postgresql_dialect().sql;
+  const vocabulary& my = mysql_dialect().sql;
+  const vocabulary& lite = sqlite_dialect().sql;
 
   // Name patterns.
   const auto want = glob_tokens(in);
-  for (const dialect* d : {&pg, &my}) {
+  for (const vocabulary* d : {&pg, &my}) {
     std::vector<int> got;
     FUZZ_CHECK(like_tokens(d->name_pattern_value(in), got), "dangling escape");
-    FUZZ_CHECK(got == want, std::string(d->name()) + ": LIKE pattern means something else");
+    FUZZ_CHECK(got == want, std::string(d == &pg ? "postgresql" : "mysql") +
+                                ": LIKE pattern means something else");
   }
   {
     std::vector<int> got;
@@ -156,15 +157,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Identifier quoting in generated SQL fragments (identifiers are validated first).
   if (dblock::fuzz::is_identifier(in)) {
-    for (const dialect* d : {&pg, &my, &lite}) {
+    for (const vocabulary* d : {&pg, &my, &lite}) {
       const char mark = d->quote("x")[0];
-      for (const std::string& sql : {d->quote(in), d->select_value_sql(in)}) {
+      for (const std::string& sql : {d->quote(in), d->select_value(in)}) {
         std::size_t marks = 0;
         for (char c : sql)
           marks += c == mark;
         FUZZ_CHECK(marks % 2 == 0, sql);
       }
-      std::string cond = d->name_pattern_sql(in, "pattern");
+      std::string cond = d->name_pattern(in, "pattern");
       FUZZ_CHECK(cond.find(":pattern") != std::string::npos, cond);
     }
   }

@@ -1,4 +1,4 @@
-#include "dblock/row_lock.hpp"
+#include "dblock/transaction.hpp"
 
 #include <soci/soci.h>
 
@@ -6,7 +6,8 @@
 #include <optional>
 #include <set>
 
-#include "database_impl.hpp"
+#include "storage/lock_table.hpp"
+#include "storage/write_scope.hpp"
 #include "identifier.hpp"
 #include "values.hpp"
 
@@ -16,19 +17,19 @@ struct transaction::impl {
   database db;
   database::connection conn;
   transaction_options options;
-  bool begun = false;
+  std::optional<detail::write_scope> write;  // from the first statement until the end
   bool finished = false;
-  std::optional<error> last_failure;  // the latest error raised inside this transaction
 
   impl(const database& d, transaction_options o) : db(d), conn(d.connect()), options(o) {}
 
-  detail::database_impl& dbi() { return *db.impl(); }
-  const detail::dialect& dia() { return *db.impl()->dia; }
+  detail::session_scope& scope() { return detail::access::scope(conn); }
+  const detail::dialect& dia() { return scope().dia(); }
   soci::session& sql() { return conn.session(); }
 
+  // Classifies the exception being handled; a statement failure dooms the transaction.
   [[noreturn]] void fail(const std::string& what) {
-    error e = dbi().failure(what, &conn.internal());
-    last_failure = e;
+    error e = scope().failure(what);
+    if (write) write->failed(e);
     throw e;
   }
 
@@ -38,45 +39,32 @@ struct transaction::impl {
   }
 
   void begin() {
-    if (begun) return;
+    if (write) return;
     try {
-      dia().begin_transaction(sql(), options.lock_timeout);
+      write.emplace(scope(), detail::write_kind::transaction, "transaction", options.lock_timeout);
     } catch (...) {
-      // BEGIN may have gone through before a later set-up statement failed: never hand the
-      // connection back inside an open transaction.
-      conn.discard();
       finished = true;
-      fail("begin transaction");
-    }
-    begun = true;
-  }
-
-  void end() {
-    finished = true;
-    try {
-      dia().end_transaction(sql(), dbi().options);
-    } catch (...) {
-      conn.discard();
+      throw;
     }
   }
 
   std::string suffix(lock_wait mode) {
     switch (mode) {
       case lock_wait::nowait:
-        return dia().for_update_nowait_sql();
+        return dia().sql.for_update_nowait();
       case lock_wait::skip_locked:
-        return dia().for_update_skip_locked_sql();
+        return dia().sql.for_update_skip_locked();
       case lock_wait::wait:
         break;
     }
-    return dia().for_update_sql();
+    return dia().sql.for_update();
   }
 
   std::string select_list(const std::string& key_column, const std::vector<std::string>& cols) {
-    std::string out = dia().select_value_sql(key_column);
+    std::string out = dia().sql.select_value(key_column);
     for (const auto& c : cols) {
       detail::validate_identifier(c, "column name");
-      if (c != key_column) out += ", " + dia().select_value_sql(c);
+      if (c != key_column) out += ", " + dia().sql.select_value(c);
     }
     return out;
   }
@@ -98,31 +86,22 @@ struct transaction::impl {
       do {
         record r;
         for (std::size_t i = 0; i < row.size(); ++i)
-          r[row.get_properties(i).get_name()] = dia().decode_value(row, i);
+          r[row.get_properties(i).get_name()] = dia().sql.decode_value(row, i);
         out.push_back(std::move(r));
       } while (st.fetch());
     }
     return out;
   }
 
-  bool select_lock_row(const std::string& name, lock_wait mode) {
-    int one = 0;
-    soci::indicator ind = soci::i_null;
-    sql() << "SELECT 1 FROM " << dbi().tables.lock << " WHERE resource_name = :name"
-          << suffix(mode),
-        soci::use(name, "name"), soci::into(one, ind);
-    return sql().got_data() && ind == soci::i_ok;
-  }
-
   void require_unique_key(const std::string& table, const std::string& column) {
     static std::mutex mu;
     static std::set<std::string> verified;  // "<url>|table|column" known to be unique
-    const std::string key = dbi().redacted_url + "|" + table + "|" + column;
+    const std::string key = db.redacted_url() + "|" + table + "|" + column;
     {
       std::lock_guard<std::mutex> lk(mu);
       if (verified.count(key)) return;
     }
-    if (!dia().has_unique_index(sql(), table, column))
+    if (!dia().conn.has_unique_index(sql(), table, column))
       throw error(errc::invalid_argument,
                   "refusing to lock rows of " + table + " by " + column + ": " + column +
                       " has no single-column unique index, so FOR UPDATE could lock (on MySQL) "
@@ -172,56 +151,15 @@ bool transaction::active() const noexcept {
 void transaction::commit() {
   if (!impl_) throw error(errc::not_owner, "commit: moved-from transaction");
   impl_->check_open("commit");
-  if (!impl_->begun) {
-    impl_->end();
-    return;
-  }
-  if (impl_->last_failure || impl_->dia().transaction_failed(impl_->sql())) {
-    // A statement of this transaction failed (dblock saw it, or PostgreSQL has aborted the
-    // transaction and would answer COMMIT with a silent ROLLBACK). MySQL would commit the
-    // statements before the failure (its lock wait timeout rolls back only the statement):
-    // never commit half a transaction; roll back and report.
-    std::optional<error> cause = impl_->last_failure;
-    rollback();
-    std::string why = cause ? std::string(": ") + cause->what() : std::string();
-    throw error(
-        cause ? cause->code() : errc::backend_error,
-        "commit: the transaction had failed and was rolled back, nothing was written" + why);
-  }
-  const detail::session_ref sess = detail::session_of(impl_->sql());
-  try {
-    impl_->sql() << "COMMIT";
-  } catch (...) {
-    error e = impl_->dbi().failure("commit", &impl_->conn.internal());
-    impl_->finished = true;
-    if (e.code() == errc::connection_lost)
-      throw error(errc::in_doubt,
-                  "commit: the connection broke after COMMIT was sent; the transaction may or "
-                  "may not have been applied (read back to find out; do not retry blindly)" +
-                      detail::in_doubt_finality(impl_->conn.internal().db, sess),
-                  e.backend(), e.sqlstate(), e.native_code());
-    try {
-      impl_->sql() << "ROLLBACK";
-    } catch (...) {
-      impl_->conn.discard();
-    }
-    impl_->end();
-    throw e;
-  }
-  impl_->end();
+  impl_->finished = true;
+  if (!impl_->write) return;
+  impl_->write->commit();  // refuses a failed transaction; in_doubt for a lost COMMIT reply
 }
 
 void transaction::rollback() noexcept {
   if (!impl_ || impl_->finished) return;
-  if (impl_->begun) {
-    try {
-      impl_->sql() << "ROLLBACK";
-    } catch (...) {
-      // A broken connection rolls back by itself; do not reuse it.
-      impl_->conn.discard();
-    }
-  }
-  impl_->end();
+  impl_->finished = true;
+  if (impl_->write) impl_->write->rollback();
 }
 
 bool transaction::lock_resource(const std::string& name, lock_wait mode) {
@@ -230,34 +168,26 @@ bool transaction::lock_resource(const std::string& name, lock_wait mode) {
   auto& m = *impl_;
   m.check_open("lock_resource");
   const std::string what = "lock resource '" + name + "'";
-  const auto& tables = m.dbi().tables;
-  if (!m.begun) {
+  if (!m.write) {
     // Create the row before the transaction starts: the insert's locks (MySQL gap and
     // insert-intention locks, SQLite's write lock) are then not held for the life of the
     // transaction. An existing row is only read, so its holder is never waited for here.
     try {
-      m.dia().ensure_lock_row(m.sql(), tables, name, m.options.lock_timeout);
+      detail::lock_table::ensure_row(m.scope(), name, m.options.lock_timeout);
     } catch (...) {
-      error e = m.dbi().failure(what, &m.conn.internal());
+      error e = m.scope().failure(what);
       if (e.code() == errc::lock_not_available && mode != lock_wait::wait) return false;
       throw e;
     }
   }
   m.begin();
-  // NOWAIT is done as SKIP LOCKED plus an existence check: the answer is the same, and no
-  // error is raised, which on PostgreSQL would abort the whole transaction.
-  const lock_wait how = mode == lock_wait::wait ? lock_wait::wait : lock_wait::skip_locked;
   try {
-    for (int round = 0; round < 2; ++round) {
-      if (m.select_lock_row(name, how)) return true;
-      if (how != lock_wait::wait && m.dia().lock_row_exists(m.sql(), tables, name)) return false;
-      // Removed (by a reaper) since it was created: create it inside the transaction.
-      m.dia().insert_lock_row(m.sql(), tables, name);
-    }
+    return detail::lock_table::lock_row(m.scope(), name, mode);
+  } catch (const error&) {
+    throw;
   } catch (...) {
     m.fail(what);
   }
-  throw error(errc::backend_error, what + ": the lock row keeps disappearing");
 }
 
 std::vector<record> transaction::lock_rows(const row_selector& rows, lock_wait mode) {
@@ -271,7 +201,7 @@ std::vector<record> transaction::lock_rows(const row_selector& rows, lock_wait m
   try {
     if (!rows.allow_unindexed) m.require_unique_key(rows.table, rows.key_column);
     std::string q = "SELECT " + m.select_list(rows.key_column, rows.columns) + " FROM " +
-                    m.dia().quote(rows.table) + " WHERE " + m.dia().quote(rows.key_column) +
+                    m.dia().sql.quote(rows.table) + " WHERE " + m.dia().sql.quote(rows.key_column) +
                     " = :key" + m.suffix(mode);
     return m.fetch(q, {{"key", rows.key}});
   } catch (const error&) {
@@ -295,8 +225,8 @@ std::vector<record> transaction::claim(const claim_spec& spec, std::size_t limit
   m.begin();
   try {
     std::string q = "SELECT " + m.select_list(spec.key_column, spec.columns) + " FROM " +
-                    m.dia().quote(spec.table) + " WHERE " + spec.where + " ORDER BY " +
-                    m.dia().quote(spec.key_column) + " LIMIT " + std::to_string(limit) +
+                    m.dia().sql.quote(spec.table) + " WHERE " + spec.where + " ORDER BY " +
+                    m.dia().sql.quote(spec.key_column) + " LIMIT " + std::to_string(limit) +
                     m.suffix(lock_wait::skip_locked);
     return m.fetch(q, spec.params);
   } catch (const error&) {
@@ -350,8 +280,8 @@ void run_transaction_void(const database& db, const std::function<void(transacti
         } catch (const soci::soci_error&) {
           // The caller's own statements on t.session(): classify them like dblock's, so that a
           // deadlock or lock wait timeout there is retried too.
-          throw db.impl()->failure("transaction",
-                                   t.active() ? &t.connection().internal() : nullptr);
+          if (!t.active()) throw;
+          throw detail::access::scope(t.connection()).failure("transaction");
         }
         if (t.active()) t.commit();
       },

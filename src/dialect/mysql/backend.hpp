@@ -1,0 +1,75 @@
+// Internal: MySQL / MariaDB's roles (see dialect.hpp). UTC_TIMESTAMP(6) as the clock (constant
+// within a statement), INSERT ... ON DUPLICATE KEY UPDATE for acquire with the fence returned
+// through LAST_INSERT_ID(expr) in the OK packet, errno-based classification, GET_LOCK around
+// migrations, statements sent as one text query each (as SOCI's MySQL backend and the C client
+// do: one round trip).
+#pragma once
+
+#include <soci/mysql/soci-mysql.h>
+#include <soci/soci.h>
+
+#include <string>
+
+#include "../dialect.hpp"
+
+namespace dblock::detail::my {
+
+inline MYSQL* raw(soci::session& sql) {
+  return static_cast<soci::mysql_session_backend*>(sql.get_backend())->conn_;
+}
+
+class connector final : public detail::connector {
+ public:
+  const soci::backend_factory& factory() const override { return *soci::factory_mysql(); }
+  std::string connect_string(const parsed_url& u, const database_options& o) const override;
+  std::unique_ptr<connection_state> on_connect(soci::session&,
+                                               const database_options&) const override;
+  bool end_session(soci::session&, const session_ref& s,
+                   std::chrono::milliseconds timeout) const override;
+  void set_lock_timeout(soci::session&, std::chrono::milliseconds) const override;
+  void end_transaction(soci::session&, const database_options&) const override;
+  bool in_transaction(soci::session&) const override;
+  bool has_unique_index(soci::session&, const std::string& table,
+                        const std::string& column) const override;
+  bool table_exists(soci::session&, const std::string& table) const override;
+  void lock_migrations(soci::session&, const std::string& key) const override;
+  void unlock_migrations(soci::session&, const std::string& key) const override;
+};
+
+class classifier final : public detail::classifier {
+ public:
+  error classify_current(const std::string& what) const override;
+};
+
+class vocabulary final : public detail::vocabulary {
+ public:
+  std::string quote(std::string_view ident) const override {
+    return "`" + std::string(ident) + "`";
+  }
+  // Names are VARBINARY, where LIKE's '_' matches one byte; compare as UTF-8 text, exactly, so
+  // that '?' matches one character like on the other backends.
+  std::string name_pattern(const std::string& column, const std::string& param) const override {
+    return "CONVERT(" + column + " USING utf8mb4) COLLATE utf8mb4_bin LIKE :" + param +
+           " ESCAPE '!'";
+  }
+  std::string now() const override { return "UTC_TIMESTAMP(6)"; }
+  std::string plus_us(const std::string& ts, const std::string& param) const override {
+    return "(" + ts + " + INTERVAL :" + param + " MICROSECOND)";
+  }
+  std::string epoch_us(const std::string& ts) const override {
+    return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + ts + ")";
+  }
+  // Not INSERT IGNORE: it would turn real errors (a too-long value) into warnings.
+  std::string insert_if_absent() const override {
+    return " ON DUPLICATE KEY UPDATE resource_name = resource_name";
+  }
+  std::string lease_acquire(const table_names& t) const override;
+};
+
+class executor final : public detail::executor {
+ public:
+  sql_result run(session_scope&, const statement& st,
+                 const std::vector<sql_param>& values) const override;
+};
+
+}  // namespace dblock::detail::my

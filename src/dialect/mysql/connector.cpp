@@ -1,0 +1,125 @@
+#include <algorithm>
+#include <thread>
+
+#include "../common.hpp"
+#include "backend.hpp"
+
+namespace dblock::detail::my {
+
+std::string connector::connect_string(const parsed_url& u, const database_options& o) const {
+  check_query_keys(u, {"unix_socket", "charset", "connect_timeout", "read_timeout", "write_timeout",
+                       "sslca", "sslcert", "sslkey"});
+  std::string s;
+  auto add = [&s](const std::string& k, const std::string& v) {
+    s += (s.empty() ? "" : " ") + k + "=" + conn_quote(v);
+  };
+  add("host", u.host.empty() ? std::string("localhost") : u.host);
+  if (u.port) add("port", std::to_string(*u.port));
+  add("db", u.path);
+  if (!u.user.empty()) add("user", u.user);
+  if (u.password) add("password", *u.password);
+  if (!u.query.count("charset")) add("charset", "utf8mb4");
+  if (!u.query.count("connect_timeout"))
+    add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 1)));
+  for (const auto& kv : u.query)
+    add(kv.first, kv.second);
+  return s;
+}
+
+std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
+                                                        const database_options&) const {
+  // Strict mode: an over-long value is an error, never silently truncated.
+  sql << "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''),"
+         " 'STRICT_ALL_TABLES')";
+  auto st = std::make_unique<connection_state>();
+  long long id = 0;
+  std::string host;
+  sql << "SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()",
+      soci::into(id), soci::into(host);
+  st->server.id = id;
+  st->server.tag = host;  // "address:port" of this client as the server sees it
+  return st;
+}
+
+bool connector::end_session(soci::session& sql, const session_ref& s,
+                            std::chrono::milliseconds timeout) const {
+  if (s.id == 0 || s.tag.empty()) return false;
+  std::string host = s.tag;
+  const std::string id = std::to_string(s.id);  // an integer: safe to splice (KILL takes no
+                                                // parameters)
+  const std::string match =
+      " FROM information_schema.PROCESSLIST WHERE ID = " + id + " AND HOST = :host";
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int n = 0;
+  sql << "SELECT COUNT(*)" << match, soci::use(host, "host"), soci::into(n);
+  if (n > 0) {
+    try {
+      sql << "KILL CONNECTION " << id;
+    } catch (const soci::soci_error&) {
+      // 1094: it ended meanwhile. Anything else (no permission): the wait below decides.
+    }
+  }
+  for (auto pause = std::chrono::milliseconds(1);;
+       pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+    sql << "SELECT COUNT(*)" << match, soci::use(host, "host"), soci::into(n);
+    if (n == 0) return true;  // gone: its statement has committed or rolled back
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+void connector::set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const {
+  // InnoDB counts whole seconds. 0 would mean "do not wait", but MariaDB 10.11 then fails
+  // statements with "Got error 1 'Operation not permitted' during COMMIT", so the shortest
+  // wait is one second (NOWAIT and SKIP LOCKED, which dblock uses for "do not wait", are
+  // unaffected).
+  sql << "SET SESSION innodb_lock_wait_timeout = " << ceil_seconds(ms, 1);
+}
+
+bool connector::in_transaction(soci::session& sql) const {
+  auto* backend = static_cast<soci::mysql_session_backend*>(sql.get_backend());
+  return (backend->conn_->server_status & SERVER_STATUS_IN_TRANS) != 0;
+}
+
+void connector::end_transaction(soci::session& sql, const database_options&) const {
+  // begin() set the session's lock wait; give the pooled connection its default
+  // back so that later users (lease statements, plain queries) do not inherit it.
+  sql << "SET SESSION innodb_lock_wait_timeout = DEFAULT";
+}
+
+bool connector::has_unique_index(soci::session& sql, const std::string& table,
+                                 const std::string& column) const {
+  int n = 0;
+  sql << "SELECT count(*) FROM information_schema.statistics s"
+         " WHERE s.table_schema = DATABASE() AND s.table_name = :t AND s.column_name = :c"
+         " AND s.non_unique = 0 AND s.seq_in_index = 1 AND NOT EXISTS (SELECT 1 FROM"
+         " information_schema.statistics s2 WHERE s2.table_schema = s.table_schema"
+         " AND s2.table_name = s.table_name AND s2.index_name = s.index_name"
+         " AND s2.seq_in_index = 2)",
+      soci::use(table, "t"), soci::use(column, "c"), soci::into(n);
+  return n > 0;
+}
+
+void connector::lock_migrations(soci::session& sql, const std::string& key) const {
+  // GET_LOCK names are at most 64 characters; the key is ours and short.
+  soci::indicator ind = soci::i_ok;
+  int got = 0;
+  sql << "SELECT GET_LOCK(:k, 600)", soci::use(key), soci::into(got, ind);
+  if (ind == soci::i_null || got != 1)
+    throw error(errc::timeout, "migrate: could not take the migration lock '" + key +
+                                   "' within 600 s (another migrator is stuck?)");
+}
+void connector::unlock_migrations(soci::session& sql, const std::string& key) const {
+  soci::indicator ind = soci::i_ok;
+  int released = 0;
+  sql << "SELECT RELEASE_LOCK(:k)", soci::use(key), soci::into(released, ind);
+}
+bool connector::table_exists(soci::session& sql, const std::string& table) const {
+  int n = 0;
+  sql << "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE()"
+         " AND table_name = :t",
+      soci::use(table), soci::into(n);
+  return n > 0;
+}
+
+}  // namespace dblock::detail::my

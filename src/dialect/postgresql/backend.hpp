@@ -1,0 +1,72 @@
+// Internal: PostgreSQL's roles (see dialect.hpp). clock_timestamp() as the clock, INSERT ... ON
+// CONFLICT ... RETURNING for acquire, SQLSTATE-based classification, statements prepared once per
+// connection with libpq (PQprepare / PQexecPrepared: one round trip each, no re-parse).
+#pragma once
+
+#include <libpq-fe.h>
+#include <soci/postgresql/soci-postgresql.h>
+#include <soci/soci.h>
+
+#include <set>
+#include <string>
+
+#include "../dialect.hpp"
+
+namespace dblock::detail::pg {
+
+/// Per connection: the statements prepared on it.
+struct state final : connection_state {
+  std::set<std::string> prepared;
+};
+
+inline PGconn* raw(soci::session& sql) {
+  return static_cast<soci::postgresql_session_backend*>(sql.get_backend())->conn_;
+}
+
+class connector final : public detail::connector {
+ public:
+  const soci::backend_factory& factory() const override { return *soci::factory_postgresql(); }
+  std::string connect_string(const parsed_url& u, const database_options& o) const override;
+  std::unique_ptr<connection_state> on_connect(soci::session&,
+                                               const database_options&) const override;
+  std::string isolation_sql(isolation_level level) const override;
+  bool end_session(soci::session&, const session_ref& s,
+                   std::chrono::milliseconds timeout) const override;
+  void begin(soci::session&, std::optional<std::chrono::milliseconds> lock_timeout) const override;
+  void set_lock_timeout(soci::session&, std::chrono::milliseconds) const override;
+  // ON CONFLICT DO NOTHING never waits for a holder of the existing row (and a session-level
+  // lock_timeout would outlive the call).
+  bool insert_if_absent_waits() const override { return false; }
+  bool in_transaction(soci::session&) const override;
+  bool transaction_failed(soci::session&) const override;
+  bool has_unique_index(soci::session&, const std::string& table,
+                        const std::string& column) const override;
+  bool table_exists(soci::session&, const std::string& table) const override;
+  void lock_migrations(soci::session&, const std::string& key) const override;
+  void unlock_migrations(soci::session&, const std::string& key) const override;
+};
+
+class classifier final : public detail::classifier {
+ public:
+  error classify_current(const std::string& what) const override;
+};
+
+class vocabulary final : public detail::vocabulary {
+ public:
+  std::string now() const override { return "clock_timestamp()"; }
+  std::string plus_us(const std::string& ts, const std::string& param) const override {
+    return "(" + ts + " + CAST(:" + param + " AS DOUBLE PRECISION) * INTERVAL '1 microsecond')";
+  }
+  std::string epoch_us(const std::string& ts) const override {
+    return "CAST(floor(extract(epoch FROM " + ts + ") * 1000000) AS BIGINT)";
+  }
+  std::string lease_acquire(const table_names& t) const override;
+};
+
+class executor final : public detail::executor {
+ public:
+  sql_result run(session_scope&, const statement& st,
+                 const std::vector<sql_param>& values) const override;
+};
+
+}  // namespace dblock::detail::pg

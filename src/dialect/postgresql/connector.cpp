@@ -1,0 +1,136 @@
+#include <algorithm>
+#include <thread>
+
+#include "../common.hpp"
+#include "backend.hpp"
+
+namespace dblock::detail::pg {
+namespace {
+
+constexpr const char* backend_start_us = "(extract(epoch FROM backend_start) * 1000000)::bigint";
+
+}  // namespace
+
+std::string connector::connect_string(const parsed_url& u, const database_options& o) const {
+  check_query_keys(u, {"host", "hostaddr", "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl",
+                       "application_name", "connect_timeout", "options", "target_session_attrs",
+                       "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                       "tcp_user_timeout", "gssencmode", "channel_binding", "passfile"});
+  std::string s;
+  auto add = [&s](const std::string& k, const std::string& v) {
+    s += (s.empty() ? "" : " ") + k + "=" + conn_quote(v);
+  };
+  if (!u.host.empty()) add("host", u.host);
+  if (u.port) add("port", std::to_string(*u.port));
+  add("dbname", u.path);
+  if (!u.user.empty()) add("user", u.user);
+  if (u.password) add("password", *u.password);
+  if (!u.query.count("connect_timeout"))
+    add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 2)));
+  if (!u.query.count("application_name")) add("application_name", "dblock");
+  for (const auto& kv : u.query)
+    add(kv.first, kv.second);
+  return s;
+}
+
+std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
+                                                        const database_options&) const {
+  // The library never prints: libpq's default notice processor writes NOTICEs to stderr.
+  PQsetNoticeProcessor(
+      raw(sql), [](void*, const char*) {}, nullptr);
+  auto st = std::make_unique<state>();
+  long long pid = 0, start = 0;
+  sql << "SELECT pid, " << backend_start_us
+      << " FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+      soci::into(pid), soci::into(start);
+  st->server.id = pid;
+  st->server.tag = std::to_string(start);
+  return st;
+}
+
+std::string connector::isolation_sql(isolation_level level) const {
+  std::string s = detail::connector::isolation_sql(level);
+  // PostgreSQL spells the session default differently from MySQL.
+  const std::string mysql_form = "SET SESSION TRANSACTION";
+  if (s.compare(0, mysql_form.size(), mysql_form) == 0)
+    s = "SET SESSION CHARACTERISTICS AS TRANSACTION" + s.substr(mysql_form.size());
+  return s;
+}
+
+bool connector::end_session(soci::session& sql, const session_ref& s,
+                            std::chrono::milliseconds timeout) const {
+  if (s.id == 0 || s.tag.empty()) return false;
+  long long pid = s.id, start = std::stoll(s.tag);
+  const std::string match =
+      std::string(" FROM pg_stat_activity WHERE pid = :pid AND ") + backend_start_us + " = :start";
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int n = 0;
+  sql << "SELECT count(pg_terminate_backend(pid))" << match, soci::use(pid, "pid"),
+      soci::use(start, "start"), soci::into(n);
+  for (auto pause = std::chrono::milliseconds(1);;
+       pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+    sql << "SELECT count(*)" << match, soci::use(pid, "pid"), soci::use(start, "start"),
+        soci::into(n);
+    if (n == 0) return true;  // gone: whatever it ran has committed or rolled back
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+void connector::begin(soci::session& sql,
+                      std::optional<std::chrono::milliseconds> lock_timeout) const {
+  sql << "BEGIN";
+  if (!lock_timeout) return;
+  // For this transaction only. lock_timeout 0 would mean "no limit"; 1 ms is "do not wait".
+  std::string value = std::to_string(std::max<long long>(lock_timeout->count(), 1)) + "ms", out;
+  sql << "SELECT set_config('lock_timeout', :v, true)", soci::use(value), soci::into(out);
+}
+
+void connector::set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const {
+  std::string value = std::to_string(std::max<long long>(ms.count(), 1)) + "ms", out;
+  sql << "SELECT set_config('lock_timeout', :v, false)", soci::use(value), soci::into(out);
+}
+
+bool connector::in_transaction(soci::session& sql) const {
+  auto st = PQtransactionStatus(raw(sql));
+  return st == PQTRANS_INTRANS || st == PQTRANS_INERROR || st == PQTRANS_ACTIVE;
+}
+
+bool connector::transaction_failed(soci::session& sql) const {
+  return PQtransactionStatus(raw(sql)) == PQTRANS_INERROR;
+}
+
+bool connector::has_unique_index(soci::session& sql, const std::string& table,
+                                 const std::string& column) const {
+  int n = 0;
+  sql << "SELECT count(*) FROM pg_catalog.pg_index i"
+         " JOIN pg_catalog.pg_class c ON c.oid = i.indrelid"
+         " JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace"
+         " JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0]"
+         " WHERE ns.nspname = current_schema() AND c.relname = :t AND a.attname = :c"
+         " AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL",
+      soci::use(table, "t"), soci::use(column, "c"), soci::into(n);
+  return n > 0;
+}
+
+bool connector::table_exists(soci::session& sql, const std::string& table) const {
+  int n = 0;
+  sql << "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema()"
+         " AND tablename = :t",
+      soci::use(table), soci::into(n);
+  return n > 0;
+}
+
+void connector::lock_migrations(soci::session& sql, const std::string& key) const {
+  int one = 0;
+  sql << "SELECT 1 FROM (SELECT pg_advisory_lock(hashtext(:k))) AS l", soci::use(key),
+      soci::into(one);
+}
+
+void connector::unlock_migrations(soci::session& sql, const std::string& key) const {
+  int one = 0;
+  sql << "SELECT 1 FROM (SELECT pg_advisory_unlock(hashtext(:k))) AS l", soci::use(key),
+      soci::into(one);
+}
+
+}  // namespace dblock::detail::pg

@@ -1,0 +1,101 @@
+// Internal: SQLite's roles (see dialect.hpp). One writer at a time per database file. The clock
+// is the calling process's (dblock_now_us(), registered on each connection, microsecond
+// precision), timestamps are INTEGER microseconds since the epoch, writes run in BEGIN IMMEDIATE
+// so that they wait on the busy timeout instead of failing on a stale WAL snapshot. dblock's
+// statements (and BEGIN IMMEDIATE / COMMIT) are prepared once per connection and reused.
+#pragma once
+
+#include <soci/soci.h>
+#include <soci/sqlite3/soci-sqlite3.h>
+
+#include <map>
+#include <string>
+
+#include "../dialect.hpp"
+
+namespace dblock::detail::lite {
+
+// SOCI includes sqlite3.h inside namespace sqlite_api.
+using namespace sqlite_api;
+
+inline sqlite3* raw(soci::session& sql) {
+  return static_cast<soci::sqlite3_session_backend*>(sql.get_backend())->conn_;
+}
+
+/// Throws what SOCI would throw, so the classifier treats both paths alike.
+[[noreturn]] void fail(sqlite3* db, int rc);
+
+/// Per connection: statements prepared on it, by cache key.
+struct state final : connection_state {
+  sqlite3* db;
+  std::map<std::string, sqlite3_stmt*> stmts;
+  bool own_write = false;  // begin_statement() opened the write transaction
+  explicit state(sqlite3* d) : db(d) {}
+  ~state() override;
+  /// The cached statement for `key`, prepared from `text` on first use.
+  sqlite3_stmt* get(const std::string& key, const std::string& text);
+  /// Steps a cached statement without results (BEGIN IMMEDIATE, COMMIT, ROLLBACK).
+  void exec(const std::string& key, const char* text);
+};
+
+class connector final : public detail::connector {
+ public:
+  const soci::backend_factory& factory() const override { return *soci::factory_sqlite3(); }
+  std::string connect_string(const parsed_url& u, const database_options& o) const override;
+  void adjust_options(const parsed_url& u, database_options& o) const override;
+  std::unique_ptr<connection_state> on_connect(soci::session&,
+                                               const database_options&) const override;
+  /// One writer at a time: every transaction is serializable.
+  std::string isolation_sql(isolation_level) const override { return {}; }
+  bool end_session(soci::session&, const session_ref&, std::chrono::milliseconds) const override {
+    return true;  // no server: nothing outlives a connection
+  }
+  void begin(soci::session&, std::optional<std::chrono::milliseconds> lock_timeout) const override;
+  void set_lock_timeout(soci::session&, std::chrono::milliseconds) const override;
+  void end_transaction(soci::session&, const database_options&) const override;
+  bool in_transaction(soci::session&) const override;
+  bool has_unique_index(soci::session&, const std::string& table,
+                        const std::string& column) const override;
+  bool table_exists(soci::session&, const std::string& table) const override;
+  // Every migration runs in BEGIN IMMEDIATE, which already excludes other writers.
+  void lock_migrations(soci::session&, const std::string&) const override {}
+  void unlock_migrations(soci::session&, const std::string&) const override {}
+};
+
+class classifier final : public detail::classifier {
+ public:
+  error classify_current(const std::string& what) const override;
+};
+
+class vocabulary final : public detail::vocabulary {
+ public:
+  // SQLite's LIKE ignores ASCII case; GLOB compares exactly and speaks `*` and `?` already.
+  std::string name_pattern(const std::string& column, const std::string& param) const override {
+    return column + " GLOB :" + param;
+  }
+  std::string name_pattern_value(const std::string& glob) const override;
+  std::string select_value(const std::string& column) const override;
+  value decode_value(const soci::row& r, std::size_t i) const override;
+  std::string now() const override { return "dblock_now_us()"; }
+  std::string plus_us(const std::string& ts, const std::string& param) const override {
+    return "(" + ts + " + :" + param + ")";
+  }
+  std::string epoch_us(const std::string& ts) const override { return ts; }
+  std::string begin_write() const override { return "BEGIN IMMEDIATE"; }
+  std::string for_update() const override { return ""; }
+  std::string for_update_nowait() const override { return ""; }
+  std::string for_update_skip_locked() const override { return ""; }
+  std::string lease_acquire(const table_names& t) const override;
+};
+
+class executor final : public detail::executor {
+ public:
+  sql_result run(session_scope&, const statement& st,
+                 const std::vector<sql_param>& values) const override;
+  void begin_statement(session_scope&) const override;
+  void commit_statement(session_scope&) const override;
+  void rollback_statement(session_scope&) const noexcept override;
+  bool statement_in_transaction() const override { return true; }
+};
+
+}  // namespace dblock::detail::lite

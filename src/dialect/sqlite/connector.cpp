@@ -1,0 +1,97 @@
+#include <chrono>
+
+#include "../common.hpp"
+#include "backend.hpp"
+
+namespace dblock::detail::lite {
+namespace {
+
+void now_us_fn(sqlite3_context* ctx, int, sqlite3_value**) {
+  auto now = std::chrono::system_clock::now().time_since_epoch();
+  sqlite3_result_int64(ctx, std::chrono::duration_cast<std::chrono::microseconds>(now).count());
+}
+
+}  // namespace
+
+std::string connector::connect_string(const parsed_url& u, const database_options&) const {
+  check_query_keys(u, {"synchronous", "busy_timeout"});
+  if (u.query.count("synchronous")) {
+    const auto& v = u.query.at("synchronous");
+    if (v != "full" && v != "normal" && v != "extra")
+      throw error(errc::invalid_argument, "invalid database URL '" + u.redacted +
+                                              "': synchronous must be full, normal or extra");
+  }
+  if (u.query.count("busy_timeout")) {
+    const auto& v = u.query.at("busy_timeout");
+    if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
+      throw error(errc::invalid_argument,
+                  "invalid database URL '" + u.redacted + "': busy_timeout must be milliseconds");
+  }
+  // SOCI's SQLite parser takes double quotes around values with spaces; a double quote in a
+  // path cannot be expressed, so refuse it rather than open another file.
+  if (u.path.find('"') != std::string::npos)
+    throw error(errc::invalid_argument,
+                "invalid database URL '" + u.redacted + "': the path contains '\"'");
+  return "db=\"" + u.path + "\"" +
+         (u.query.count("synchronous") ? " synchronous=" + u.query.at("synchronous") : "");
+}
+
+void connector::adjust_options(const parsed_url& u, database_options& o) const {
+  if (u.query.count("busy_timeout"))
+    o.sqlite_busy_timeout = std::chrono::milliseconds(std::stoll(u.query.at("busy_timeout")));
+}
+
+std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
+                                                        const database_options& o) const {
+  sqlite3* db = raw(sql);
+  sqlite3_extended_result_codes(db, 1);
+  sqlite3_busy_timeout(db, static_cast<int>(o.sqlite_busy_timeout.count()));
+  sqlite3_create_function(db, "dblock_now_us", 0, SQLITE_UTF8, nullptr, now_us_fn, nullptr,
+                          nullptr);
+  std::string mode;
+  sql << "PRAGMA journal_mode=WAL", soci::into(mode);
+  return std::make_unique<state>(db);
+}
+
+void connector::begin(soci::session& sql,
+                      std::optional<std::chrono::milliseconds> lock_timeout) const {
+  // The wait for SQLite's single write lock happens here, not at the row.
+  if (lock_timeout) set_lock_timeout(sql, *lock_timeout);
+  sql << "BEGIN IMMEDIATE";
+}
+
+void connector::set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const {
+  sqlite3_busy_timeout(raw(sql), static_cast<int>(ms.count()));
+}
+
+void connector::end_transaction(soci::session& sql, const database_options& o) const {
+  set_lock_timeout(sql, o.sqlite_busy_timeout);
+}
+
+bool connector::in_transaction(soci::session& sql) const {
+  return sqlite3_get_autocommit(raw(sql)) == 0;
+}
+
+bool connector::has_unique_index(soci::session& sql, const std::string& table,
+                                 const std::string& column) const {
+  int n = 0;
+  // A unique, non-partial index on exactly this column, or a one-column primary key.
+  sql << "SELECT (SELECT count(*) FROM pragma_index_list(:t) il"
+         " WHERE il.\"unique\" = 1 AND il.partial = 0"
+         " AND (SELECT count(*) FROM pragma_index_info(il.name)) = 1"
+         " AND (SELECT name FROM pragma_index_info(il.name)) = :c)"
+         " + (SELECT count(*) FROM pragma_table_info(:t2) WHERE name = :c2 AND pk = 1"
+         " AND (SELECT count(*) FROM pragma_table_info(:t3) WHERE pk > 0) = 1)",
+      soci::use(table, "t"), soci::use(column, "c"), soci::use(table, "t2"),
+      soci::use(column, "c2"), soci::use(table, "t3"), soci::into(n);
+  return n > 0;
+}
+
+bool connector::table_exists(soci::session& sql, const std::string& table) const {
+  int n = 0;
+  sql << "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = :t", soci::use(table),
+      soci::into(n);
+  return n > 0;
+}
+
+}  // namespace dblock::detail::lite

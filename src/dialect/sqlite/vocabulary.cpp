@@ -1,0 +1,53 @@
+#include "backend.hpp"
+
+namespace dblock::detail::lite {
+
+std::string vocabulary::name_pattern_value(const std::string& glob) const {
+  // Only `*` and `?` are special in dblock's patterns: a literal '[' is "[[]" in GLOB.
+  std::string out;
+  for (char c : glob)
+    out += c == '[' ? std::string("[[]") : std::string(1, c);
+  return out;
+}
+
+// SOCI reads columns declared INTEGER through sqlite3_column_int: 32 bits, silently cut. So
+// user values travel as tagged text ('i' integer, 'r' real with 17 digits, 't' text) and are
+// decoded exactly; NULL stays NULL.
+std::string vocabulary::select_value(const std::string& column) const {
+  const std::string c = quote(column);
+  return "CASE typeof(" + c + ") WHEN 'integer' THEN 'i' || " + c +
+         " WHEN 'real' THEN 'r' || printf('%!.17g', " + c + ") WHEN 'null' THEN NULL ELSE 't' || " +
+         "CAST(" + c + " AS TEXT) END AS " + c;
+}
+value vocabulary::decode_value(const soci::row& r, std::size_t i) const {
+  if (r.get_indicator(i) == soci::i_null) return std::monostate{};
+  const std::string s = r.get<std::string>(i);
+  if (s.empty()) return std::string();
+  if (s[0] == 'i') return std::stoll(s.substr(1));
+  if (s[0] == 'r') return std::stod(s.substr(1));
+  return s.substr(1);
+}
+
+std::string vocabulary::lease_acquire(const table_names& t) const {
+  const std::string reentry =
+      "(owner_token = excluded.owner_token AND expires_at > excluded.acquired_at AND "
+      "hold_count > 0)";
+  return "INSERT INTO " + t.lock +
+         " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
+         " holder_host, holder_pid, holder_thread) VALUES (:name, :token, COALESCE((SELECT"
+         " max_fence FROM " +
+         t.floor + " WHERE id = 1), 0) + 1, 1, " + now() + ", " + plus_us(now(), "ttl") +
+         ", :host, :pid, :thread) ON CONFLICT (resource_name) DO UPDATE SET"
+         " fence = CASE WHEN " +
+         reentry + " THEN fence ELSE fence + 1 END, hold_count = CASE WHEN " + reentry +
+         " THEN hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
+         " THEN acquired_at ELSE excluded.acquired_at END,"
+         " owner_token = excluded.owner_token, expires_at = excluded.expires_at,"
+         " holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,"
+         " holder_thread = excluded.holder_thread"
+         " WHERE owner_token = excluded.owner_token OR expires_at <= excluded.acquired_at"
+         " OR hold_count = 0"
+         " RETURNING fence";
+}
+
+}  // namespace dblock::detail::lite

@@ -1,0 +1,211 @@
+// A held lease: the guard (release, renew, accessors) and fenced writes.
+#include <algorithm>
+#include <mutex>
+
+#include "dblock/retry.hpp"
+#include "lease/state.hpp"
+#include "storage/lock_table.hpp"
+#include "storage/write_scope.hpp"
+
+namespace dblock {
+
+using detail::steady;
+using std::chrono::milliseconds;
+
+namespace detail {
+namespace {
+
+std::mutex handler_mu;
+std::function<void(const error&)>& default_handler() {
+  static std::function<void(const error&)> h;
+  return h;
+}
+
+retry_policy release_policy() {
+  retry_policy p;
+  p.max_attempts = 3;
+  p.time_budget = milliseconds(0);
+  p.initial_backoff = milliseconds(1);
+  p.max_backoff = milliseconds(8);
+  p.retryable = {errc::deadlock, errc::serialization_failure, errc::lock_not_available};
+  return p;
+}
+
+}  // namespace
+
+void lease_state::report_released() {
+  db->notify([&](listener& l) {
+    l.released(name,
+               std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - acquired_at));
+  });
+}
+
+// Sends the release (transient conflicts retried). True when it matched. A lost reply: the
+// server session is ended, then the row decides: applied (true), not applied (sent again), or
+// no longer ours (false, with in_doubt set).
+bool lease_state::release_sent(int left, bool& in_doubt) {
+  const std::string what = "release lease '" + name + "'";
+  for (int round = 0; round < 3; ++round) {
+    session_ref server;
+    try {
+      return retry(release_policy(), [&] {
+        return with_session(db, what, [&](session_scope& s) {
+          server = s.server();
+          return lock_table::release(s, name, token, fence);
+        });
+      });
+    } catch (const error& e) {
+      if (e.code() != errc::connection_lost) throw;
+    }
+    // The UPDATE may have been applied: never repeat it blindly (with reentrant holds a repeat
+    // would drop a hold that is still in use). Read the row back and decide.
+    if (!end_broken_session(db, server))
+      throw error(errc::in_doubt, what +
+                                      ": the connection broke and the server session could not "
+                                      "be confirmed ended");
+    in_doubt = true;
+    std::optional<lease_row> row;
+    try {
+      row = with_session(db, what, [&](session_scope& s) { return lock_table::read(s, name); });
+    } catch (const error& e2) {
+      if (e2.code() == errc::connection_lost && round < 2) continue;
+      throw error(
+          errc::in_doubt,
+          what + ": the connection broke and the outcome could not be read back: " + e2.what());
+    }
+    const bool ours = row && row->owner_token == token && row->fence == fence;
+    if (ours && row->hold_count == left) return true;  // it was applied
+    if (!(ours && row->hold_count == left + 1 && row->expires_at_us > row->now_us)) return false;
+    // It was not applied: send it again.
+  }
+  return false;
+}
+
+void lease_state::release_one() {
+  const int left = holds.fetch_sub(1) - 1;
+  if (left == 0) stop_watchdog();
+  bool in_doubt = false;
+  if (release_sent(left, in_doubt)) {
+    report_released();
+    return;
+  }
+  // Not matched: already released by an earlier attempt whose reply was lost, or lost.
+  auto row = with_session(db, "release lease '" + name + "'",
+                          [&](session_scope& s) { return lock_table::read(s, name); });
+  if (row && row->owner_token == token && row->fence == fence && row->hold_count == left) {
+    report_released();  // an earlier attempt whose reply was lost did it
+    return;
+  }
+  if (in_doubt && (!row || row->owner_token != token)) {
+    // Our release may have gone through before someone else took the free lease; either way the
+    // lease is no longer ours and the successor's row was not touched.
+    report_released();
+    return;
+  }
+  mark_lost(error(errc::lease_lost, "lease '" + name + "' was lost before release"));
+  throw error(errc::lease_lost, "lease '" + name +
+                                    "' had expired or been taken over before release; the "
+                                    "successor's row was left untouched");
+}
+
+}  // namespace detail
+
+void set_default_error_handler(std::function<void(const error&)> handler) {
+  std::lock_guard<std::mutex> lk(detail::handler_mu);
+  detail::default_handler() = std::move(handler);
+}
+
+lease_guard::lease_guard(std::shared_ptr<detail::lease_state> s) : state_(std::move(s)) {}
+lease_guard::lease_guard(lease_guard&&) noexcept = default;
+lease_guard& lease_guard::operator=(lease_guard&& other) noexcept {
+  if (this != &other) {
+    lease_guard old(std::move(*this));  // releases our current hold, if any
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+lease_guard::~lease_guard() {
+  if (!state_) return;
+  auto s = std::move(state_);
+  try {
+    s->release_one();
+  } catch (const error& e) {
+    std::function<void(const error&)> h = s->on_release_error;
+    if (!h) {
+      std::lock_guard<std::mutex> lk(detail::handler_mu);
+      h = detail::default_handler();
+    }
+    if (h) {
+      try {
+        h(e);
+      } catch (...) {
+      }
+    }
+  } catch (...) {
+  }
+}
+
+std::int64_t lease_guard::fence() const noexcept {
+  return state_ ? state_->fence : 0;
+}
+const std::string& lease_guard::owner_token() const noexcept {
+  static const std::string empty;
+  return state_ ? state_->token : empty;
+}
+const std::string& lease_guard::name() const noexcept {
+  static const std::string empty;
+  return state_ ? state_->name : empty;
+}
+int lease_guard::hold_count() const noexcept {
+  return state_ ? state_->holds.load() : 0;
+}
+bool lease_guard::valid() const noexcept {
+  return state_ && state_->valid();
+}
+milliseconds lease_guard::remaining() const noexcept {
+  if (!valid()) return milliseconds(0);
+  auto left = state_->deadline_tp() - steady::now();
+  return std::max(std::chrono::duration_cast<milliseconds>(left), milliseconds(0));
+}
+
+void lease_guard::renew(std::optional<milliseconds> ttl) {
+  if (!state_) throw error(errc::not_owner, "renew: the guard holds no lease");
+  milliseconds lease = ttl.value_or(state_->ttl);
+  if (lease < milliseconds(10) || lease <= state_->margin)
+    throw error(errc::invalid_argument, "renew: ttl must be at least 10 ms and above the margin");
+  if (state_->lost.load())
+    throw error(errc::lease_lost, "renew lease '" + state_->name + "': the lease was lost");
+  if (!state_->renew_sql(lease)) {
+    error e(errc::lease_lost, "renew lease '" + state_->name +
+                                  "': it had expired or been taken over; the successor's row "
+                                  "was left untouched");
+    state_->mark_lost(e);
+    throw e;
+  }
+}
+
+void lease_guard::release() {
+  if (!state_) throw error(errc::not_owner, "release: the guard holds no lease");
+  auto s = std::move(state_);
+  s->release_one();
+}
+
+void lease_guard::fenced(const std::function<void(soci::session&)>& write) {
+  if (!state_) throw error(errc::not_owner, "fenced write: the guard holds no lease");
+  auto& st = *state_;
+  const std::string what = "fenced write under lease '" + st.name + "'";
+  // One write transaction: the lock row is locked and checked, the caller's statements run,
+  // and COMMIT lands only while the lease is ours (a lost COMMIT reply is in_doubt).
+  detail::write_transaction(st.db, what, std::nullopt, [&](detail::session_scope& s) {
+    auto fence = detail::lock_table::fenced_check(s, st.name, st.token);
+    if (!fence || *fence != st.fence) {
+      error e(errc::lease_lost, what + ": the lease is no longer ours; nothing was written");
+      st.mark_lost(e);
+      throw e;
+    }
+    write(s.sql());  // the caller's statements: classified like dblock's (by with_session)
+  });
+}
+
+}  // namespace dblock

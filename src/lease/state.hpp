@@ -1,0 +1,74 @@
+// Internal: one lease acquisition, shared by its guards (reentrant holds) and its watchdog.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "dblock/lease_lock.hpp"
+#include "storage/session.hpp"
+
+namespace dblock::detail {
+
+using steady = std::chrono::steady_clock;
+
+struct lease_state : std::enable_shared_from_this<lease_state> {
+  std::shared_ptr<database_impl> db;
+  std::string name;
+  std::string token;
+  std::int64_t fence = 0;
+  std::chrono::milliseconds ttl{0};
+  std::chrono::milliseconds margin{0};
+  std::function<void(const error&)> on_lost;
+  std::function<void(const error&)> on_release_error;
+
+  std::atomic<steady::rep> deadline{0};  // steady clock ticks; local validity ends here
+  steady::time_point acquired_at;        // when the acquisition succeeded (for metrics)
+  std::atomic<bool> lost{false};
+  std::atomic<int> holds{0};
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread watchdog;
+
+  /// The local validity ends `lease - margin` after the request was sent.
+  void set_deadline(steady::time_point sent, std::chrono::milliseconds lease) {
+    deadline.store((sent + lease - margin).time_since_epoch().count());
+  }
+  steady::time_point deadline_tp() const {
+    return steady::time_point(steady::duration(deadline.load()));
+  }
+  bool valid() const { return !lost.load() && steady::now() < deadline_tp(); }
+
+  /// Reports the loss once (listener, on_lost).
+  void mark_lost(const error& why);
+  /// One renewal statement; true when renewed, false when the lease is gone.
+  bool renew_sql(std::chrono::milliseconds lease);
+
+  // watchdog.cpp
+  void start_watchdog();
+  void stop_watchdog();
+
+  // guard.cpp
+  /// Releases one hold; throws lease_lost when the lease was no longer ours.
+  void release_one();
+
+ private:
+  std::optional<bool> renew_bounded(std::optional<error>& failure);
+  bool watchdog_step(std::chrono::milliseconds interval, std::chrono::milliseconds& wait);
+  void watchdog_loop();
+  bool release_sent(int left, bool& in_doubt);
+  void report_released();
+};
+
+/// Uniform in [0, cap]: "full jitter".
+std::chrono::nanoseconds full_jitter(std::chrono::nanoseconds cap);
+
+}  // namespace dblock::detail

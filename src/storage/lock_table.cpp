@@ -1,0 +1,248 @@
+#include "storage/lock_table.hpp"
+
+#include <random>
+
+#include "storage/write_scope.hpp"
+
+namespace dblock::detail::lock_table {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+long long neg_micros(milliseconds retention) {
+  return -std::chrono::duration_cast<microseconds>(retention).count();
+}
+
+std::chrono::system_clock::time_point from_us(long long us) {
+  return std::chrono::system_clock::time_point(microseconds(us));
+}
+
+// A single autocommit write (SQLite: inside its prepared write transaction).
+sql_result write_statement(session_scope& s, const statement& st, const std::vector<sql_param>& v) {
+  write_scope w(s, write_kind::statement);
+  sql_result r = s.run(st, v);
+  w.commit();
+  return r;
+}
+
+std::string forced_token() {
+  // A token no acquisition can have: acquisitions use 32 hex digits, this starts with "forced".
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  static const char* hex = "0123456789abcdef";
+  std::string t = "forced";
+  while (t.size() < 32)
+    t += hex[rng() % 16];
+  return t;
+}
+
+lock_info to_lock_info(const sql_result& r, std::size_t i) {
+  lock_info li;
+  li.name = r.text(i, 0);
+  li.owner_token = r.text(i, 1);
+  li.fence = r.integer(i, 2);
+  li.hold_count = static_cast<int>(r.integer(i, 3));
+  li.holder_host = r.text(i, 4);
+  li.holder_pid = r.integer(i, 5);
+  li.holder_thread = r.text(i, 6);
+  const long long expires = r.integer(i, 8), now = r.integer(i, 9);
+  li.acquired_at = from_us(r.integer(i, 7));
+  li.expires_at = from_us(expires);
+  li.expires_in = microseconds(expires - now);
+  li.held = li.hold_count > 0 && expires > now;
+  return li;
+}
+
+}  // namespace
+
+std::optional<std::int64_t> acquire(session_scope& s, const acquire_params& p) {
+  const sql_result r =
+      write_statement(s, s.statements().acquire,
+                      {p.name, p.owner_token, static_cast<long long>(p.ttl_us), p.holder_host,
+                       static_cast<long long>(p.holder_pid), p.holder_thread});
+  if (!r.empty()) {
+    if (r.is_null(0, 0)) return std::nullopt;
+    return r.integer(0, 0);
+  }
+  if (r.insert_id > 0) return r.insert_id;  // MySQL: LAST_INSERT_ID(fence) in the OK packet
+  return std::nullopt;
+}
+
+bool renew(session_scope& s, const std::string& name, const std::string& token, std::int64_t fence,
+           std::int64_t ttl_us) {
+  return write_statement(
+             s, s.statements().renew,
+             {static_cast<long long>(ttl_us), name, token, static_cast<long long>(fence)})
+             .affected == 1;
+}
+
+bool release(session_scope& s, const std::string& name, const std::string& token,
+             std::int64_t fence) {
+  return write_statement(s, s.statements().release, {name, token, static_cast<long long>(fence)})
+             .affected == 1;
+}
+
+std::optional<lease_row> read(session_scope& s, const std::string& name) {
+  const sql_result r = s.run(s.statements().read, {name});
+  if (r.empty()) return std::nullopt;
+  lease_row row;
+  row.name = r.text(0, 0);
+  row.owner_token = r.text(0, 1);
+  row.fence = r.integer(0, 2);
+  row.hold_count = static_cast<int>(r.integer(0, 3));
+  row.acquired_at_us = r.integer(0, 4);
+  row.expires_at_us = r.integer(0, 5);
+  row.now_us = r.integer(0, 6);
+  row.holder_host = r.text(0, 7);
+  row.holder_pid = r.integer(0, 8);
+  row.holder_thread = r.text(0, 9);
+  return row;
+}
+
+std::optional<std::int64_t> fenced_check(session_scope& s, const std::string& name,
+                                         const std::string& token) {
+  const sql_result r = s.run(s.statements().fenced_check, {name, token});
+  if (r.empty() || r.is_null(0, 0)) return std::nullopt;
+  return r.integer(0, 0);
+}
+
+void ensure_row(session_scope& s, const std::string& name, milliseconds lock_timeout) {
+  if (s.run(s.statements().exists, {name}).integer(0, 0) > 0) return;
+  // Only a concurrent creator of the same absent row can make this insert wait, briefly.
+  if (s.dia().conn.insert_if_absent_waits()) s.dia().conn.set_lock_timeout(s.sql(), lock_timeout);
+  write_statement(s, s.statements().insert_free, {name});
+}
+
+bool lock_row(session_scope& s, const std::string& name, lock_wait mode) {
+  // NOWAIT is done as SKIP LOCKED plus an existence check: the answer is the same, and no error
+  // is raised, which on PostgreSQL would abort the whole transaction.
+  const bool wait = mode == lock_wait::wait;
+  const statement& select = wait ? s.statements().lock_wait : s.statements().lock_skip_locked;
+  for (int round = 0; round < 2; ++round) {
+    if (!s.run(select, {name}).empty()) return true;
+    if (!wait && s.run(s.statements().exists, {name}).integer(0, 0) > 0) return false;
+    // Removed (by a reaper) since it was created: create it inside the transaction.
+    s.run(s.statements().insert_free, {name});
+  }
+  throw error(errc::backend_error, "lock resource '" + name + "': the lock row keeps disappearing");
+}
+
+std::vector<lock_info> list(session_scope& s, const list_options& o) {
+  const lock_statements& t = s.statements();
+  statement st{"", t.list_select, {}};
+  std::vector<sql_param> values;
+  if (!o.include_free) st.text += t.list_held;
+  if (!o.pattern.empty()) {
+    st.text += t.list_pattern;
+    st.params.push_back("pattern");
+    values.push_back(s.dia().sql.name_pattern_value(o.pattern));
+  }
+  st.text += " ORDER BY resource_name LIMIT " + std::to_string(o.limit);
+  const sql_result r = s.run(st, values);
+  std::vector<lock_info> out;
+  for (std::size_t i = 0; i < r.rows.size(); ++i)
+    out.push_back(to_lock_info(r, i));
+  return out;
+}
+
+forced_release force(session_scope& s, const std::string& name, const std::string& reason,
+                     const std::string& forced_by) {
+  const lock_statements& t = s.statements();
+  const sql_result r = s.run(t.force_read, {name});
+  if (r.empty() || r.is_null(0, 0))
+    throw error(errc::not_found, "force release: no lock named '" + name + "'");
+  forced_release f;
+  f.name = name;
+  f.forced_by = forced_by;
+  f.reason = reason;
+  f.previous_owner = r.text(0, 0);
+  f.previous_fence = r.integer(0, 1);
+  f.new_fence = f.previous_fence + 1;
+  f.previous_holder = r.text(0, 3) + ":" + std::to_string(r.integer(0, 4));
+  const long long expires = r.integer(0, 5), now = r.integer(0, 6);
+  f.was_held = r.integer(0, 2) > 0 && expires > now;
+  f.at = from_us(now);
+  s.run(t.force_update, {forced_token(), name});
+  s.run(t.audit_insert,
+        {name, static_cast<long long>(f.new_fence), static_cast<long long>(f.previous_fence),
+         f.previous_owner, f.previous_holder, f.was_held ? 1LL : 0LL, forced_by, reason});
+  return f;
+}
+
+std::vector<forced_release> forced_history(session_scope& s, std::size_t limit) {
+  const sql_result r = s.run(s.statements().audit_list, {static_cast<long long>(limit)});
+  std::vector<forced_release> out;
+  for (std::size_t i = 0; i < r.rows.size(); ++i) {
+    forced_release f;
+    f.name = r.text(i, 0);
+    f.previous_fence = r.integer(i, 1);
+    f.new_fence = r.integer(i, 2);
+    f.previous_owner = r.text(i, 3);
+    f.previous_holder = r.text(i, 4);
+    f.was_held = r.integer(i, 5) != 0;
+    f.forced_by = r.text(i, 6);
+    f.reason = r.text(i, 7);
+    f.at = from_us(r.integer(i, 8));
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+std::optional<std::int64_t> reapable_fence(session_scope& s, milliseconds retention) {
+  const sql_result r = s.run(s.statements().floor_candidate, {neg_micros(retention)});
+  if (r.empty() || r.is_null(0, 0)) return std::nullopt;
+  return r.integer(0, 0);
+}
+
+void raise_floor(session_scope& s, std::int64_t top) {
+  write_statement(s, s.statements().floor_raise, {static_cast<long long>(top)});
+}
+
+std::uint64_t reap_batch(session_scope& s, milliseconds retention, std::size_t limit) {
+  const lock_statements& t = s.statements();
+  const long long neg = neg_micros(retention);
+  const sql_result names = s.run(t.reap_candidates, {neg, static_cast<long long>(limit)});
+  if (names.empty()) return 0;
+  statement del{"", t.reap_delete, {}};
+  std::vector<sql_param> values;
+  for (std::size_t i = 0; i < names.rows.size(); ++i) {
+    const std::string p = "n" + std::to_string(i);
+    del.text += (i ? ", :" : ":") + p;
+    del.params.push_back(p);
+    values.push_back(names.text(i, 0));
+  }
+  del.text += t.reap_recheck;
+  del.params.push_back("neg_retention");
+  values.push_back(neg);
+  return static_cast<std::uint64_t>(s.run(del, values).affected);
+}
+
+long long count_reapable(session_scope& s, milliseconds retention) {
+  return s.run(s.statements().reap_count, {neg_micros(retention)}).integer(0, 0);
+}
+
+void bootstrap(session_scope& s) {
+  for (const auto& stmt : split_statements(apply_prefix(s.dia().bootstrap.text, s.tables().prefix)))
+    s.run(statement{"", stmt, {}}, {});
+}
+
+std::map<int, applied_migration> applied(session_scope& s) {
+  std::map<int, applied_migration> out;
+  if (!s.dia().conn.table_exists(s.sql(), s.tables().migrations)) return out;
+  const sql_result r = s.run(s.statements().migrations_read, {});
+  for (std::size_t i = 0; i < r.rows.size(); ++i)
+    out[static_cast<int>(r.integer(i, 0))] = {r.text(i, 1), r.text(i, 2)};
+  return out;
+}
+
+bool apply(session_scope& s, const migration_file& file, const std::string& checksum) {
+  const lock_statements& t = s.statements();
+  if (s.run(t.migration_applied, {static_cast<long long>(file.version)}).integer(0, 0) > 0)
+    return false;
+  for (const auto& stmt : split_statements(apply_prefix(file.text, s.tables().prefix)))
+    s.run(statement{"", stmt, {}}, {});
+  s.run(t.migration_record, {static_cast<long long>(file.version), file.name, checksum});
+  return true;
+}
+
+}  // namespace dblock::detail::lock_table

@@ -1,0 +1,101 @@
+// Internal: typed operations on dblock's tables (the lock table, the fence floor, the audit
+// table, the migrations bookkeeping). The only place besides the dialects that runs SQL on them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dblock/admin.hpp"
+#include "dblock/transaction.hpp"
+#include "storage/session.hpp"
+
+namespace dblock::detail {
+
+/// What an acquire statement is given.
+struct acquire_params {
+  std::string name;
+  std::string owner_token;  // 32 hex chars
+  std::int64_t ttl_us;
+  std::string holder_host;
+  std::int64_t holder_pid;
+  std::string holder_thread;
+};
+
+/// A lease row as read back.
+struct lease_row {
+  std::string name;
+  std::string owner_token;
+  std::int64_t fence = 0;
+  int hold_count = 0;
+  std::int64_t acquired_at_us = 0;  // database clock, microseconds since the epoch
+  std::int64_t expires_at_us = 0;
+  std::int64_t now_us = 0;  // database clock when read
+  std::string holder_host;
+  std::int64_t holder_pid = 0;
+  std::string holder_thread;
+};
+
+/// A migration recorded as applied.
+struct applied_migration {
+  std::string name;
+  std::string checksum;
+};
+
+namespace lock_table {
+
+// ---- lease (autocommit statements; SQLite wraps each in its write transaction) --------------
+/// One atomic upsert; the fence when acquired, nothing when another owner holds the lease.
+std::optional<std::int64_t> acquire(session_scope&, const acquire_params&);
+/// Extends an unexpired lease owned by `token`; false when no longer ours or expired.
+bool renew(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
+           std::int64_t ttl_us);
+/// Drops one hold of an unexpired lease owned by `token`; false when no longer ours.
+bool release(session_scope&, const std::string& name, const std::string& token, std::int64_t fence);
+/// Reads a lease row and the database clock; nothing when the row does not exist.
+std::optional<lease_row> read(session_scope&, const std::string& name);
+/// Inside a write transaction: locks the row and returns its fence when the lease is held by
+/// `token` and unexpired.
+std::optional<std::int64_t> fenced_check(session_scope&, const std::string& name,
+                                         const std::string& token);
+
+// ---- named lock rows (SELECT ... FOR UPDATE) --------------------------------------------------
+/// Outside any transaction: creates the lock row of `name` when absent, waiting at most
+/// `lock_timeout` for a concurrent creator. A plain read first, so an existing row locked by its
+/// holder is never waited for.
+void ensure_row(session_scope&, const std::string& name, std::chrono::milliseconds lock_timeout);
+/// Inside the caller's transaction: locks the row of `name` (wait, or skip it when locked);
+/// creates it when a reaper removed it. False only when skipping a locked row.
+bool lock_row(session_scope&, const std::string& name, lock_wait mode);
+
+// ---- administration -----------------------------------------------------------------------
+std::vector<lock_info> list(session_scope&, const list_options&);
+/// Inside a write transaction: takes the row from whoever holds it and writes the audit row.
+forced_release force(session_scope&, const std::string& name, const std::string& reason,
+                     const std::string& forced_by);
+std::vector<forced_release> forced_history(session_scope&, std::size_t limit);
+
+// ---- reaper ---------------------------------------------------------------------------------
+/// The highest fence among rows reapable now (expired more than `retention` ago), if any.
+std::optional<std::int64_t> reapable_fence(session_scope&, std::chrono::milliseconds retention);
+/// Raises the fence floor to `top` (never lowers it).
+void raise_floor(session_scope&, std::int64_t top);
+/// Inside a write transaction: locks up to `limit` reapable rows covered by the floor (skipping
+/// locked ones) and deletes them, re-checking the conditions. Returns rows deleted.
+std::uint64_t reap_batch(session_scope&, std::chrono::milliseconds retention, std::size_t limit);
+/// Reapable rows covered by the floor, locked or not (a plain read).
+long long count_reapable(session_scope&, std::chrono::milliseconds retention);
+
+// ---- migrations -----------------------------------------------------------------------------
+/// Creates the bookkeeping table when absent.
+void bootstrap(session_scope&);
+/// Applied migrations by version (empty when the bookkeeping table does not exist).
+std::map<int, applied_migration> applied(session_scope&);
+/// Inside a write transaction: applies `file` unless another migrator did; true when applied.
+bool apply(session_scope&, const migration_file& file, const std::string& checksum);
+
+}  // namespace lock_table
+}  // namespace dblock::detail

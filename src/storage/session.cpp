@@ -1,0 +1,100 @@
+#include "storage/session.hpp"
+
+namespace dblock::detail {
+
+std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<database_impl>& self) {
+  std::size_t pos = 0;
+  auto wait_ms = static_cast<int>(std::min<long long>(options.pool_wait.count(), 1LL << 30));
+  if (!pool.try_lease(pos, wait_ms))
+    throw error(errc::timeout, "no pooled connection to " + redacted_url + " became free within " +
+                                   std::to_string(options.pool_wait.count()) + " ms (pool_size " +
+                                   std::to_string(options.pool_size) + ")");
+  auto s = std::make_unique<session_scope>(self, pos);
+  slot& sl = slots[pos];
+  if (sl.opened) return s;
+  soci::session& sql = s->sql();
+  try {
+    sl.state.reset();
+    if (sql.get_backend() != nullptr) sql.close();
+    sql.open(dia->conn.factory(), connect_string);
+    sl.state = dia->conn.on_connect(sql, options);
+    auto iso = dia->conn.isolation_sql(options.isolation);
+    if (!iso.empty()) sql << iso;
+  } catch (...) {
+    error e = dia->errors.classify_current("connect");
+    sl.state.reset();
+    try {
+      sql.close();
+    } catch (...) {
+    }
+    throw error(errc::connection_failed,
+                "cannot connect to " + redacted_url + ": " +
+                    std::string(e.what()).substr(std::string("connect: ").size()),
+                backend, e.sqlstate(), e.native_code());
+  }
+  sl.opened = true;
+  return s;
+}
+
+database_impl::~database_impl() {
+  for (auto& sl : slots)
+    sl.state.reset();
+}
+
+error database_impl::with_hints(error e) const {
+  if (e.code() != errc::schema_missing) return e;
+  return error(e.code(),
+               std::string(e.what()) + " (dblock's tables are missing in " + redacted_url +
+                   ": run `dblock migrate --url URL`" +
+                   (tables.prefix.empty() ? "" : " --table-prefix " + tables.prefix) + ")",
+               e.backend(), e.sqlstate(), e.native_code());
+}
+
+error session_scope::failure(const std::string& what) {
+  error e = db_->dia->errors.classify_current(what);
+  if (e.code() == errc::connection_lost) broken_ = true;
+  return db_->with_hints(e);
+}
+
+session_scope::~session_scope() {
+  auto& sl = db_->slots[pos_];
+  if (!broken_ && sl.opened) {
+    // Never hand the next user a connection inside someone else's transaction (a caller's own
+    // database::connection returned mid-transaction): roll it back, or drop the connection.
+    try {
+      if (db_->dia->conn.in_transaction(sql())) sql() << "ROLLBACK";
+    } catch (...) {
+      broken_ = true;
+    }
+  }
+  if (broken_) {
+    // Reconnect on the next lease instead of handing out a dead connection.
+    sl.opened = false;
+    sl.state.reset();
+    try {
+      sql().close();
+    } catch (...) {
+    }
+  }
+  db_->pool.give_back(pos_);
+}
+
+bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_ref& s) {
+  try {
+    return with_session(db, "end a broken session", [&](session_scope& other) {
+      return db->dia->conn.end_session(other.sql(), s, std::chrono::milliseconds(5000));
+    });
+  } catch (const error&) {
+    return false;
+  }
+}
+
+std::string in_doubt_finality(const std::shared_ptr<database_impl>& db, const session_ref& s) {
+  if (end_broken_session(db, s))
+    return "; the server session has been ended, so reading the data back now gives the final "
+           "outcome";
+  return "; the server session could not be confirmed ended, so its COMMIT may still land "
+         "later";
+}
+
+}  // namespace dblock::detail

@@ -1,0 +1,153 @@
+// Internal: the storage layer's connection side. database_impl is the shared state behind
+// dblock::database (URL, dialect, table names, pool); a session_scope is one pooled connection
+// borrowed for a while, owning that connection's state (prepared statements, server session).
+#pragma once
+
+#include <soci/soci.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dblock/database.hpp"
+#include "dblock/error.hpp"
+#include "dialect/dialect.hpp"
+#include "storage/statements.hpp"
+
+namespace dblock::detail {
+
+class session_scope;
+
+struct database_impl {
+  std::string backend;
+  std::string redacted_url;
+  std::string connect_string;  // holds the password: never printed
+  database_options options;
+  const dialect* dia = nullptr;
+  table_names tables;
+  lock_statements statements;  // dblock's statements for these tables, built once
+  soci::connection_pool pool;
+
+  /// Per pool slot; only the slot's lessee touches it.
+  struct slot {
+    bool opened = false;
+    std::unique_ptr<connection_state> state;
+  };
+  std::vector<slot> slots;
+
+  explicit database_impl(std::size_t size) : pool(size), slots(size) {}
+  /// Drops the connection states before the pool closes its sessions.
+  ~database_impl();
+
+  /// Borrows a connected session (see database::connect()).
+  std::unique_ptr<session_scope> lease(const std::shared_ptr<database_impl>& self);
+
+  /// Calls `f(listener&)` when a listener is attached; never throws.
+  template <class F>
+  void notify(F&& f) const noexcept {
+    if (!options.events) return;
+    try {
+      f(*options.events);
+    } catch (...) {
+    }
+  }
+
+  /// Adds the `dblock migrate` hint to a schema_missing error.
+  error with_hints(error e) const;
+};
+
+/**
+ * One pooled connection, borrowed until destruction. On return it is rolled back if a
+ * transaction is still open, and closed (to be reopened on the next lease) if it broke.
+ */
+class session_scope {
+ public:
+  session_scope(std::shared_ptr<database_impl> db, std::size_t pos)
+      : db_(std::move(db)), pos_(pos) {}
+  session_scope(const session_scope&) = delete;
+  session_scope& operator=(const session_scope&) = delete;
+  ~session_scope();
+
+  soci::session& sql() { return db_->pool.at(pos_); }
+  /// The connection's state, as made by the dialect's connector.
+  connection_state& state() { return *db_->slots[pos_].state; }
+  /// The server session behind the connection (no round trip).
+  const session_ref& server() { return state().server; }
+  database_impl& db() { return *db_; }
+  const std::shared_ptr<database_impl>& db_ptr() const { return db_; }
+  const dialect& dia() const { return *db_->dia; }
+  const table_names& tables() const { return db_->tables; }
+  const lock_statements& statements() const { return db_->statements; }
+
+  /// Marks the connection broken: it is closed when given back.
+  void mark_broken() noexcept { broken_ = true; }
+  bool broken() const noexcept { return broken_; }
+
+  /// Classifies the exception being handled (call from a catch block), marks the connection
+  /// broken when it was lost, and returns the error (with hints).
+  error failure(const std::string& what);
+
+  /// Runs one of dblock's statements (see executor::run).
+  sql_result run(const statement& st, const std::vector<sql_param>& values) {
+    return db_->dia->exec.run(*this, st, values);
+  }
+
+ private:
+  std::shared_ptr<database_impl> db_;
+  std::size_t pos_;
+  bool broken_ = false;
+};
+
+/// Runs f(session_scope&) on a pooled connection, translating database failures (SOCI's
+/// exceptions) into dblock::error. dblock::error and the exceptions of callers' callbacks pass
+/// unchanged.
+template <class F>
+auto with_session(const std::shared_ptr<database_impl>& db, const std::string& what, F&& f) {
+  auto s = db->lease(db);
+  try {
+    return f(*s);
+  } catch (const soci::soci_error&) {
+    throw s->failure(what);
+  }
+}
+
+/// Ends the server session behind a broken connection (connector::end_session) from another
+/// pooled connection, and waits until it is gone: then nothing it was still executing (a
+/// statement or a COMMIT whose reply was lost) can take effect any more, and reading the data
+/// back tells the final outcome. False when that could not be confirmed.
+bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_ref& s);
+
+/// For an in_doubt message: ends the broken session (end_broken_session) and says whether the
+/// outcome is final now.
+std::string in_doubt_finality(const std::shared_ptr<database_impl>& db, const session_ref& s);
+
+/// Runs f() and reports a lost connection as errc::in_doubt: for a write sent in autocommit
+/// mode, a broken connection leaves the outcome unknown, and retrying could apply it twice.
+template <class F>
+auto unknown_outcome_is_in_doubt(const std::string& what, F&& f) {
+  try {
+    return f();
+  } catch (const error& e) {
+    if (e.code() != errc::connection_lost) throw;
+    throw error(errc::in_doubt,
+                what +
+                    ": the connection broke; the write may or may not have been applied "
+                    "(read the row to find out, do not retry blindly): " +
+                    e.what(),
+                e.backend(), e.sqlstate(), e.native_code());
+  }
+}
+
+/// The gate through which dblock's components reach the internals of the public handles.
+struct access {
+  static const std::shared_ptr<database_impl>& impl(const database& db) noexcept {
+    return db.impl_;
+  }
+  static session_scope& scope(database::connection& c) noexcept { return *c.s_; }
+  static database::connection make_connection(std::unique_ptr<session_scope> s) {
+    return database::connection(std::move(s));
+  }
+};
+
+}  // namespace dblock::detail

@@ -1,0 +1,145 @@
+#include "storage/statements.hpp"
+
+namespace dblock::detail {
+namespace {
+
+statement make(std::string key, std::string text, std::vector<std::string> params) {
+  return statement{std::move(key), std::move(text), std::move(params)};
+}
+
+// Matching the fence too: a token is never reused across acquisitions in practice, but the fence
+// makes a stale holder's statement miss its successor's row even if it were.
+const char* const ours_and_held =
+    " WHERE resource_name = :name AND owner_token = :token AND fence = :fence"
+    " AND hold_count > 0 AND expires_at > ";
+
+void lease_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  const std::string now = v.now();
+  s.acquire =
+      make("acquire", v.lease_acquire(t), {"name", "token", "ttl", "host", "pid", "thread"});
+  s.renew =
+      make("renew",
+           "UPDATE " + t.lock + " SET expires_at = " + v.plus_us(now, "ttl") + ours_and_held + now,
+           {"ttl", "name", "token", "fence"});
+  // expires_at is assigned before hold_count so that MySQL, which evaluates SET left to right,
+  // sees the old hold_count like the other backends. A freed lease is also an expired one,
+  // which is all that acquire checks.
+  s.release = make("release",
+                   "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " + now +
+                       " ELSE expires_at END, hold_count = hold_count - 1" + ours_and_held + now,
+                   {"name", "token", "fence"});
+  s.read = make("read",
+                "SELECT resource_name, owner_token, fence, hold_count, " +
+                    v.epoch_us("acquired_at") + ", " + v.epoch_us("expires_at") + ", " +
+                    v.epoch_us(now) + ", holder_host, holder_pid, holder_thread FROM " + t.lock +
+                    " WHERE resource_name = :name",
+                {"name"});
+  s.fenced_check = make("fenced_check",
+                        "SELECT fence FROM " + t.lock +
+                            " WHERE resource_name = :name AND owner_token = :token AND"
+                            " hold_count > 0 AND expires_at > " +
+                            now + v.for_update(),
+                        {"name", "token"});
+}
+
+void row_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  const std::string now = v.now();
+  s.exists =
+      make("exists", "SELECT count(*) FROM " + t.lock + " WHERE resource_name = :name", {"name"});
+  // A free, expired row (hold_count 0, expires_at = now) whose fence starts above the floor.
+  s.insert_free = make("insert_free",
+                       "INSERT INTO " + t.lock +
+                           " (resource_name, owner_token, fence, hold_count, acquired_at,"
+                           " expires_at, holder_host, holder_pid, holder_thread) VALUES (:name,"
+                           " '', COALESCE((SELECT max_fence FROM " +
+                           t.floor + " WHERE id = 1), 0) + 1, 0, " + now + ", " + now +
+                           ", '', 0, '')" + v.insert_if_absent(),
+                       {"name"});
+  const std::string select = "SELECT 1 FROM " + t.lock + " WHERE resource_name = :name";
+  s.lock_wait = make("lock_wait", select + v.for_update(), {"name"});
+  s.lock_skip_locked = make("lock_skip_locked", select + v.for_update_skip_locked(), {"name"});
+}
+
+void admin_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  const std::string now = v.now();
+  s.force_read = make("force_read",
+                      "SELECT owner_token, fence, hold_count, holder_host, holder_pid, " +
+                          v.epoch_us("expires_at") + ", " + v.epoch_us(now) + " FROM " + t.lock +
+                          " WHERE resource_name = :name" + v.for_update(),
+                      {"name"});
+  s.force_update = make("force_update",
+                        "UPDATE " + t.lock +
+                            " SET fence = fence + 1, owner_token = :token, hold_count = 0,"
+                            " expires_at = " +
+                            now + " WHERE resource_name = :name",
+                        {"token", "name"});
+  s.audit_insert = make("audit_insert",
+                        "INSERT INTO " + t.audit +
+                            " (resource_name, new_fence, previous_fence, previous_owner,"
+                            " previous_holder, was_held, forced_by, reason, forced_at) VALUES"
+                            " (:name, :nf, :pf, :po, :ph, :wh, :by, :why, " +
+                            now + ")",
+                        {"name", "nf", "pf", "po", "ph", "wh", "by", "why"});
+  s.audit_list = make("audit_list",
+                      "SELECT resource_name, previous_fence, new_fence, previous_owner,"
+                      " previous_holder, was_held, forced_by, reason, " +
+                          v.epoch_us("forced_at") + " FROM " + t.audit +
+                          " ORDER BY forced_at DESC, new_fence DESC LIMIT :limit",
+                      {"limit"});
+  s.list_select =
+      "SELECT resource_name, owner_token, fence, hold_count, holder_host, holder_pid,"
+      " holder_thread, " +
+      v.epoch_us("acquired_at") + ", " + v.epoch_us("expires_at") + ", " + v.epoch_us(now) +
+      " FROM " + t.lock + " WHERE 1 = 1";
+  s.list_held = " AND hold_count > 0 AND expires_at > " + now;
+  s.list_pattern = " AND " + v.name_pattern("resource_name", "pattern");
+}
+
+void reaper_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  // "This lease expired more than `retention` ago" and "its fence is covered by the floor".
+  const std::string expired = "expires_at < " + v.plus_us(v.now(), "neg_retention");
+  const std::string covered = "fence <= (SELECT max_fence FROM " + t.floor + " WHERE id = 1)";
+  s.floor_candidate =
+      make("floor_candidate", "SELECT MAX(fence) FROM " + t.lock + " WHERE " + expired,
+           {"neg_retention"});
+  s.floor_raise = make(
+      "floor_raise",
+      "UPDATE " + t.floor + " SET max_fence = :top WHERE id = 1 AND max_fence < :top", {"top"});
+  s.reap_candidates =
+      make("reap_candidates",
+           "SELECT resource_name FROM " + t.lock + " WHERE " + expired + " AND " + covered +
+               " ORDER BY expires_at LIMIT :limit" + v.for_update_skip_locked(),
+           {"neg_retention", "limit"});
+  s.reap_count =
+      make("reap_count", "SELECT count(*) FROM " + t.lock + " WHERE " + expired + " AND " + covered,
+           {"neg_retention"});
+  s.reap_delete = "DELETE FROM " + t.lock + " WHERE resource_name IN (";
+  // Re-checked at the DELETE: a lease renewed or re-acquired since the SELECT is not removed.
+  s.reap_recheck = ") AND " + expired + " AND " + covered;
+}
+
+void migration_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  s.migrations_read =
+      make("", "SELECT version, name, checksum FROM " + t.migrations + " ORDER BY version", {});
+  s.migration_applied =
+      make("", "SELECT count(*) FROM " + t.migrations + " WHERE version = :v", {"v"});
+  s.migration_record =
+      make("",
+           "INSERT INTO " + t.migrations +
+               " (version, name, checksum, applied_at) VALUES (:v, :n, :c, " + v.now() + ")",
+           {"v", "n", "c"});
+}
+
+}  // namespace
+
+lock_statements build_lock_statements(const dialect& d, const table_names& t) {
+  lock_statements s;
+  lease_statements(s, d.sql, t);
+  row_statements(s, d.sql, t);
+  admin_statements(s, d.sql, t);
+  reaper_statements(s, d.sql, t);
+  migration_statements(s, d.sql, t);
+  return s;
+}
+
+}  // namespace dblock::detail

@@ -1,0 +1,50 @@
+// Internal: the text of every statement dblock runs on its own tables, built once per database
+// from the dialect's vocabulary. The library and the benchmark's raw-client floor run exactly
+// these texts.
+#pragma once
+
+#include <string>
+
+#include "dialect/dialect.hpp"
+
+namespace dblock::detail {
+
+struct lock_statements {
+  // ---- lease ----------------------------------------------------------------------------------
+  statement acquire;  ///< name, token, ttl, host, pid, thread -> fence (see vocabulary)
+  statement renew;    ///< ttl, name, token, fence; one row affected when renewed
+  statement release;  ///< name, token, fence; one row affected when a hold was released
+  statement read;     ///< name -> the row and the database clock
+  /// name, token -> fence, locking the row (inside a write transaction): the fenced-write check
+  statement fenced_check;
+  // ---- named lock rows ------------------------------------------------------------------------
+  statement exists;            ///< name -> count (a plain read, takes no lock)
+  statement insert_free;       ///< name; a free row above the floor unless it exists
+  statement lock_wait;         ///< name -> 1, FOR UPDATE
+  statement lock_skip_locked;  ///< name -> 1, FOR UPDATE SKIP LOCKED
+  // ---- administration -------------------------------------------------------------------------
+  statement force_read;    ///< name -> owner, fence, holds, host, pid, expires, now (locking)
+  statement force_update;  ///< token, name: fence + 1, released now
+  statement audit_insert;  ///< name, nf, pf, po, ph, wh, by, why
+  statement audit_list;    ///< limit -> forced releases, newest first
+  // ---- reaper ---------------------------------------------------------------------------------
+  statement floor_candidate;  ///< neg_retention -> MAX(fence) of reapable rows
+  statement floor_raise;      ///< top
+  statement reap_candidates;  ///< neg_retention, limit -> names (FOR UPDATE SKIP LOCKED)
+  statement reap_count;       ///< neg_retention -> reapable rows left
+  // ---- migrations -----------------------------------------------------------------------------
+  statement migrations_read;    ///< -> version, name, checksum
+  statement migration_applied;  ///< v -> count
+  statement migration_record;   ///< v, n, c
+  // ---- SQL fragments for the statements built per call ---------------------------------------
+  std::string list_select;   ///< SELECT ... FROM lock table WHERE 1 = 1
+  std::string list_held;     ///< AND held now
+  std::string list_pattern;  ///< AND name matches :pattern
+  std::string reap_delete;   ///< DELETE FROM lock table WHERE resource_name IN (
+  std::string reap_recheck;  ///< ) AND still reapable (neg_retention)
+};
+
+/// Builds the statements of one dialect for one set of tables.
+lock_statements build_lock_statements(const dialect& d, const table_names& t);
+
+}  // namespace dblock::detail

@@ -1,0 +1,77 @@
+// Internal: the one way dblock writes. A write_scope begins a write on a session (the dialect's
+// BEGIN and lock timeout, or a single autocommit statement), commits it resolving a lost COMMIT
+// reply (end the server session, then errc::in_doubt saying whether the outcome is final), rolls
+// back on failure or destruction, and undoes per-transaction session settings.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "storage/session.hpp"
+
+namespace dblock::detail {
+
+enum class write_kind {
+  transaction,  ///< BEGIN (SQLite: BEGIN IMMEDIATE) ... COMMIT
+  statement,    ///< one autocommit statement (SQLite: inside its prepared write transaction)
+};
+
+class write_scope {
+ public:
+  /**
+   * Begins the write. `what` names the operation in errors. For a transaction, `lock_timeout`
+   * bounds every lock wait inside it (zero: do not wait; nothing: the session's default).
+   * @throws dblock::error classified; a BEGIN that may have gone through marks the connection
+   *         broken so that it is never handed out inside a transaction.
+   */
+  write_scope(session_scope& s, write_kind kind, std::string what = "write",
+              std::optional<std::chrono::milliseconds> lock_timeout = std::nullopt);
+  write_scope(const write_scope&) = delete;
+  write_scope& operator=(const write_scope&) = delete;
+  /// Rolls back when neither commit() nor rollback() ran.
+  ~write_scope();
+
+  /**
+   * Commits. A transaction that had failed (PostgreSQL would answer COMMIT with a silent
+   * ROLLBACK) is rolled back and reported with the cause. When the COMMIT reply is lost the
+   * server session is ended first and errc::in_doubt is thrown; never connection_lost.
+   */
+  void commit();
+  /// Rolls back; never throws (a connection that cannot roll back is discarded).
+  void rollback() noexcept;
+  /// True until commit() or rollback().
+  bool open() const noexcept { return open_; }
+  /// Records a statement failure of this write (classified): commit() then refuses to commit.
+  void failed(const error& e) { failure_ = e; }
+
+ private:
+  void end() noexcept;
+
+  session_scope& s_;
+  write_kind kind_;
+  std::string what_;
+  bool open_ = false;
+  std::optional<error> failure_;
+};
+
+/// Runs body(session_scope&) in a write transaction on a pooled connection and commits.
+template <class F>
+auto write_transaction(const std::shared_ptr<database_impl>& db, const std::string& what,
+                       std::optional<std::chrono::milliseconds> lock_timeout, F&& body) {
+  return with_session(db, what, [&](session_scope& s) {
+    write_scope w(s, write_kind::transaction, what, lock_timeout);
+    if constexpr (std::is_void_v<decltype(body(s))>) {
+      body(s);
+      w.commit();
+    } else {
+      auto out = body(s);
+      w.commit();
+      return out;
+    }
+  });
+}
+
+}  // namespace dblock::detail

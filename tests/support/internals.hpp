@@ -1,0 +1,33 @@
+// Test-only access to dblock's internals (the dialect, table names, dblock's statements, reading
+// a lease row), through the library's own gate (detail::access).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "dblock/database.hpp"
+#include "storage/lock_table.hpp"
+#include "storage/session.hpp"
+
+namespace dblock::test {
+
+inline const detail::dialect& dialect_of(const database& db) {
+  return *detail::access::impl(db)->dia;
+}
+inline const detail::table_names& tables_of(const database& db) {
+  return detail::access::impl(db)->tables;
+}
+inline const detail::lock_statements& statements_of(const database& db) {
+  return detail::access::impl(db)->statements;
+}
+/// Reads a lease row on the given connection (nothing when the row does not exist).
+inline std::optional<detail::lease_row> read_lease(database::connection& c,
+                                                   const std::string& name) {
+  return detail::lock_table::read(detail::access::scope(c), name);
+}
+inline std::optional<detail::lease_row> read_lease(database::connection&& c,
+                                                   const std::string& name) {
+  return read_lease(c, name);
+}
+
+}  // namespace dblock::test
