@@ -6,9 +6,9 @@
 #include <optional>
 #include <set>
 
+#include "identifier.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/write_scope.hpp"
-#include "identifier.hpp"
 #include "values.hpp"
 
 namespace dblock {
