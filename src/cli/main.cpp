@@ -22,188 +22,21 @@
 #include <thread>
 #include <vector>
 
+#include "common.hpp"
 #include "dblock/dblock.hpp"
 #include "dialect/dialect.hpp"
 #include "suite.hpp"
 
 namespace {
 
+using namespace dblock::cli;
 using std::chrono::milliseconds;
-
-// Documented exit statuses (see README "Exit statuses").
-constexpr int exit_ok = 0;
-constexpr int exit_not_found = 1;  // release: no lock of that name
-constexpr int exit_usage = 2;
-constexpr int exit_software = 70;      // internal or unexpected backend error
-constexpr int exit_unavailable = 69;   // cannot connect / connection lost
-constexpr int exit_not_acquired = 75;  // EX_TEMPFAIL: lock busy, wait ran out
-constexpr int exit_lease_lost = 76;    // the lease was lost while the command ran
-constexpr int exit_schema = 78;        // EX_CONFIG: schema missing or mismatched
-
-int exit_status_for(const dblock::error& e) {
-  switch (e.code()) {
-    case dblock::errc::invalid_argument:
-      return exit_usage;
-    case dblock::errc::connection_failed:
-    case dblock::errc::connection_lost:
-      return exit_unavailable;
-    case dblock::errc::schema_missing:
-    case dblock::errc::schema_mismatch:
-      return exit_schema;
-    case dblock::errc::timeout:
-    case dblock::errc::lock_not_available:
-      return exit_not_acquired;
-    case dblock::errc::lease_lost:
-      return exit_lease_lost;
-    default:
-      return exit_software;
-  }
-}
-
-// "30s", "500ms", "2m", "1h", "1.5s"; a bare number means seconds.
-milliseconds parse_duration(const std::string& text, const char* option) {
-  std::size_t pos = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &pos);
-  } catch (...) {
-    pos = 0;
-  }
-  std::string unit = text.substr(pos);
-  double factor = 0;
-  if (pos == 0 || value < 0)
-    factor = 0;
-  else if (unit.empty() || unit == "s")
-    factor = 1000;
-  else if (unit == "ms")
-    factor = 1;
-  else if (unit == "m")
-    factor = 60000;
-  else if (unit == "h")
-    factor = 3600000;
-  if (factor == 0 || value * factor > 1e12)
-    throw dblock::error(dblock::errc::invalid_argument, std::string("invalid duration '") + text +
-                                                            "' for " + option +
-                                                            " (examples: 30s, 500ms, 2m, 1h)");
-  return milliseconds(static_cast<long long>(value * factor + 0.5));
-}
-
-// A name or free text for a terminal: control characters (C0, DEL and the UTF-8 encoded C1
-// range U+0080..U+009F) become \xNN, so that a hostile lock name or reason cannot move the
-// cursor, clear the screen or forge output lines. JSON output escapes by itself.
-std::string shown(std::string_view s) {
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  auto esc = [&](unsigned char c) {
-    out += "\\x";
-    out += hex[c >> 4];
-    out += hex[c & 15];
-  };
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    auto c = static_cast<unsigned char>(s[i]);
-    auto next = i + 1 < s.size() ? static_cast<unsigned char>(s[i + 1]) : 0;
-    if (c < 0x20 || c == 0x7f) {
-      esc(c);
-    } else if (c == 0xc2 && next >= 0x80 && next <= 0x9f) {
-      esc(c);
-      esc(next);
-      ++i;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
-std::string url_or_env(const std::string& url) {
-  if (!url.empty()) return url;
-  const char* env = std::getenv("DBLOCK_URL");
-  if (env && *env) return env;
-  throw dblock::error(dblock::errc::invalid_argument,
-                      "no database URL: pass --url or set DBLOCK_URL");
-}
 
 std::atomic<pid_t> child_pid{0};
 
 void forward_signal(int sig) {
   pid_t p = child_pid.load();
   if (p > 0) ::kill(p, sig);
-}
-
-struct common_options {
-  std::string url;
-  std::string prefix;
-  bool verbose = false;
-};
-
-// With --verbose, dblock's events go to stderr (the library itself never prints).
-class stderr_listener : public dblock::listener {
- public:
-  void acquired(std::string_view name, std::int64_t fence,
-                std::chrono::microseconds latency) override {
-    say("acquired '" + std::string(name) + "' fence " + std::to_string(fence) + " in " +
-        std::to_string(latency.count()) + " us");
-  }
-  void contended(std::string_view name) override {
-    say("'" + std::string(name) + "' is held by another owner");
-  }
-  void retried(std::string_view op, const dblock::error& e) override {
-    say("retrying " + std::string(op) + ": " + e.what());
-  }
-  void released(std::string_view name, std::chrono::microseconds held) override {
-    say("released '" + std::string(name) + "' after " + std::to_string(held.count() / 1000) +
-        " ms");
-  }
-  void renew_failed(std::string_view name, const dblock::error& e) override {
-    say("renewing '" + std::string(name) + "' failed: " + e.what());
-  }
-  void lease_lost(std::string_view name, const dblock::error& e) override {
-    say("lease '" + std::string(name) + "' lost: " + e.what());
-  }
-  void rows_reaped(std::uint64_t rows, std::uint64_t) override {
-    say("reaped " + std::to_string(rows) + " rows");
-  }
-  void log(dblock::log_level, std::string_view m) override { say(std::string(m)); }
-
- private:
-  std::mutex mu_;
-  void say(const std::string& m) {
-    std::lock_guard<std::mutex> lk(mu_);
-    std::cerr << "dblock: " << shown(m) << "\n";
-  }
-};
-
-dblock::database open_db(const common_options& c) {
-  dblock::database_options o;
-  o.table_prefix = c.prefix;
-  if (c.verbose) o.events = std::make_shared<stderr_listener>();
-  return dblock::database(url_or_env(c.url), o);
-}
-
-std::string iso_time(std::chrono::system_clock::time_point t) {
-  auto secs = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  std::ostringstream out;
-  out << std::put_time(&tm, "%Y-%m-%dT%H:%M:%SZ");
-  return out.str();
-}
-
-// "12.3s", "-4.0s", "2h05m": short human durations for tables.
-std::string human(std::chrono::microseconds d) {
-  long long us = d.count();
-  std::string sign = us < 0 ? "-" : "";
-  long long a = us < 0 ? -us : us;
-  std::ostringstream out;
-  if (a < 60LL * 1000000)
-    out << sign << std::fixed << std::setprecision(1) << a / 1e6 << "s";
-  else if (a < 3600LL * 1000000)
-    out << sign << a / 60000000 << "m" << std::setw(2) << std::setfill('0') << (a / 1000000) % 60
-        << "s";
-  else
-    out << sign << a / 3600000000LL << "h" << std::setw(2) << std::setfill('0')
-        << (a / 60000000) % 60 << "m";
-  return out.str();
 }
 
 int run_status(const common_options& c, bool json, bool all, const std::string& pattern) {
@@ -481,23 +314,16 @@ int main(int argc, char** argv) {
       "connect; 70 internal error;\n"
       "75 lock not acquired; 76 lease lost while the command ran; 78 schema missing or\n"
       "mismatched. `exec` otherwise exits with the command's status (128+N if killed by N).");
-  auto add_common = [&common](CLI::App* sub) {
-    sub->add_option("--url", common.url,
-                    "database URL (default $DBLOCK_URL): postgresql://..., mysql://..., "
-                    "sqlite:///path.db");
-    sub->add_option("--table-prefix", common.prefix, "prefix of dblock's table names");
-    sub->add_flag("-v,--verbose", common.verbose, "say more on stderr");
-  };
 
   bool dry_run = false;
   auto* migrate = app.add_subcommand("migrate", "create or upgrade dblock's tables");
-  add_common(migrate);
+  add_common(migrate, common);
   migrate->add_flag("--dry-run", dry_run, "list applied and pending migrations, change nothing");
 
   std::string retention = "1h", grace = "1s";
   std::size_t batch = 1000;
   auto* reap = app.add_subcommand("reap", "delete lease rows that expired long ago, in batches");
-  add_common(reap);
+  add_common(reap, common);
   reap->add_option("--retention", retention, "delete rows expired more than this long ago")
       ->capture_default_str();
   reap->add_option("--batch", batch, "rows per delete transaction (1..10000)")
@@ -509,7 +335,7 @@ int main(int argc, char** argv) {
   bool json = false, all = false;
   std::string pattern;
   auto* status = app.add_subcommand("status", "list held locks (and recent forced releases)");
-  add_common(status);
+  add_common(status, common);
   status->add_flag("--json", json, "machine-readable output (see README for the shape)");
   status->add_flag("--all", all, "include released and expired rows");
   status->add_option("pattern", pattern, "name pattern, shell style: 'jobs/*'");
@@ -517,7 +343,7 @@ int main(int argc, char** argv) {
   bool force = false;
   std::string release_name, reason;
   auto* release = app.add_subcommand("release", "force a stuck lease free (audited)");
-  add_common(release);
+  add_common(release, common);
   release->add_flag("--force", force, "required: take the lease from its holder");
   release->add_option("--reason", reason, "why (recorded in the audit table)");
   release->add_option("name", release_name, "lock name")->required();
@@ -565,7 +391,7 @@ int main(int argc, char** argv) {
 
   exec_options x;
   auto* exec = app.add_subcommand("exec", "run a command while holding a lease lock");
-  add_common(exec);
+  add_common(exec, common);
   exec->add_option("--lock", x.lock, "lock (resource) name")->required();
   exec->add_option("--ttl", x.ttl, "lease length, renewed at ttl/3 while the command runs")
       ->capture_default_str();
