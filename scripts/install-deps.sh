@@ -31,6 +31,8 @@ PACKAGES=(
     mariadb-client
     faketime
     clang-format
+    # scripts/structure-check.sh: the function-size rule
+    clang-tidy
     # scripts/fuzz.sh: clang++ with -fsanitize=fuzzer needs the compiler-rt archives
     # (libclang_rt.fuzzer*, asan, ubsan) of libclang-rt-14-dev, which clang only recommends;
     # llvm provides llvm-symbolizer for readable sanitizer stacks.

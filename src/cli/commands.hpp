@@ -1,0 +1,70 @@
+// The subcommands of the dblock command-line tool. Each one has its options, an add_* that
+// declares it on the CLI11 app (the order of the calls is the order of `dblock --help`), and a
+// run_* that does it and returns the exit status (errors it does not handle are thrown).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "suite.hpp"
+
+namespace dblock::cli {
+
+// migrate.cpp: dblock migrate [--dry-run]
+struct migrate_options {
+  bool dry_run = false;
+};
+CLI::App* add_migrate(CLI::App& app, common_options& common, migrate_options& m);
+int run_migrate(const common_options& c, const migrate_options& m);
+
+// reap.cpp: dblock reap [--retention D] [--batch N] [--grace D]
+struct reap_options {
+  std::string retention = "1h";
+  std::string grace = "1s";
+  std::size_t batch = 1000;
+};
+CLI::App* add_reap(CLI::App& app, common_options& common, reap_options& r);
+int run_reap(const common_options& c, const reap_options& r);
+
+// status.cpp: dblock status [--json] [--all] [pattern]
+struct status_options {
+  bool json = false;
+  bool all = false;
+  std::string pattern;
+};
+CLI::App* add_status(CLI::App& app, common_options& common, status_options& s);
+int run_status(const common_options& c, const status_options& s);
+
+// status.cpp: dblock release --force [--reason TEXT] name
+struct release_options {
+  bool force = false;
+  std::string name;
+  std::string reason;
+};
+CLI::App* add_release(CLI::App& app, common_options& common, release_options& r);
+int run_release(const common_options& c, const release_options& r);
+
+// bench.cpp: dblock bench [--url URL]... (the suite of bench/suite/)
+struct bench_options {
+  dblock::bench::options suite;
+  std::vector<std::string> urls;
+};
+CLI::App* add_bench(CLI::App& app, common_options& common, bench_options& b);
+int run_bench(const common_options& c, const bench_options& b);
+
+// exec.cpp: dblock exec --lock NAME [--ttl D] [--wait D] [--kill-after D] -- command...
+struct exec_options {
+  std::string lock;
+  std::string ttl = "30s";
+  std::string wait = "0s";
+  std::string kill_after = "10s";
+  std::vector<std::string> command;
+};
+CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x);
+int run_exec(const common_options& c, const exec_options& x);
+
+}  // namespace dblock::cli

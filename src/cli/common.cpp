@@ -1,0 +1,174 @@
+// Shared helpers of the dblock command-line tool (see common.hpp).
+#include "common.hpp"
+
+#include <cstdlib>
+#include <ctime>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+namespace dblock::cli {
+
+namespace {
+
+// With --verbose, dblock's events go to stderr (the library itself never prints).
+class stderr_listener : public dblock::listener {
+ public:
+  void acquired(std::string_view name, std::int64_t fence,
+                std::chrono::microseconds latency) override {
+    say("acquired '" + std::string(name) + "' fence " + std::to_string(fence) + " in " +
+        std::to_string(latency.count()) + " us");
+  }
+  void contended(std::string_view name) override {
+    say("'" + std::string(name) + "' is held by another owner");
+  }
+  void retried(std::string_view op, const dblock::error& e) override {
+    say("retrying " + std::string(op) + ": " + e.what());
+  }
+  void released(std::string_view name, std::chrono::microseconds held) override {
+    say("released '" + std::string(name) + "' after " + std::to_string(held.count() / 1000) +
+        " ms");
+  }
+  void renew_failed(std::string_view name, const dblock::error& e) override {
+    say("renewing '" + std::string(name) + "' failed: " + e.what());
+  }
+  void lease_lost(std::string_view name, const dblock::error& e) override {
+    say("lease '" + std::string(name) + "' lost: " + e.what());
+  }
+  void rows_reaped(std::uint64_t rows, std::uint64_t) override {
+    say("reaped " + std::to_string(rows) + " rows");
+  }
+  void log(dblock::log_level, std::string_view m) override { say(std::string(m)); }
+
+ private:
+  std::mutex mu_;
+  void say(const std::string& m) {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::cerr << "dblock: " << shown(m) << "\n";
+  }
+};
+
+}  // namespace
+
+int exit_status_for(const dblock::error& e) {
+  switch (e.code()) {
+    case dblock::errc::invalid_argument:
+      return exit_usage;
+    case dblock::errc::connection_failed:
+    case dblock::errc::connection_lost:
+      return exit_unavailable;
+    case dblock::errc::schema_missing:
+    case dblock::errc::schema_mismatch:
+      return exit_schema;
+    case dblock::errc::timeout:
+    case dblock::errc::lock_not_available:
+      return exit_not_acquired;
+    case dblock::errc::lease_lost:
+      return exit_lease_lost;
+    default:
+      return exit_software;
+  }
+}
+
+void add_common(CLI::App* sub, common_options& common) {
+  sub->add_option("--url", common.url,
+                  "database URL (default $DBLOCK_URL): postgresql://..., mysql://..., "
+                  "sqlite:///path.db");
+  sub->add_option("--table-prefix", common.prefix, "prefix of dblock's table names");
+  sub->add_flag("-v,--verbose", common.verbose, "say more on stderr");
+}
+
+std::chrono::milliseconds parse_duration(const std::string& text, const char* option) {
+  std::size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  std::string unit = text.substr(pos);
+  double factor = 0;
+  if (pos == 0 || value < 0)
+    factor = 0;
+  else if (unit.empty() || unit == "s")
+    factor = 1000;
+  else if (unit == "ms")
+    factor = 1;
+  else if (unit == "m")
+    factor = 60000;
+  else if (unit == "h")
+    factor = 3600000;
+  if (factor == 0 || value * factor > 1e12)
+    throw dblock::error(dblock::errc::invalid_argument, std::string("invalid duration '") + text +
+                                                            "' for " + option +
+                                                            " (examples: 30s, 500ms, 2m, 1h)");
+  return std::chrono::milliseconds(static_cast<long long>(value * factor + 0.5));
+}
+
+std::string shown(std::string_view s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  auto esc = [&](unsigned char c) {
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  };
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    auto next = i + 1 < s.size() ? static_cast<unsigned char>(s[i + 1]) : 0;
+    if (c < 0x20 || c == 0x7f) {
+      esc(c);
+    } else if (c == 0xc2 && next >= 0x80 && next <= 0x9f) {
+      esc(c);
+      esc(next);
+      ++i;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string url_or_env(const std::string& url) {
+  if (!url.empty()) return url;
+  const char* env = std::getenv("DBLOCK_URL");
+  if (env && *env) return env;
+  throw dblock::error(dblock::errc::invalid_argument,
+                      "no database URL: pass --url or set DBLOCK_URL");
+}
+
+dblock::database open_db(const common_options& c) {
+  dblock::database_options o;
+  o.table_prefix = c.prefix;
+  if (c.verbose) o.events = std::make_shared<stderr_listener>();
+  return dblock::database(url_or_env(c.url), o);
+}
+
+std::string iso_time(std::chrono::system_clock::time_point t) {
+  auto secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  std::ostringstream out;
+  out << std::put_time(&tm, "%Y-%m-%dT%H:%M:%SZ");
+  return out.str();
+}
+
+std::string human(std::chrono::microseconds d) {
+  long long us = d.count();
+  std::string sign = us < 0 ? "-" : "";
+  long long a = us < 0 ? -us : us;
+  std::ostringstream out;
+  if (a < 60LL * 1000000)
+    out << sign << std::fixed << std::setprecision(1) << a / 1e6 << "s";
+  else if (a < 3600LL * 1000000)
+    out << sign << a / 60000000 << "m" << std::setw(2) << std::setfill('0') << (a / 1000000) % 60
+        << "s";
+  else
+    out << sign << a / 3600000000LL << "h" << std::setw(2) << std::setfill('0')
+        << (a / 60000000) % 60 << "m";
+  return out.str();
+}
+
+}  // namespace dblock::cli

@@ -1,0 +1,141 @@
+// dblock status: list held locks and recent forced releases; dblock release: force a stuck lease
+// free (audited).
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+
+#include "commands.hpp"
+
+namespace dblock::cli {
+
+namespace {
+
+void print_status_json(const dblock::database& db, const std::vector<dblock::lock_info>& locks,
+                       const std::vector<dblock::forced_release>& forced) {
+  nlohmann::json j;
+  j["database"] = db.redacted_url();
+  j["locks"] = nlohmann::json::array();
+  for (const auto& l : locks)
+    j["locks"].push_back({{"name", l.name},
+                          {"held", l.held},
+                          {"holder", l.holder_host + ":" + std::to_string(l.holder_pid)},
+                          {"holder_thread", l.holder_thread},
+                          {"owner_token", l.owner_token},
+                          {"fence", l.fence},
+                          {"hold_count", l.hold_count},
+                          {"acquired_at", iso_time(l.acquired_at)},
+                          {"expires_at", iso_time(l.expires_at)},
+                          {"expires_in_ms", l.expires_in.count() / 1000}});
+  j["forced_releases"] = nlohmann::json::array();
+  for (const auto& f : forced)
+    j["forced_releases"].push_back({{"name", f.name},
+                                    {"previous_fence", f.previous_fence},
+                                    {"new_fence", f.new_fence},
+                                    {"previous_holder", f.previous_holder},
+                                    {"was_held", f.was_held},
+                                    {"forced_by", f.forced_by},
+                                    {"reason", f.reason},
+                                    {"at", iso_time(f.at)}});
+  std::cout << j.dump(2) << "\n";
+}
+
+void print_status_table(const dblock::database& db, const std::vector<dblock::lock_info>& locks,
+                        const std::vector<dblock::forced_release>& forced,
+                        std::chrono::system_clock::time_point now, const status_options& s) {
+  std::size_t w = 4;
+  for (const auto& l : locks)
+    w = std::max(w, std::min<std::size_t>(shown(l.name).size(), 60));
+  std::cout << std::left << std::setw(static_cast<int>(w)) << "NAME"
+            << "  " << std::setw(28) << "HOLDER" << std::right << std::setw(10) << "FENCE"
+            << std::setw(12) << "ACQUIRED" << std::setw(12) << "EXPIRES IN" << std::setw(6)
+            << "HOLDS"
+            << "\n";
+  for (const auto& l : locks) {
+    auto ago = std::chrono::duration_cast<std::chrono::microseconds>(now - l.acquired_at);
+    std::cout << std::left << std::setw(static_cast<int>(w)) << shown(l.name).substr(0, 60) << "  "
+              << std::setw(28) << (l.holder_host + ":" + std::to_string(l.holder_pid)).substr(0, 28)
+              << std::right << std::setw(10) << l.fence << std::setw(12) << (human(ago) + " ago")
+              << std::setw(12) << (l.held ? human(l.expires_in) : std::string("free"))
+              << std::setw(6) << l.hold_count << "\n";
+  }
+  std::cout << locks.size() << (s.all ? " lock row(s)" : " held lock(s)")
+            << (s.pattern.empty() ? "" : " matching '" + shown(s.pattern) + "'") << " in "
+            << db.redacted_url() << "\n";
+  if (!forced.empty()) {
+    std::cout << "\nlast forced releases:\n";
+    for (const auto& f : forced)
+      std::cout << "  " << iso_time(f.at) << "  " << shown(f.name) << "  fence " << f.previous_fence
+                << " -> " << f.new_fence << "  was " << (f.was_held ? "held" : "free") << " by "
+                << f.previous_holder << "  forced by " << shown(f.forced_by) << ": "
+                << shown(f.reason) << "\n";
+  }
+}
+
+std::string who_am_i() {
+  const char* user = std::getenv("SUDO_USER");
+  if (!user || !*user) user = std::getenv("USER");
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return std::string(user && *user ? user : "unknown") + "@" + host;
+}
+
+}  // namespace
+
+CLI::App* add_status(CLI::App& app, common_options& common, status_options& s) {
+  auto* status = app.add_subcommand("status", "list held locks (and recent forced releases)");
+  add_common(status, common);
+  status->add_flag("--json", s.json, "machine-readable output (see README for the shape)");
+  status->add_flag("--all", s.all, "include released and expired rows");
+  status->add_option("pattern", s.pattern, "name pattern, shell style: 'jobs/*'");
+  return status;
+}
+
+int run_status(const common_options& c, const status_options& s) {
+  auto db = open_db(c);
+  dblock::list_options lo;
+  lo.pattern = s.pattern;
+  lo.include_free = s.all;
+  auto locks = dblock::list_locks(db, lo);
+  auto forced = dblock::recent_forced_releases(db, 5);
+  const auto now = std::chrono::system_clock::now();
+  if (s.json)
+    print_status_json(db, locks, forced);
+  else
+    print_status_table(db, locks, forced, now, s);
+  return exit_ok;
+}
+
+CLI::App* add_release(CLI::App& app, common_options& common, release_options& r) {
+  auto* release = app.add_subcommand("release", "force a stuck lease free (audited)");
+  add_common(release, common);
+  release->add_flag("--force", r.force, "required: take the lease from its holder");
+  release->add_option("--reason", r.reason, "why (recorded in the audit table)");
+  release->add_option("name", r.name, "lock name")->required();
+  return release;
+}
+
+int run_release(const common_options& c, const release_options& r) {
+  if (!r.force) {
+    std::cerr << "dblock release: releasing someone else's lease is dangerous; pass --force "
+                 "(and --reason) to do it\n";
+    return exit_usage;
+  }
+  auto db = open_db(c);
+  try {
+    auto f = dblock::force_release(db, r.name, r.reason, who_am_i());
+    std::cout << "released '" << shown(f.name) << "' (it was " << (f.was_held ? "held" : "free")
+              << ", last holder " << f.previous_holder << "); fence " << f.previous_fence << " -> "
+              << f.new_fence << ", recorded in the audit table\n";
+    return exit_ok;
+  } catch (const dblock::error& e) {
+    if (e.code() != dblock::errc::not_found) throw;
+    std::cerr << "dblock release: " << shown(e.what()) << "\n";
+    return exit_not_found;
+  }
+}
+
+}  // namespace dblock::cli
