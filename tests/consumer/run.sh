@@ -1,13 +1,137 @@
 #!/usr/bin/env bash
-# Installs the build into a temporary prefix, builds tests/consumer against it with
-# find_package(dblock), and runs it on a fresh SQLite file.
+# The consumer test: installs the build BUILD_DIR into a temporary prefix and uses it as a
+# user would, on fresh SQLite files (no server needed).
+#   1. CMake: tests/consumer with find_package(dblock) while prometheus-cpp cannot be found
+#      (CMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp), plus every ```cpp block of README.md as
+#      extracted by readme_snippets.sh (compiled and linked); runs the consumer.
+#   2. find_package(dblock COMPONENTS prometheus): when dblock was built with it, builds and
+#      runs consumer_prometheus, and checks that the component fails with its reason when
+#      prometheus-cpp cannot be found; when built without, checks that it fails saying so.
+#   3. pkg-config: builds the consumer with one compiler command and dblock.pc's flags
+#      (`--static` for libdblock.a), runs it.
+# For a shared build (shared.sh) the consumers must also need libdblock.so.0.
+#
+# Usage: run.sh BUILD_DIR CONSUMER_DIR README.md
+# Environment: CXX, the compiler (default c++), also used for the CMake projects.
 set -euo pipefail
-build_dir=$1 src_dir=$2
-work=$(mktemp -d)
+
+if [ $# -ne 3 ]; then
+    echo "usage: $0 BUILD_DIR CONSUMER_DIR README.md" >&2
+    exit 2
+fi
+build_dir=$(readlink -f "$1") src_dir=$(readlink -f "$2") readme=$3
+export CXX=${CXX:-c++}
+here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
+work=$(mktemp -d "${TMPDIR:-/tmp}/dblock-consumer.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
-cmake -S "$src_dir" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
-cmake --build "$work/build" >/dev/null
-out=$("$work/build/consumer" "sqlite://$work/consumer.db")
-echo "$out"
-[ "$out" = "consumer fence 1" ]
+prefix=$work/prefix
+
+say() { echo "consumer: $*"; }
+fail() {
+    echo "consumer: FAIL: $*" >&2
+    exit 1
+}
+# run_logged LOG WHAT COMMAND...: runs COMMAND with its output in LOG; on failure shows LOG.
+run_logged() {
+    local log=$1 what=$2
+    shift 2
+    if ! "$@" >"$log" 2>&1; then
+        echo "consumer: FAIL: $what; its output (last 80 lines of $log):" >&2
+        tail -n 80 "$log" >&2
+        exit 1
+    fi
+}
+# expect_output WHAT EXPECTED COMMAND...: runs COMMAND, which must succeed and print EXPECTED.
+expect_output() {
+    local what=$1 expected=$2 out
+    shift 2
+    out=$("$@" 2>&1) || fail "$what exited with status $?; output: $out"
+    [ "$out" = "$expected" ] || fail "$what printed '$out', expected '$expected'"
+    say "$what: $out"
+}
+# needs_shared_dblock WHAT BINARY: in a shared build, BINARY must need libdblock.so.0.
+needs_shared_dblock() {
+    if [ "$shared" = 1 ]; then
+        readelf -d "$2" | grep -q 'NEEDED.*\[libdblock\.so\.0\]' ||
+            fail "$1 ($2) does not need libdblock.so.0: $(readelf -d "$2" | grep NEEDED)"
+    fi
+}
+configure_consumer() { # DIR ARGS...: configures tests/consumer against the prefix
+    local dir=$1
+    shift
+    cmake -S "$src_dir" -B "$dir" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CXX_COMPILER="$CXX" "$@"
+}
+
+t0=$SECONDS
+if ! cmake --install "$build_dir" --prefix "$prefix" >"$work/install.log" 2>&1; then
+    tail -n 20 "$work/install.log" >&2
+    fail "cmake --install $build_dir failed: build everything it installs first" \
+        "(cmake --build $build_dir)"
+fi
+pc=$(find "$prefix" -name dblock.pc -path '*/pkgconfig/*' -print -quit)
+[ -n "$pc" ] || fail "the install has no pkgconfig/dblock.pc"
+libdir=$(dirname "$(dirname "$pc")")
+cfgdir=$libdir/cmake/dblock
+[ -f "$cfgdir/dblockConfig.cmake" ] || fail "the install has no $cfgdir/dblockConfig.cmake"
+if [ -e "$libdir/libdblock.so" ]; then shared=1 kind=shared; else shared=0 kind=static; fi
+[ "$shared" = 1 ] || [ -f "$libdir/libdblock.a" ] || fail "neither libdblock.so nor .a in $libdir"
+say "installed a $kind dblock into $prefix"
+
+# 1. find_package(dblock) without prometheus-cpp; the README's snippets.
+bash "$here/readme_snippets.sh" "$readme" "$work/snippets"
+run_logged "$work/cmake.log" "configuring tests/consumer (find_package(dblock), prometheus-cpp not findable)" \
+    configure_consumer "$work/cmake" -DCMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp=ON \
+    -DCONSUMER_SNIPPETS_DIR="$work/snippets"
+run_logged "$work/build.log" "building tests/consumer and the README's C++ blocks" \
+    cmake --build "$work/cmake" -j2
+say "README snippets: compiled and linked"
+expect_output "consumer (CMake)" "consumer fence 1" "$work/cmake/consumer" "sqlite://$work/cmake.db"
+needs_shared_dblock "consumer (CMake)" "$work/cmake/consumer"
+
+# 2. COMPONENTS prometheus.
+if [ -f "$cfgdir/dblockPrometheusTargets.cmake" ]; then
+    run_logged "$work/prom.log" "configuring tests/consumer with COMPONENTS prometheus" \
+        configure_consumer "$work/prom" -DCONSUMER_PROMETHEUS=ON
+    run_logged "$work/prom-build.log" "building consumer_prometheus" \
+        cmake --build "$work/prom" -j2 --target consumer_prometheus
+    expect_output "consumer_prometheus" 'dblock_acquired_total{backend="sqlite"} 1' \
+        "$work/prom/consumer_prometheus" "sqlite://$work/prom.db"
+    expected_reason="component prometheus: it needs prometheus-cpp"
+    disable=(-DCMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp=ON)
+else
+    say "dblock was built without dblock::prometheus"
+    expected_reason="component prometheus: dblock was built without it"
+    disable=()
+fi
+if configure_consumer "$work/noprom" -DCONSUMER_PROMETHEUS=ON "${disable[@]}" \
+    >"$work/noprom.log" 2>&1; then
+    fail "find_package(dblock REQUIRED COMPONENTS prometheus) succeeded without prometheus-cpp"
+fi
+grep -q "$expected_reason" "$work/noprom.log" || {
+    tail -n 30 "$work/noprom.log" >&2
+    fail "find_package(dblock REQUIRED COMPONENTS prometheus) failed without saying '$expected_reason'"
+}
+say "COMPONENTS prometheus without it fails: $expected_reason"
+
+# 3. pkg-config, with a plain compiler command.
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+command -v pkg-config >/dev/null || fail "pkg-config not found (Debian: pkg-config)"
+pkg-config --exists --print-errors dblock || fail "pkg-config cannot use $pc"
+version=$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$build_dir/CMakeCache.txt")
+[ "$(pkg-config --modversion dblock)" = "$version" ] ||
+    fail "dblock.pc says version $(pkg-config --modversion dblock), the build $version"
+if [ "$shared" = 1 ]; then
+    libs=$(pkg-config --libs dblock)
+    extra=("-Wl,-rpath,$libdir")
+else
+    libs=$(pkg-config --static --libs dblock)
+    extra=()
+fi
+# shellcheck disable=SC2046,SC2086  # pkg-config's flags are meant to be word-split
+run_logged "$work/pc.log" "compiling the consumer with pkg-config's flags" \
+    "$CXX" -std=c++17 "$src_dir/main.cpp" $(pkg-config --cflags dblock) -o "$work/consumer_pc" \
+    $libs "${extra[@]}"
+say "pkg-config consumer built with: $CXX -std=c++17 main.cpp $(pkg-config --cflags dblock) $libs ${extra[*]}"
+expect_output "consumer (pkg-config)" "consumer fence 1" "$work/consumer_pc" "sqlite://$work/pc.db"
+needs_shared_dblock "consumer (pkg-config)" "$work/consumer_pc"
+say "passed ($kind dblock) in $((SECONDS - t0))s"
