@@ -65,48 +65,36 @@ std::string redact(const std::string& url) {
   return url.substr(0, colon) + ":***" + url.substr(at);
 }
 
-}  // namespace
-
-parsed_url parse_url(const std::string& url) {
-  parsed_url out;
-  out.redacted = redact(url);
+// Checks made on the raw text before parsing.
+void check_raw(const std::string& url, const std::string& redacted) {
   if (url.empty()) bad("<empty>", "the URL is empty");
-  if (url.size() > 4096) bad(out.redacted.substr(0, 64) + "...", "longer than 4096 characters");
+  if (url.size() > 4096) bad(redacted.substr(0, 64) + "...", "longer than 4096 characters");
   for (unsigned char c : url) {
-    if (c < 0x20 || c == 0x7f) bad(out.redacted, "contains a control character");
+    if (c < 0x20 || c == 0x7f) bad(redacted, "contains a control character");
   }
   // A decoded NUL would cut the value short in the C strings of libpq, libmysqlclient and
   // uriparser's query list, so that another database, user or option than written is used.
   if (url.find("%00") != std::string::npos)
-    bad(out.redacted, "contains a percent-encoded NUL byte (%00)");
-
+    bad(redacted, "contains a percent-encoded NUL byte (%00)");
   if (url.rfind("sqlite", 0) == 0 && url.find(":memory:") != std::string::npos)
-    bad(out.redacted,
+    bad(redacted,
         "in-memory databases are not supported (each connection would see its own database)");
+}
 
-  UriUriA uri;
-  const char* error_pos = nullptr;
-  if (uriParseSingleUriA(&uri, url.c_str(), &error_pos) != URI_SUCCESS) {
-    auto offset = error_pos ? static_cast<std::size_t>(error_pos - url.c_str()) : 0;
-    bad(out.redacted, "syntax error near character " + std::to_string(offset + 1));
-  }
-  std::unique_ptr<UriUriA, void (*)(UriUriA*)> guard(&uri,
-                                                     [](UriUriA* u) { uriFreeUriMembersA(u); });
-
+std::string canonical_scheme(const UriUriA& uri, const std::string& redacted) {
   std::string scheme = range(uri.scheme);
   std::transform(scheme.begin(), scheme.end(), scheme.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (scheme.empty())
-    bad(out.redacted, "missing scheme (expected postgresql://, mysql:// or sqlite://)");
-  if (scheme == "postgres" || scheme == "postgresql")
-    out.scheme = "postgresql";
-  else if (scheme == "mysql" || scheme == "mariadb")
-    out.scheme = "mysql";
-  else if (scheme == "sqlite" || scheme == "sqlite3")
-    out.scheme = "sqlite";
-  else
-    bad(out.redacted, "unknown scheme '" + scheme + "' (expected postgresql, mysql or sqlite)");
+    bad(redacted, "missing scheme (expected postgresql://, mysql:// or sqlite://)");
+  if (scheme == "postgres" || scheme == "postgresql") return "postgresql";
+  if (scheme == "mysql" || scheme == "mariadb") return "mysql";
+  if (scheme == "sqlite" || scheme == "sqlite3") return "sqlite";
+  bad(redacted, "unknown scheme '" + scheme + "' (expected postgresql, mysql or sqlite)");
+}
 
+// User, password, host, port and path.
+void read_authority_and_path(const UriUriA& uri, parsed_url& out) {
   std::string userinfo = range(uri.userInfo);
   if (!userinfo.empty()) {
     auto colon = userinfo.find(':');
@@ -122,51 +110,76 @@ parsed_url parse_url(const std::string& url) {
     if (p < 1 || p > 65535) bad(out.redacted, "port " + port + " is out of range 1-65535");
     out.port = p;
   }
-
   std::string path;
   for (auto* seg = uri.pathHead; seg != nullptr; seg = seg->next) {
     if (seg != uri.pathHead || uri.absolutePath || uri.hostText.first != nullptr) path += '/';
     path += decode(range(seg->text));
   }
   out.path = path;
+}
 
-  if (uri.query.first != nullptr) {
-    UriQueryListA* list = nullptr;
-    int count = 0;
-    if (uriDissectQueryMallocA(&list, &count, uri.query.first, uri.query.afterLast) != URI_SUCCESS)
-      bad(out.redacted, "malformed query string");
-    std::unique_ptr<UriQueryListA, void (*)(UriQueryListA*)> qguard(
-        list, [](UriQueryListA* l) { uriFreeQueryListA(l); });
-    for (auto* q = list; q != nullptr; q = q->next) {
-      std::string key = q->key ? q->key : "";
-      if (key.empty()) bad(out.redacted, "empty query parameter name");
-      if (out.query.count(key)) bad(out.redacted, "query parameter '" + key + "' given twice");
-      out.query[key] = q->value ? q->value : "";
-    }
+void read_query(const UriUriA& uri, parsed_url& out) {
+  if (uri.query.first == nullptr) return;
+  UriQueryListA* list = nullptr;
+  int count = 0;
+  if (uriDissectQueryMallocA(&list, &count, uri.query.first, uri.query.afterLast) != URI_SUCCESS)
+    bad(out.redacted, "malformed query string");
+  std::unique_ptr<UriQueryListA, void (*)(UriQueryListA*)> qguard(
+      list, [](UriQueryListA* l) { uriFreeQueryListA(l); });
+  for (auto* q = list; q != nullptr; q = q->next) {
+    std::string key = q->key ? q->key : "";
+    if (key.empty()) bad(out.redacted, "empty query parameter name");
+    if (out.query.count(key)) bad(out.redacted, "query parameter '" + key + "' given twice");
+    out.query[key] = q->value ? q->value : "";
   }
+}
+
+void finish_sqlite(parsed_url& out) {
+  // sqlite:///abs/path.db has an empty host; sqlite://relative.db puts the first segment in the
+  // host position, so glue it back.
+  if (!out.user.empty() || out.password || out.port)
+    bad(out.redacted, "a sqlite URL takes no user, password or port");
+  std::string file = out.host.empty() ? out.path : out.host + out.path;
+  if (file.empty() || file == "/") bad(out.redacted, "missing database file path");
+  if (file.find(":memory:") != std::string::npos || file.rfind("file:", 0) == 0)
+    bad(out.redacted,
+        "in-memory databases are not supported (each connection would see its own database)");
+  out.host.clear();
+  out.path = file;
+}
+
+void finish_server(parsed_url& out) {
+  if (!out.path.empty() && out.path[0] == '/') out.path.erase(0, 1);
+  if (out.path.empty()) bad(out.redacted, "missing database name (the path after the host)");
+  if (out.path.find('/') != std::string::npos)
+    // The name is not shown: with a raw '/' in the password, it holds the rest of the password.
+    bad(out.redacted, "the database name (the path after the host) contains '/'");
+  if (out.host.empty() && !out.query.count("host") && !out.query.count("unix_socket"))
+    bad(out.redacted, "missing host");
+}
+
+}  // namespace
+
+parsed_url parse_url(const std::string& url) {
+  parsed_url out;
+  out.redacted = redact(url);
+  check_raw(url, out.redacted);
+  UriUriA uri;
+  const char* error_pos = nullptr;
+  if (uriParseSingleUriA(&uri, url.c_str(), &error_pos) != URI_SUCCESS) {
+    auto offset = error_pos ? static_cast<std::size_t>(error_pos - url.c_str()) : 0;
+    bad(out.redacted, "syntax error near character " + std::to_string(offset + 1));
+  }
+  std::unique_ptr<UriUriA, void (*)(UriUriA*)> guard(&uri,
+                                                     [](UriUriA* u) { uriFreeUriMembersA(u); });
+  out.scheme = canonical_scheme(uri, out.redacted);
+  read_authority_and_path(uri, out);
+  read_query(uri, out);
   if (uri.fragment.first != nullptr) bad(out.redacted, "a fragment ('#...') is not allowed");
-
-  if (out.scheme == "sqlite") {
-    // sqlite:///abs/path.db has an empty host; sqlite://relative.db puts the first segment in
-    // the host position, so glue it back.
-    if (!out.user.empty() || out.password || out.port)
-      bad(out.redacted, "a sqlite URL takes no user, password or port");
-    std::string file = out.host.empty() ? out.path : out.host + out.path;
-    if (file.empty() || file == "/") bad(out.redacted, "missing database file path");
-    if (file.find(":memory:") != std::string::npos || file.rfind("file:", 0) == 0)
-      bad(out.redacted,
-          "in-memory databases are not supported (each connection would see its own database)");
-    out.host.clear();
-    out.path = file;
-  } else {
-    if (!out.path.empty() && out.path[0] == '/') out.path.erase(0, 1);
-    if (out.path.empty()) bad(out.redacted, "missing database name (the path after the host)");
-    if (out.path.find('/') != std::string::npos)
-      // The name is not shown: with a raw '/' in the password, it holds the rest of the password.
-      bad(out.redacted, "the database name (the path after the host) contains '/'");
-    if (out.host.empty() && !out.query.count("host") && !out.query.count("unix_socket"))
-      bad(out.redacted, "missing host");
-  }
+  if (out.scheme == "sqlite")
+    finish_sqlite(out);
+  else
+    finish_server(out);
   return out;
 }
 

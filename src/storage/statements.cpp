@@ -16,15 +16,15 @@ const char* const ours_and_held =
 void lease_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
   s.acquire =
-      make("acquire", v.lease_acquire(t), {"name", "token", "ttl", "host", "pid", "thread"});
+      make("lease_acquire", v.lease_acquire(t), {"name", "token", "ttl", "host", "pid", "thread"});
   s.renew =
-      make("renew",
+      make("lease_renew",
            "UPDATE " + t.lock + " SET expires_at = " + v.plus_us(now, "ttl") + ours_and_held + now,
            {"ttl", "name", "token", "fence"});
   // expires_at is assigned before hold_count so that MySQL, which evaluates SET left to right,
   // sees the old hold_count like the other backends. A freed lease is also an expired one,
   // which is all that acquire checks.
-  s.release = make("release",
+  s.release = make("lease_release",
                    "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " + now +
                        " ELSE expires_at END, hold_count = hold_count - 1" + ours_and_held + now,
                    {"name", "token", "fence"});
