@@ -9,17 +9,22 @@
 
 #include "dblock/database.hpp"
 
+/// @file
+/// @brief Administration of the lease table: list_locks(), force_release(),
+/// recent_forced_releases().
+
 namespace dblock {
 
 /// One row of the lease table, as seen by list_locks(). Times are on the database clock.
+/// Thread-safety: a plain value.
 struct lock_info {
-  std::string name;         ///< resource name
-  std::string owner_token;  ///< token of the current (or last) acquisition
-  std::int64_t fence = 0;   ///< current fencing token
-  int hold_count = 0;       ///< reentrant holds; 0 when released
-  std::string holder_host;  ///< host of the current (or last) holder
-  std::int64_t holder_pid = 0;
-  std::string holder_thread;
+  std::string name;             ///< resource name
+  std::string owner_token;      ///< token of the current (or last) acquisition
+  std::int64_t fence = 0;       ///< current fencing token
+  int hold_count = 0;           ///< reentrant holds; 0 when released
+  std::string holder_host;      ///< host of the current (or last) holder
+  std::int64_t holder_pid = 0;  ///< process id of the current (or last) holder
+  std::string holder_thread;    ///< thread id (Linux TID) of the current (or last) holder
   std::chrono::system_clock::time_point acquired_at;  ///< when the acquisition happened
   std::chrono::system_clock::time_point expires_at;   ///< when the lease ends (or ended)
   std::chrono::microseconds expires_in{0};  ///< expires_at minus the database's now (< 0: expired)
@@ -27,6 +32,7 @@ struct lock_info {
 };
 
 /// Which rows list_locks() returns.
+/// Thread-safety: a plain value.
 struct list_options {
   /// Shell-style pattern on names (`*` any run, `?` one character); empty means all names.
   std::string pattern;
@@ -36,14 +42,17 @@ struct list_options {
   std::size_t limit = 1000;
 };
 
-/// Lists lease rows; held leases only unless include_free. Thread-safe.
-/// @throws dblock::error (schema_missing, connection errors, invalid_argument for a bad limit or
-///         a pattern over 1000 bytes, with a NUL byte or not valid UTF-8).
+/// Lists lease rows, by name; held leases only unless include_free. A plain read: it waits for
+/// no lock. Thread-safety: safe to call concurrently; each call uses its own pooled connection.
+/// @throws dblock::error errc::invalid_argument for a limit outside 1..100000 or a pattern over
+///         1000 bytes, with a NUL byte or not valid UTF-8; the @ref database_errors
+///         "database errors" (errc::schema_missing before `dblock migrate`).
 std::vector<lock_info> list_locks(const database& db, const list_options& options = {});
 
 /// A forced release, as recorded in the audit table.
+/// Thread-safety: a plain value.
 struct forced_release {
-  std::string name;
+  std::string name;                 ///< resource name
   std::int64_t previous_fence = 0;  ///< the fence the old holder had
   std::int64_t new_fence = 0;       ///< previous_fence + 1: the old holder's fence is stale
   std::string previous_owner;       ///< the old holder's owner token
@@ -60,14 +69,26 @@ struct forced_release {
  * Bumps the fence (so the old holder's fenced writes and any storage that checks fences reject
  * it), replaces the owner token and ends the lease, so the old holder's renew, release and
  * fenced() fail with errc::lease_lost. Records who, when and why in `<prefix>resource_lock_audit`.
- * @throws dblock::error errc::not_found when no row has that name, errc::invalid_argument for a
- *         bad name, a reason over 1000 bytes, forced_by over 255 bytes, or either with a NUL
- *         byte or not valid UTF-8.
+ * Never retried internally: a second attempt would bump the fence and write the audit twice.
+ *
+ * Thread-safety: safe to call concurrently; each call uses its own pooled connection, and calls
+ * on one name take turns on its row lock (each one bumps the fence).
+ *
+ * @throws dblock::error errc::not_found when no row has that name; errc::invalid_argument for a
+ *         bad name (empty, over 255 bytes, a NUL byte or not valid UTF-8), a reason over 1000
+ *         bytes, forced_by over 255 bytes, or either with a NUL byte or not valid UTF-8;
+ *         errc::lock_not_available when the row stays locked (by a fenced write, say) for over
+ *         10 s; errc::in_doubt when the connection broke after COMMIT was sent (it may or may
+ *         not have happened: look at recent_forced_releases() or list_locks() before forcing
+ *         again); the @ref database_errors "database errors".
  */
 forced_release force_release(const database& db, const std::string& name, const std::string& reason,
                              const std::string& forced_by);
 
-/// The latest forced releases, newest first (at most `limit`).
+/// The latest forced releases, newest first (at most `limit`, 1..10000). Thread-safety: safe to
+/// call concurrently; each call uses its own pooled connection.
+/// @throws dblock::error errc::invalid_argument for a limit outside 1..10000; the
+///         @ref database_errors "database errors".
 std::vector<forced_release> recent_forced_releases(const database& db, std::size_t limit = 5);
 
 }  // namespace dblock

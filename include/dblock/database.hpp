@@ -8,6 +8,9 @@
 
 #include "dblock/listener.hpp"
 
+/// @file
+/// @brief dblock::database, the handle on one database and its connection pool.
+
 namespace soci {
 class session;
 }
@@ -30,12 +33,13 @@ enum class isolation_level {
 };
 
 /// Settings of a database handle; all have safe defaults.
+/// Thread-safety: a plain value.
 struct database_options {
-  /// Prefix of every dblock table name (for example "app1_"); validated as an identifier part
-  /// (`[A-Za-z0-9_]`, and the full table names must stay within 63 characters).
+  /// Prefix of every dblock table name (for example "app1_"); empty or `[a-z_][a-z0-9_]{0,31}`
+  /// (lower case, so that every backend spells the table names alike).
   std::string table_prefix;
-  /// Number of pooled connections, opened lazily on first use. Watchdogs borrow one while
-  /// renewing, so allow one per concurrently renewing lock plus your own threads.
+  /// Number of pooled connections (1..1024), opened lazily on first use. Watchdogs borrow one
+  /// while renewing, so allow one per concurrently renewing lock plus your own threads.
   std::size_t pool_size = 4;
   /// How long connect() waits for a free pooled connection before throwing errc::timeout.
   std::chrono::milliseconds pool_wait{30000};
@@ -63,7 +67,8 @@ struct database_options {
  *
  * Copies are cheap and share the same pool; the pool lives until the last copy and the last
  * lock, guard or watchdog using it is gone. Thread-safety: all member functions may be called
- * concurrently from several threads.
+ * concurrently from several threads, on one object or on copies (a moved-from handle must not be
+ * used except to be assigned to or destroyed).
  *
  * @throws dblock::error errc::invalid_argument for a malformed URL, unknown scheme or key, or a bad
  *         table prefix. Connecting is lazy: an unreachable server or a wrong password shows up
@@ -71,12 +76,22 @@ struct database_options {
  */
 class database {
  public:
-  /// Parses the URL and prepares the pool; opens no connection yet.
+  /**
+   * @brief Parses the URL and prepares the pool; opens no connection yet.
+   * @throws dblock::error errc::invalid_argument for a malformed URL, an unknown scheme or query
+   *         key, a bad query value, options.pool_size outside 1..1024 or a bad
+   *         options.table_prefix.
+   */
   explicit database(const std::string& url, database_options options = {});
+  /// Drops this handle's share of the pool (closed when the last user is gone). Never throws.
   ~database();
+  /// Another handle on the same pool. Never throws.
   database(const database&) = default;
+  /// Makes this a handle on `other`'s pool. Never throws.
   database& operator=(const database&) = default;
+  /// Takes over `other`'s share of the pool; `other` must not be used afterwards.
   database(database&&) noexcept = default;
+  /// Takes over `other`'s share of the pool; `other` must not be used afterwards.
   database& operator=(database&&) noexcept = default;
 
   /// "postgresql", "mysql" or "sqlite".
@@ -88,23 +103,34 @@ class database {
   /// Full name of the lease lock table, e.g. "resource_lock" or "app1_resource_lock".
   const std::string& lock_table() const noexcept;
 
-  /// Opens (or checks) one connection now; throws errc::connection_failed with the reason.
+  /// Opens (or checks, with `SELECT 1`) one pooled connection now.
+  /// @throws dblock::error errc::connection_failed with the reason when connecting fails,
+  ///         errc::connection_lost when an open connection turns out broken (it is reopened on
+  ///         its next use), errc::timeout when no pooled connection frees up within
+  ///         options().pool_wait.
   void ping() const;
 
   /**
    * @brief A pooled connection, returned to the pool on destruction.
    *
-   * Use session() to run your own SQL through SOCI. Not thread-safe: one thread at a time.
-   * Move-only. If a call on it fails with a lost connection, it is reopened on its next lease.
+   * Use session() to run your own SQL through SOCI. Move-only; a moved-from connection must not
+   * be used except to be assigned to or destroyed. If a call on it fails with a lost connection,
+   * it is reopened on its next lease. Thread-safety: not thread-safe, one thread at a time (it
+   * may be handed over between threads).
    */
   class connection {
    public:
+    /// Takes over `other`'s pooled connection.
     connection(connection&&) noexcept;
+    /// Returns this connection's pooled connection (see ~connection()) and takes over `other`'s.
     connection& operator=(connection&&) noexcept;
     connection(const connection&) = delete;
     connection& operator=(const connection&) = delete;
+    /// Returns the connection to the pool, rolled back when a transaction is still open, and
+    /// closed (to be reopened on its next lease) when it broke. Never throws.
     ~connection();
-    /// The SOCI session of this connection.
+    /// The SOCI session of this connection. Never throws; SOCI's own calls on it throw
+    /// soci::soci_error, which dblock does not translate.
     soci::session& session();
     /// Marks the connection as broken so the pool reconnects it before its next use.
     void discard() noexcept;
@@ -116,7 +142,8 @@ class database {
     std::unique_ptr<detail::session_scope> s_;
   };
 
-  /// Borrows a connection from the pool, connecting it when needed.
+  /// Borrows a connection from the pool, connecting it when needed (a connection found broken
+  /// earlier is reopened here; one that broke unnoticed fails on its first statement).
   /// @throws dblock::error errc::timeout when none frees up within options().pool_wait,
   ///         errc::connection_failed when connecting fails.
   connection connect() const;

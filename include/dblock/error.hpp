@@ -7,6 +7,9 @@
 #include <string>
 #include <system_error>
 
+/// @file
+/// @brief dblock's one exception type, dblock::error, and its codes, dblock::errc.
+
 namespace dblock {
 
 /**
@@ -19,6 +22,14 @@ namespace dblock {
  * - do not retry blindly: `in_doubt` (resolve by reading the row by owner token), `lease_lost`,
  *   `not_owner`, `unique_violation`, `invalid_argument`, `not_found`, `schema_missing`,
  * `schema_mismatch`, `connection_failed`, `cancelled`, `backend_error`.
+ *
+ * @anchor database_errors
+ * **Database errors.** Besides the codes its own entry names, every call that talks to the
+ * database may throw: `timeout` when no pooled connection frees up within
+ * database_options::pool_wait, `connection_failed` when a connection cannot be opened,
+ * `connection_lost` when the connection breaks (where that leaves the outcome of a write
+ * unknown, the entry says so: mostly `in_doubt`), `schema_missing` when dblock's tables do not
+ * exist (run migrate()), and `backend_error` for anything else the server reports.
  */
 enum class errc : int {
   timeout = 1,            ///< our own wait or time budget ran out (also PostgreSQL 57014)
@@ -48,16 +59,20 @@ enum class retry_advice {
   do_not_retry,       ///< repeating cannot help, or could do harm (in_doubt)
 };
 
-/// Short stable name of a code, e.g. "lock_not_available".
+/// Short stable name of a code, such as "lock_not_available"; "unknown" for a value that is no
+/// errc. Thread-safety: safe from any thread (returns a static string).
 const char* to_string(errc code) noexcept;
 
 /// The advice documented on errc for one code.
+/// Thread-safety: safe from any thread.
 retry_advice advice_for(errc code) noexcept;
 
-/// The std::error_category of dblock::errc ("dblock").
+/// The std::error_category of dblock::errc ("dblock"); its message() is to_string().
+/// Thread-safety: safe from any thread (one static instance).
 const std::error_category& error_category() noexcept;
 
-/// Makes errc usable as a std::error_code.
+/// Makes errc usable as a std::error_code (found by argument-dependent lookup).
+/// Thread-safety: safe from any thread.
 inline std::error_code make_error_code(errc e) noexcept {
   return {static_cast<int>(e), error_category()};
 }
@@ -67,13 +82,17 @@ inline std::error_code make_error_code(errc e) noexcept {
  *
  * Carries a classified code, the backend that reported it ("postgresql", "mysql", "sqlite" or
  * empty), the SQLSTATE (PostgreSQL, and MySQL where known) and the backend's native error number.
- * Messages never contain passwords. Thread-safety: immutable after construction.
+ * Messages never contain passwords. Codes, attempts() and elapsed() are documented on errc and
+ * retry_policy.
+ *
+ * Thread-safety: the const members may be called concurrently; with_retry_info() (used by retry
+ * loops before they throw) is the one modifier. Copies are independent.
  */
 class error : public std::runtime_error {
  public:
-  /// An error with no backend detail.
+  /// An error with no backend detail. Throws only std::bad_alloc.
   error(errc code, const std::string& message);
-  /// An error classified from a backend error.
+  /// An error classified from a backend error. Throws only std::bad_alloc.
   error(errc code, const std::string& message, std::string backend, std::string sqlstate,
         long long native_code);
 
@@ -93,7 +112,7 @@ class error : public std::runtime_error {
   int attempts() const noexcept { return attempts_; }
   /// Time spent by the retry loop that gave up (zero when not from a retry loop).
   std::chrono::microseconds elapsed() const noexcept { return elapsed_; }
-  /// Records how many attempts a retry loop made and how long it ran.
+  /// Records how many attempts a retry loop made and how long it ran; returns `*this`.
   error& with_retry_info(int attempts, std::chrono::microseconds elapsed) noexcept {
     attempts_ = attempts;
     elapsed_ = elapsed;
@@ -112,6 +131,8 @@ class error : public std::runtime_error {
 }  // namespace dblock
 
 namespace std {
+/// Lets dblock::errc convert implicitly to std::error_code (e.g. `ec == dblock::errc::timeout`).
+/// Thread-safety: a compile-time trait.
 template <>
 struct is_error_code_enum<dblock::errc> : true_type {};
 }  // namespace std

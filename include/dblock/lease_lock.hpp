@@ -12,34 +12,49 @@
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 
+/// @file
+/// @brief Lease locks: dblock::lease_lock, dblock::lease_guard and their options.
+
 namespace dblock {
 
 namespace detail {
 struct lease_state;
 }  // namespace detail
 
-/// Settings of a lease lock.
+/// Settings of a lease lock; lease_lock's constructor checks them.
+/// Thread-safety: a plain value.
 struct lease_options {
-  /// Lease length, judged by the database clock. Must be at least 10 ms.
+  /// Lease length, judged by the database clock: 10 ms to one year.
   std::chrono::milliseconds ttl{std::chrono::seconds(30)};
-  /// Subtracted from the local validity of a guard; default (zero) means ttl / 10. It absorbs
-  /// clock-rate drift between this host and the database and scheduling delays.
+  /// Subtracted from the local validity of a guard, in [0, ttl); default (zero) means ttl / 10
+  /// (at least 1 ms). It absorbs clock-rate drift between this host and the database and
+  /// scheduling delays.
   std::chrono::milliseconds safety_margin{0};
   /// Renew automatically at ttl/3 from a background thread while the guard lives.
   bool watchdog = false;
-  /// Called (from the watchdog thread) once when the watchdog finds the lease lost or cannot
-  /// renew it before its local validity ends. Must not block for long.
+  /**
+   * Called once per acquisition when it is first found lost: by the watchdog (lost, or not
+   * renewed before its local validity ended), or by renew(), release() or fenced() on the
+   * calling thread, or by a reentrant try_acquire() that finds the lease taken over. Runs on the
+   * thread that found it; must not block for long; exceptions are swallowed.
+   */
   std::function<void(const error&)> on_lost;
-  /// Called when a guard's destructor fails to release (the destructor never throws); when
-  /// empty, the process-wide handler set by set_default_error_handler() is used.
+  /// Called when a guard's destructor (or move assignment) fails to release (those never
+  /// throw), on that thread; when empty, the process-wide handler set by
+  /// set_default_error_handler() is used. Exceptions are swallowed.
   std::function<void(const error&)> on_release_error;
   /// Polling of acquire(wait): first delay, cap, and growth; each sleep is drawn uniformly from
-  /// [0, min(cap, initial * 2^attempt)] ("full jitter").
+  /// [0, min(cap, initial * 2^attempt)] ("full jitter"). Must be above zero.
   std::chrono::milliseconds poll_initial{5};
+  /// The cap of the polling delay (at least poll_initial); a poll also never sleeps past the
+  /// holder's expiry or the end of the wait.
   std::chrono::milliseconds poll_max{std::chrono::seconds(1)};
 };
 
-/// Sets the process-wide handler for release failures in guard destructors (default: ignore).
+/// Sets the process-wide handler for release failures in guard destructors (default: ignore);
+/// an empty function restores the default. Used only by guards whose lease_options have no
+/// on_release_error. Thread-safety: safe to call from any thread, also while guards are being
+/// destroyed. Never throws.
 void set_default_error_handler(std::function<void(const error&)> handler);
 
 class lease_guard;
@@ -61,19 +76,38 @@ class lease_guard;
  */
 class lease_lock {
  public:
-  /// @throws dblock::error errc::invalid_argument for a bad name or options.
+  /**
+   * @brief A lock on `name` in `db`'s lease table; opens no connection.
+   * @throws dblock::error errc::invalid_argument for a bad name (empty, over 255 bytes, a NUL
+   *         byte or not valid UTF-8) or options: ttl outside 10 ms..1 year, safety_margin
+   *         negative or not below ttl, poll_initial not above zero or above poll_max.
+   */
   lease_lock(database db, std::string name, lease_options options = {});
+  /// Destroys the handle only: guards it returned stay valid and release themselves. Never
+  /// throws.
   ~lease_lock();
+  /// Takes over `other` (and its current acquisition, for reentry); `other` must not be used
+  /// afterwards except to be assigned to or destroyed.
   lease_lock(lease_lock&&) noexcept;
+  /// Takes over `other` as the move constructor does; guards of this lock's earlier
+  /// acquisitions stay valid.
   lease_lock& operator=(lease_lock&&) noexcept;
 
   /**
    * @brief One attempt; nothing when another owner holds an unexpired lease.
-   * @throws dblock::error on real failures (connection, schema_missing, ...). A deadlock or
-   *         busy error of the upsert itself is retried internally. If the connection breaks
-   *         after the upsert was sent, the row is read back by owner token to resolve the
-   *         outcome; errc::in_doubt only when even that read fails (the lease then expires on its
-   *         own, nobody renews it).
+   *
+   * When this object's current acquisition is still valid, the attempt re-enters it (the hold
+   * count grows, the fence stays); if the row was taken over meanwhile, that acquisition is
+   * marked lost (lease_options::on_lost) and a new one starts. With lease_options::watchdog it
+   * starts the watchdog thread.
+   * @throws dblock::error on real failures: the @ref database_errors "database errors". A
+   *         deadlock or busy error of the upsert itself is retried internally (9 attempts); when
+   *         all fail, the last one's code (errc::deadlock, errc::serialization_failure or
+   *         errc::lock_not_available) with attempts() > 0. If the connection breaks after the
+   *         upsert was sent, the row is read back by owner token to resolve the outcome;
+   *         errc::in_doubt only when even that read fails (the lease then expires on its own,
+   *         nobody renews it).
+   * @throws std::system_error when the watchdog thread cannot be started.
    */
   [[nodiscard]] std::optional<lease_guard> try_acquire();
 
@@ -81,8 +115,10 @@ class lease_lock {
    * @brief Waits up to `wait` for the lease, polling with jittered exponential backoff.
    *
    * While the lease is held, polls read the row (no write) and sleep until at most its expiry.
-   * @throws dblock::error errc::timeout when `wait` runs out, errc::cancelled when `cancel`
-   *         fires, and the errors of try_acquire().
+   * @throws dblock::error errc::timeout when `wait` runs out (a pool wait past
+   *         database_options::pool_wait is errc::timeout too), errc::cancelled when `cancel`
+   *         fires, the errors of try_acquire(), and the @ref database_errors "database errors"
+   *         of the polling reads.
    */
   [[nodiscard]] lease_guard acquire(std::chrono::milliseconds wait,
                                     const cancellation& cancel = cancellation());
@@ -91,7 +127,7 @@ class lease_lock {
   const std::string& name() const noexcept;
   /// The database handle.
   const database& db() const noexcept;
-  /// The options.
+  /// The options, as checked (a zero safety_margin replaced by its default).
   const lease_options& options() const noexcept;
 
  private:
@@ -104,23 +140,31 @@ class lease_lock {
  *
  * Move-only; a moved-from guard is disarmed. The destructor releases this hold and reports
  * failures to the error handler, never throwing. Thread-safety: a guard is used by one thread
- * at a time; the watchdog runs on its own thread and shares only atomic state with it.
+ * at a time (it may be handed over between threads); the watchdog runs on its own thread and
+ * shares only atomic state with it.
  */
 class lease_guard {
  public:
+  /// Takes over `other`'s hold; `other` is disarmed.
   lease_guard(lease_guard&&) noexcept;
+  /// Releases this guard's hold, if any, as the destructor does (failures go to the error
+  /// handler), then takes over `other`'s; `other` is disarmed.
   lease_guard& operator=(lease_guard&&) noexcept;
   lease_guard(const lease_guard&) = delete;
   lease_guard& operator=(const lease_guard&) = delete;
+  /// Releases this hold as release() does; failures go to lease_options::on_release_error, or
+  /// else to the handler of set_default_error_handler(). Never throws.
   ~lease_guard();
 
-  /// Fencing token of this acquisition: strictly greater than every earlier one of the name.
+  /// Fencing token of this acquisition: strictly greater than every earlier one of the name
+  /// (0 when disarmed).
   std::int64_t fence() const noexcept;
-  /// 32 hex digits, new for every acquisition (reentrant holds share it).
+  /// 32 hex digits, new for every acquisition (reentrant holds share it); empty when disarmed.
   const std::string& owner_token() const noexcept;
-  /// The resource name.
+  /// The resource name (empty when disarmed).
   const std::string& name() const noexcept;
-  /// Holds of this acquisition still outstanding (reentrancy), counting this one.
+  /// Holds of this acquisition still outstanding (reentrancy), counting this one (0 when
+  /// disarmed).
   int hold_count() const noexcept;
 
   /// False once the lease is known lost or its conservative local validity has run out.
@@ -131,8 +175,13 @@ class lease_guard {
 
   /**
    * @brief Extends the lease to `ttl` (default: the lock's ttl) from now on the database clock.
+   *
+   * Safe to repeat, also after a lost reply, and alongside the watchdog.
    * @throws dblock::error errc::lease_lost when the lease expired or was taken over (the guard
-   *         becomes invalid); connection errors leave validity unchanged.
+   *         becomes invalid); errc::not_owner when the guard is disarmed; errc::invalid_argument
+   *         for a ttl under 10 ms or not above the safety margin; the @ref database_errors
+   *         "database errors", which leave validity unchanged (after errc::connection_lost the
+   *         renewal may or may not have been applied).
    */
   void renew(std::optional<std::chrono::milliseconds> ttl = std::nullopt);
 
@@ -141,7 +190,12 @@ class lease_guard {
    *        released. Safe to retry after a lost reply: it matches on the owner token and never
    *        touches a successor's row. The guard is disarmed afterwards.
    * @throws dblock::error errc::lease_lost when the lease had already expired or been taken
-   *         over; errc::not_owner when the guard is disarmed.
+   *         over; errc::not_owner when the guard is disarmed; errc::in_doubt when the connection
+   *         broke and the outcome could not be resolved (the server session not confirmed ended,
+   *         or the row not read back; the lease then expires on its own);
+   *         errc::deadlock, errc::serialization_failure or errc::lock_not_available when 3
+   *         attempts all met one (attempts() > 0); the @ref database_errors "database errors".
+   *         The guard is disarmed also when this throws.
    */
   void release();
 
@@ -153,9 +207,12 @@ class lease_guard {
    * nothing written) or the row lock keeps any successor waiting until our commit. The lock row
    * and the data must live in the same database. On SQLite the transaction is BEGIN IMMEDIATE.
    * @throws dblock::error errc::lease_lost (rolled back), errc::in_doubt when the connection
-   *         broke during COMMIT; database errors of `write`'s own statements are classified
-   *         (for example errc::unique_violation); anything else `write` throws is rethrown as is.
-   *         The transaction is rolled back in every failing case.
+   *         broke during COMMIT, errc::not_owner when the guard is disarmed,
+   *         errc::lock_not_available when the lease row or the database stays locked past the
+   *         server's lock wait timeout (SQLite: busy timeout); database errors of `write`'s own
+   *         statements are classified (for example errc::unique_violation), and so are the
+   *         @ref database_errors "database errors"; anything else `write` throws is rethrown as
+   *         is. The transaction is rolled back in every failing case. Nothing is retried.
    */
   void fenced(const std::function<void(soci::session&)>& write);
 

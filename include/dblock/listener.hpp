@@ -7,10 +7,18 @@
 
 #include "dblock/error.hpp"
 
+/// @file
+/// @brief dblock::listener, the hooks through which dblock reports events and log messages.
+
 namespace dblock {
 
 /// Severity of a log message passed to listener::log().
-enum class log_level { debug, info, warning, error };
+enum class log_level {
+  debug,    ///< details for debugging dblock itself
+  info,     ///< normal operation worth recording
+  warning,  ///< something went wrong and was handled, or may go wrong
+  error     ///< something failed
+};
 
 /**
  * @brief Receives what dblock does, for metrics and logs. dblock itself never prints.
@@ -18,34 +26,45 @@ enum class log_level { debug, info, warning, error };
  * Attach one through database_options::events; every component using that database reports
  * to it. Each hook has an empty default, so override only what you need; with no listener set,
  * reporting costs one pointer check. Hooks are called synchronously from the thread doing the
- * work (callers' threads, watchdog and reaper threads), possibly concurrently: implementations
- * must be thread-safe, fast and must not throw (exceptions are swallowed).
+ * work (callers' threads, watchdog and reaper threads), possibly concurrently.
+ *
+ * Thread-safety: implementations must be thread-safe, fast and must not throw (exceptions are
+ * swallowed, never reach the operation that reported). The default hooks do nothing and never
+ * throw.
  */
 class listener {
  public:
+  /// Destroyed with the last database_options (and database copy) holding it. Must not throw.
   virtual ~listener() = default;
   /// A lease was acquired (or re-entered); `latency` covers the whole call, retries included.
+  /// Default: nothing. Must not throw (as every hook).
   virtual void acquired(std::string_view name, std::int64_t fence,
                         std::chrono::microseconds latency) {
     (void)name, (void)fence, (void)latency;
   }
-  /// A try found the lease held by another owner (one per failed try or poll).
+  /// A try found the lease held by another owner (one per failed try or poll). Default:
+  /// nothing. Must not throw.
   virtual void contended(std::string_view name) { (void)name; }
-  /// An operation hit a transient error (deadlock, busy, lost connection) and is retried.
+  /// An operation hit a transient error (deadlock, busy) and is retried; `operation` names it
+  /// ("acquire lease"). Default: nothing. Must not throw.
   virtual void retried(std::string_view operation, const error& cause) {
     (void)operation, (void)cause;
   }
-  /// One hold of a lease was released; `held` is the time since it was acquired.
+  /// One hold of a lease was released; `held` is the time since it was acquired. Default:
+  /// nothing. Must not throw.
   virtual void released(std::string_view name, std::chrono::microseconds held) {
     (void)name, (void)held;
   }
   /// A renewal failed with a transient error; the watchdog tries again while the lease is valid.
+  /// Default: nothing. Must not throw.
   virtual void renew_failed(std::string_view name, const error& cause) { (void)name, (void)cause; }
-  /// A lease was found lost (expired, taken over, or force-released).
+  /// A lease was found lost (expired, taken over, or force-released). Default: nothing. Must
+  /// not throw.
   virtual void lease_lost(std::string_view name, const error& cause) { (void)name, (void)cause; }
-  /// The reaper deleted `rows` expired rows in `batches` delete transactions.
+  /// The reaper deleted `rows` expired rows in `batches` delete transactions. Default: nothing.
+  /// Must not throw.
   virtual void rows_reaped(std::uint64_t rows, std::uint64_t batches) { (void)rows, (void)batches; }
-  /// A diagnostic message.
+  /// A diagnostic message. Default: nothing. Must not throw.
   virtual void log(log_level level, std::string_view message) { (void)level, (void)message; }
 };
 

@@ -6,9 +6,13 @@
 
 #include "dblock/database.hpp"
 
+/// @file
+/// @brief Schema migrations of dblock's own tables: migrate(), schema_up_to_date().
+
 namespace dblock {
 
 /// One migration file shipped with dblock, and whether the database has it.
+/// Thread-safety: a plain value.
 struct migration_info {
   int version = 0;       ///< NNNN from the file name
   std::string name;      ///< file name, e.g. "0001_resource_lock.sql"
@@ -17,11 +21,13 @@ struct migration_info {
 };
 
 /// Options of migrate().
+/// Thread-safety: a plain value.
 struct migrate_options {
   bool dry_run = false;  ///< report what would be applied, change nothing
 };
 
 /// What migrate() found and did.
+/// Thread-safety: a plain value.
 struct migrate_result {
   std::vector<migration_info> files;  ///< every shipped file, in version order
   std::vector<int> applied_now;       ///< versions applied by this call (none if dry_run)
@@ -36,15 +42,23 @@ struct migrate_result {
  * name and checksum in `<prefix>dblock_schema_migrations`. Idempotent. Safe when several
  * processes run it at once: PostgreSQL takes an advisory lock, MySQL GET_LOCK, SQLite a
  * BEGIN IMMEDIATE write transaction per file, and every file is re-checked under that lock.
- * Thread-safety: safe to call concurrently.
+ * With dry_run it takes the same lock but creates and applies nothing.
+ * Thread-safety: safe to call concurrently (also from several processes); each call uses its
+ * own pooled connection.
  *
  * @throws dblock::error errc::schema_mismatch when an applied file's checksum differs from the
  *         shipped file (someone edited an applied migration: nothing is applied);
- *         connection and backend errors as classified.
+ *         errc::timeout when MySQL's migration lock is not free within 600 s; errc::in_doubt
+ *         when the connection broke after a file's COMMIT was sent (run migrate() again: the
+ *         file is re-checked under the lock); the @ref database_errors "database errors" (a
+ *         failed file is rolled back where DDL is transactional, not on MySQL).
  */
 migrate_result migrate(const database& db, migrate_options options = {});
 
-/// True when every shipped migration is applied (a cheap check for tools and tests).
+/// True when every shipped migration is applied (a cheap check for tools and tests): migrate()
+/// with dry_run, so it changes nothing. Thread-safety: safe to call concurrently.
+/// @throws dblock::error as migrate() does (errc::schema_mismatch for an edited applied file,
+///         rather than false).
 bool schema_up_to_date(const database& db);
 
 }  // namespace dblock

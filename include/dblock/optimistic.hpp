@@ -11,17 +11,22 @@
 #include "dblock/retry.hpp"
 #include "dblock/value.hpp"
 
+/// @file
+/// @brief Optimistic updates (versioned_update()) and conditional updates (compare_and_set()).
+
 namespace dblock {
 
 /// Where a versioned row lives. Every name is validated as an identifier and quoted.
+/// Thread-safety: a plain value.
 struct versioned_table {
   std::string table;                       ///< e.g. "t_account"
   std::string key_column;                  ///< unique key, e.g. "id"
   std::string version_column = "version";  ///< integer column incremented by every write
-  std::vector<std::string> columns;        ///< columns read and written back
+  std::vector<std::string> columns;        ///< columns read and written back (not key or version)
 };
 
 /// Outcome of a versioned update.
+/// Thread-safety: a plain value.
 struct versioned_result {
   long long version = 0;  ///< the version this call wrote (old version + 1)
   record values;          ///< the values written
@@ -41,9 +46,14 @@ struct versioned_result {
  *
  * @throws dblock::error errc::version_conflict (or the starving error's own code: deadlock,
  *         serialization_failure, lock_not_available) when the policy is exhausted (attempts() and
- *         elapsed() set; nothing of the failed attempts is visible), errc::invalid_argument for
- *         bad identifiers or a column of an unsupported type, errc::not_found when no row has
- *         the key, and other classified errors.
+ *         elapsed() set; nothing of the failed attempts is visible); errc::invalid_argument for
+ *         bad identifiers, empty `columns`, the key or version column among `columns`, a column
+ *         of an unsupported type, a version column that is not a non-NULL integer, a `mutate`
+ *         that adds or removes columns, or a policy with max_attempts < 1; errc::not_found when
+ *         no row has the key; errc::in_doubt when the connection broke (the update may or may
+ *         not have been applied: read the row, do not retry blindly); other classified errors,
+ *         such as the rest of the @ref database_errors "database errors". Exceptions of
+ *         `mutate` propagate as they are (a dblock::error with a retryable code is retried).
  */
 versioned_result versioned_update(const database& db, const versioned_table& spec, const value& key,
                                   const std::function<void(record&)>& mutate,
@@ -52,19 +62,29 @@ versioned_result versioned_update(const database& db, const versioned_table& spe
 /**
  * @brief One attempt of versioned_update() on the caller's connection, inside the caller's
  *        transaction if one is open. A conflict throws errc::version_conflict: roll back and
- *        retry the whole transaction (see run_transaction() in row_lock.hpp).
+ *        retry the whole transaction (run_transaction() in transaction.hpp does).
+ *
+ * Thread-safety: as the connection's (one thread at a time).
+ * @throws dblock::error errc::version_conflict; errc::not_found and errc::invalid_argument as
+ *         versioned_update() above; the classified errors of its statements (a broken connection
+ *         is errc::connection_lost here: inside a transaction nothing was committed; without
+ *         one the update may or may not have been applied). Exceptions of `mutate` propagate
+ *         as they are.
  */
 versioned_result versioned_update(database::connection& conn, const versioned_table& spec,
                                   const value& key, const std::function<void(record&)>& mutate);
 
 /// A conditional update: `UPDATE table SET <set> WHERE <where>` with named parameters.
+/// Thread-safety: a plain value.
 struct cas_update {
   std::string table;  ///< validated identifier
   /// SQL fragments written by the programmer (never from user input); values go in `params`
-  /// and are referenced as :name, e.g. set = "stock = stock - :qty", where = "id = :id AND
+  /// and are referenced as :name, as in set = "stock = stock - :qty", where = "id = :id AND
   /// stock >= :qty".
   std::string set;
+  /// The condition, an SQL fragment like `set` (not empty).
   std::string where;
+  /// Values bound to the `:name` parameters of `set` and `where` (names are identifiers).
   std::vector<std::pair<std::string, value>> params;
 };
 
@@ -74,11 +94,23 @@ struct cas_update {
  * Zero is an answer ("the condition did not hold"), not an error, and is never retried; only
  * retryable errors (deadlock, serialization failure, SQLite BUSY) are retried under `policy`.
  * Matched rows are counted the same on every backend, also when the new values equal the old.
+ * Thread-safety: safe to call concurrently; each call uses its own pooled connection.
+ *
+ * @throws dblock::error errc::invalid_argument for a bad table or parameter name, an empty `set`
+ *         or `where`, or a policy with max_attempts < 1; the last attempt's own code
+ *         (attempts() > 0) when the policy is exhausted; errc::in_doubt when the connection
+ *         broke (the update may or may not have been applied); the
+ *         classified errors of the statement (errc::unique_violation, errc::backend_error for
+ *         bad SQL in `set` or `where`, ...) and the @ref database_errors "database errors".
  */
 std::uint64_t compare_and_set(const database& db, const cas_update& update,
                               const retry_policy& policy = {});
 
 /// compare_and_set() on the caller's connection (inside its transaction, if open); no retry.
+/// Thread-safety: as the connection's (one thread at a time).
+/// @throws dblock::error as compare_and_set() above, except that nothing is retried and a broken
+///         connection is errc::connection_lost (without an open transaction the update may or
+///         may not have been applied).
 std::uint64_t compare_and_set(database::connection& conn, const cas_update& update);
 
 }  // namespace dblock

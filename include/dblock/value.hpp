@@ -6,6 +6,9 @@
 #include <string>
 #include <variant>
 
+/// @file
+/// @brief Column values (dblock::value) and records (dblock::record).
+
 namespace dblock {
 
 /// A column value: NULL (std::monostate), an integer, a floating-point number or text.
