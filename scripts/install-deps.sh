@@ -31,6 +31,7 @@ PACKAGES=(
     mariadb-client
     faketime
     clang-format
+    doxygen
     # scripts/structure-check.sh: the function-size rule
     clang-tidy
     # scripts/fuzz.sh: clang++ with -fsanitize=fuzzer needs the compiler-rt archives
