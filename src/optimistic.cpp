@@ -168,11 +168,18 @@ versioned_result versioned_update(database::connection& conn, const versioned_ta
                                   const value& key, const std::function<void(record&)>& mutate) {
   validate(spec);
   auto& s = detail::access::scope(conn);
-  try {
-    return attempt(s, spec, key, mutate);
-  } catch (const soci::soci_error&) {
-    throw s.failure("versioned update of " + spec.table);
-  }
+  // Outside a transaction the statement commits by itself: a lost reply is then in_doubt.
+  // Inside one, a lost connection rolls it back, so nothing was written (connection_lost).
+  const bool autocommit = !s.dia().conn.in_transaction(s.sql());
+  auto run = [&] {
+    try {
+      return attempt(s, spec, key, mutate);
+    } catch (const soci::soci_error&) {
+      throw s.failure("versioned update of " + spec.table);
+    }
+  };
+  return autocommit ? detail::unknown_outcome_is_in_doubt("versioned update of " + spec.table, run)
+                    : run();
 }
 
 std::uint64_t compare_and_set(const database& db, const cas_update& update,
@@ -195,11 +202,18 @@ std::uint64_t compare_and_set(const database& db, const cas_update& update,
 std::uint64_t compare_and_set(database::connection& conn, const cas_update& update) {
   validate(update);
   auto& s = detail::access::scope(conn);
-  try {
-    return run_cas(s, update);
-  } catch (const soci::soci_error&) {
-    throw s.failure("compare_and_set on " + update.table);
-  }
+  // Outside a transaction the statement commits by itself: a lost reply is then in_doubt.
+  // Inside one, a lost connection rolls it back, so nothing was written (connection_lost).
+  const bool autocommit = !s.dia().conn.in_transaction(s.sql());
+  auto run = [&] {
+    try {
+      return run_cas(s, update);
+    } catch (const soci::soci_error&) {
+      throw s.failure("compare_and_set on " + update.table);
+    }
+  };
+  return autocommit ? detail::unknown_outcome_is_in_doubt("compare_and_set on " + update.table, run)
+                    : run();
 }
 
 }  // namespace dblock

@@ -22,9 +22,15 @@ void lease_state::mark_lost(const error& why) {
 
 bool lease_state::renew_sql(milliseconds lease) {
   auto sent = steady::now();
-  bool ok = with_session(db, "renew lease '" + name + "'", [&](session_scope& s) {
-    return lock_table::renew(s, name, token, fence,
-                             std::chrono::duration_cast<std::chrono::microseconds>(lease).count());
+  const std::string what = "renew lease '" + name + "'";
+  // A lost reply leaves the extension unknown: in_doubt (the watchdog retries it like any
+  // failure; renewing again is harmless).
+  bool ok = unknown_outcome_is_in_doubt(what, [&] {
+    return with_session(db, what, [&](session_scope& s) {
+      return lock_table::renew(
+          s, name, token, fence,
+          std::chrono::duration_cast<std::chrono::microseconds>(lease).count());
+    });
   });
   if (ok) set_deadline(sent, lease);
   return ok;
