@@ -81,9 +81,9 @@ bool accepted(F&& f, const std::string& input) {
   }
 }
 
-const dblock::detail::dialect* const dialects[] = {&dblock::detail::postgresql_dialect_instance(),
-                                                   &dblock::detail::mysql_dialect_instance(),
-                                                   &dblock::detail::sqlite_dialect_instance()};
+const dblock::detail::vocabulary* const dialects[] = {&dblock::detail::postgresql_dialect().sql,
+                                                      &dblock::detail::mysql_dialect().sql,
+                                                      &dblock::detail::sqlite_dialect().sql};
 
 void check_quoted(const std::string& ident) {
   for (const auto* d : dialects) {

@@ -55,7 +55,7 @@ void check_parsed(const std::string& url, const dblock::detail::parsed_url& u,
   const auto& dia = dblock::detail::dialect_for_scheme(u.scheme);
   std::string conn;
   try {
-    conn = dia.connect_string(u, dblock::database_options{});
+    conn = dia.conn.connect_string(u, dblock::database_options{});
   } catch (const dblock::error& e) {
     FUZZ_CHECK(e.code() == dblock::errc::invalid_argument, e.what());
     if (!secret.empty())
