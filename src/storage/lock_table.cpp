@@ -128,8 +128,12 @@ bool lock_row(session_scope& s, const std::string& name, lock_wait mode) {
 }
 
 std::vector<lock_info> list(session_scope& s, const list_options& o) {
+  // Four shapes (held only or all, with or without a pattern), each prepared once.
   const lock_statements& t = s.statements();
-  statement st{"", t.list_select, {}};
+  statement st{std::string("list") + (o.include_free ? "_all" : "_held") +
+                   (o.pattern.empty() ? "" : "_pattern"),
+               t.list_select,
+               {}};
   std::vector<sql_param> values;
   if (!o.include_free) st.text += t.list_held;
   if (!o.pattern.empty()) {
@@ -137,7 +141,9 @@ std::vector<lock_info> list(session_scope& s, const list_options& o) {
     st.params.push_back("pattern");
     values.push_back(s.dia().sql.name_pattern_value(o.pattern));
   }
-  st.text += " ORDER BY resource_name LIMIT " + std::to_string(o.limit);
+  st.text += " ORDER BY resource_name LIMIT :limit";
+  st.params.push_back("limit");
+  values.push_back(static_cast<long long>(o.limit));
   const sql_result r = s.run(st, values);
   std::vector<lock_info> out;
   for (std::size_t i = 0; i < r.rows.size(); ++i)
