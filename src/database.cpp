@@ -17,7 +17,7 @@ database::database(const std::string& url, database_options options) {
   auto impl = std::make_shared<detail::database_impl>(options.pool_size);
   impl->backend = dia.name;
   impl->redacted_url = parsed.redacted;
-  impl->connect_string = dia.conn.connect_string(parsed, options);
+  impl->connect_strings = dia.conn.connect_strings(parsed, options);
   impl->options = options;
   impl->dia = &dia;
   impl->tables = detail::make_table_names(options.table_prefix);

@@ -158,12 +158,80 @@ void finish_server(parsed_url& out) {
     bad(out.redacted, "missing host");
 }
 
+// Where the host list of a server URL is: after "://" and the userinfo (up to the last '@',
+// like redact()), up to the next '/', '?' or '#'.
+std::pair<std::size_t, std::size_t> host_section(const std::string& url) {
+  const auto scheme_end = url.find("://");
+  if (scheme_end == std::string::npos) return {std::string::npos, 0};
+  std::size_t begin = scheme_end + 3;
+  const auto at = url.rfind('@');
+  if (at != std::string::npos && at >= begin) begin = at + 1;
+  auto end = url.find_first_of("/?#", begin);
+  if (end == std::string::npos) end = url.size();
+  return {begin, end};
+}
+
+url_host parse_host_item(const std::string& item, const std::string& redacted) {
+  url_host h;
+  std::string port;
+  if (!item.empty() && item[0] == '[') {  // an IPv6 literal
+    const auto close = item.find(']');
+    if (close == std::string::npos) bad(redacted, "unclosed '[' in host list");
+    h.host = item.substr(1, close - 1);
+    if (close + 1 < item.size()) {
+      if (item[close + 1] != ':') bad(redacted, "unexpected text after ']' in host list");
+      port = item.substr(close + 2);
+    }
+  } else {
+    const auto colon = item.find(':');
+    h.host = decode(item.substr(0, colon));
+    if (colon != std::string::npos) port = item.substr(colon + 1);
+  }
+  if (h.host.empty()) bad(redacted, "an empty host in the host list");
+  if (!port.empty() || item.find(':') != std::string::npos) {
+    if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit))
+      bad(redacted, "port '" + port + "' is not a number");
+    const int p = std::stoi(port);
+    if (p < 1 || p > 65535) bad(redacted, "port " + port + " is out of range 1-65535");
+    h.port = p;
+  }
+  return h;
+}
+
+// A multi-host URL: the hosts are split off here and the URL is parsed with its first host.
+std::vector<url_host> split_hosts(std::string& url, const std::string& redacted) {
+  const auto [begin, end] = host_section(url);
+  if (begin == std::string::npos) return {};
+  const std::string section = url.substr(begin, end - begin);
+  if (section.find(',') == std::string::npos) return {};
+  if (url.rfind("sqlite", 0) == 0) bad(redacted, "a sqlite URL names one file, not a host list");
+  std::vector<url_host> hosts;
+  std::size_t pos = 0;
+  for (;;) {
+    const auto comma = section.find(',', pos);
+    hosts.push_back(parse_host_item(section.substr(pos, comma - pos), redacted));
+    if (hosts.size() > max_url_hosts)
+      bad(redacted, "more than " + std::to_string(max_url_hosts) + " hosts");
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  for (std::size_t i = 0; i < hosts.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (hosts[i].host == hosts[j].host && hosts[i].port == hosts[j].port)
+        bad(redacted, "host '" + hosts[i].host + "' is given twice");
+  const auto first_end = section.find(',');
+  url.replace(begin, end - begin, section.substr(0, first_end));
+  return hosts;
+}
+
 }  // namespace
 
-parsed_url parse_url(const std::string& url) {
+parsed_url parse_url(const std::string& url_text) {
+  std::string url = url_text;
   parsed_url out;
   out.redacted = redact(url);
   check_raw(url, out.redacted);
+  std::vector<url_host> hosts = split_hosts(url, out.redacted);
   UriUriA uri;
   const char* error_pos = nullptr;
   if (uriParseSingleUriA(&uri, url.c_str(), &error_pos) != URI_SUCCESS) {
@@ -180,6 +248,7 @@ parsed_url parse_url(const std::string& url) {
     finish_sqlite(out);
   else
     finish_server(out);
+  out.hosts = hosts.empty() ? std::vector<url_host>{{out.host, out.port}} : std::move(hosts);
   return out;
 }
 

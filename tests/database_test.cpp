@@ -124,3 +124,33 @@ DBLOCK_TEST("a connection returned inside a transaction is rolled back before re
   CHECK_NOTHROW(c.session() << begin);  // not "already in a transaction"
   c.session() << "ROLLBACK";
 }
+
+DBLOCK_TEST_SERVERS("a multi-host URL skips a dead host and connects to the next one",
+                    "[database][multihost]") {
+  auto u = dblock::detail::parse_url(ctx.url);
+  REQUIRE(u.port);
+  // Port 1 on loopback refuses at once: a dead node. The real server comes second.
+  const std::string auth = with_credentials(ctx.url, u.user, *u.password);
+  const std::string creds = auth.substr(0, auth.find('@') + 1);
+  const std::string hosts = "127.0.0.1:1,127.0.0.1:" + std::to_string(*u.port);
+  std::string query;
+  auto q = ctx.url.find('?');
+  if (q != std::string::npos) query = ctx.url.substr(q);
+  dblock::database db(creds + hosts + "/" + u.path + query);
+  CHECK_NOTHROW(db.ping());
+  // Leases work through it, on every pooled connection (each connects past the dead host).
+  dblock::migrate(db);
+  dblock::lease_lock lock(db, "multihost/" + ctx.prefix);
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  CHECK(g->fence() > 0);
+  // Negative control: only dead hosts give connection_failed naming every host tried.
+  dblock::database dead(creds + "127.0.0.1:1,127.0.0.1:2/" + u.path + query);
+  try {
+    dead.ping();
+    FAIL("connected to dead hosts");
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == errc::connection_failed);
+    CHECK(std::string(e.what()).find(*u.password) == std::string::npos);
+  }
+}

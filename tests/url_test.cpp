@@ -82,3 +82,64 @@ TEST_CASE("errors name the problem and never echo the password", "[unit][url]") 
   m = message_of("sqlite://:memory:");
   CHECK(m.find("in-memory") != std::string::npos);
 }
+
+TEST_CASE("multi-host URLs: every host in order, the first as host", "[unit][url]") {
+  auto u =
+      parse_url("postgresql://u:p%2Cw@h1:5433,h2,[::1]:6000/app?target_session_attrs=read-write");
+  REQUIRE(u.hosts.size() == 3);
+  CHECK(u.hosts[0].host == "h1");
+  CHECK(u.hosts[0].port == 5433);
+  CHECK(u.hosts[1].host == "h2");
+  CHECK_FALSE(u.hosts[1].port);
+  CHECK(u.hosts[2].host == "::1");
+  CHECK(u.hosts[2].port == 6000);
+  CHECK(u.host == "h1");
+  CHECK(u.port == 5433);
+  CHECK(u.path == "app");
+  CHECK(*u.password == "p,w");  // a comma in the (encoded) password is not a host separator
+  CHECK(u.redacted.find("p%2Cw") == std::string::npos);
+  auto m = parse_url("mysql://u@a:3306,b:3307/db");
+  REQUIRE(m.hosts.size() == 2);
+  CHECK(m.hosts[1].host == "b");
+  CHECK(m.hosts[1].port == 3307);
+  // A plain URL has one host.
+  auto one = parse_url("mysql://u@a:3306/db");
+  REQUIRE(one.hosts.size() == 1);
+  CHECK(one.hosts[0].host == "a");
+  CHECK(one.hosts[0].port == 3306);
+}
+
+TEST_CASE("multi-host URLs: bad forms are rejected clearly", "[unit][url]") {
+  using dblock::errc;
+  struct bad_case {
+    std::string url;
+    std::string says;
+  };
+  std::string hundred = "postgresql://u:secret@";
+  for (int i = 0; i < 100; ++i)
+    hundred += (i ? "," : "") + std::string("h") + std::to_string(i);
+  hundred += "/db";
+  const bad_case cases[] = {
+      {"postgresql://u:secret@h1,,h2/db", "empty host"},
+      {"postgresql://u:secret@h1,/db", "empty host"},
+      {"postgresql://u:secret@,h2/db", "empty host"},
+      {"postgresql://u:secret@h1:5432,h1:5432/db", "given twice"},
+      {"mysql://u:secret@h1,h1/db", "given twice"},
+      {"postgresql://u:secret@h1,mysql://h2/db", "not a number"},
+      {"postgresql://u:secret@h1:5432,h2:99999/db", "out of range"},
+      {"postgresql://u:secret@h1,h2:x/db", "not a number"},
+      {"postgresql://u:secret@h1,[::1/db", "unclosed"},
+      {hundred, "more than 16 hosts"},
+      {"sqlite://a.db,b.db", "one file"},
+      {"postgresql://u:secret@h1,h2/db?host=/run/postgresql", "cannot be combined"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.url);
+    const std::string m = message_of(c.url);
+    CHECK(m.find(c.says) != std::string::npos);
+    CHECK(m.find("secret") == std::string::npos);
+    if (c.says != "cannot be combined") CHECK(code_of(c.url) == errc::invalid_argument);
+  }
+  // Distinct ports on one host are distinct servers.
+  CHECK(parse_url("postgresql://u@h:1,h:2/db").hosts.size() == 2);
+}

@@ -113,6 +113,13 @@ class connector {
   virtual const soci::backend_factory& factory() const = 0;
   /// SOCI connection string for a parsed URL (validates backend-specific query keys).
   virtual std::string connect_string(const parsed_url& url, const database_options& o) const = 0;
+  /// The connection strings to try, in order, when opening a connection: one per host for a
+  /// multi-host URL whose client library takes one host (MySQL), else one (libpq takes the
+  /// whole host list itself).
+  virtual std::vector<std::string> connect_strings(const parsed_url& url,
+                                                   const database_options& o) const {
+    return {connect_string(url, o)};
+  }
   /// Lets URL parameters override options (for example SQLite's busy_timeout).
   virtual void adjust_options(const parsed_url&, database_options&) const {}
   /// Session set-up right after connecting; returns the connection's state, with its server

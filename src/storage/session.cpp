@@ -5,6 +5,41 @@
 
 namespace dblock::detail {
 
+// Opens the connection of slot `sl` on `sql`, trying the connect strings from the preferred one
+// on (a multi-host URL whose client library takes one host): the first that connects becomes
+// the preferred one.
+void database_impl::open(soci::session& sql, slot& sl) {
+  const std::size_t n = connect_strings.size();
+  const std::size_t first = preferred.load() % n;
+  std::string reasons;
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t i = (first + k) % n;
+    try {
+      sl.state.reset();
+      if (sql.get_backend() != nullptr) sql.close();
+      sql.open(dia->conn.factory(), connect_strings[i]);
+      sl.state = dia->conn.on_connect(sql, options);
+      auto iso = dia->conn.isolation_sql(options.isolation);
+      if (!iso.empty()) sql << iso;
+      preferred.store(i);
+      return;
+    } catch (...) {
+      error e = dia->errors.classify_current("connect");
+      sl.state.reset();
+      try {
+        sql.close();
+      } catch (...) {
+      }
+      std::string why = std::string(e.what()).substr(std::string("connect: ").size());
+      if (n > 1) why = "host " + std::to_string(i + 1) + " of " + std::to_string(n) + ": " + why;
+      reasons += (reasons.empty() ? "" : "; ") + why;
+      if (k + 1 == n)
+        throw error(errc::connection_failed, "cannot connect to " + redacted_url + ": " + reasons,
+                    backend, e.sqlstate(), e.native_code());
+    }
+  }
+}
+
 std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<database_impl>& self) {
   std::size_t pos = 0;
   auto wait_ms = static_cast<int>(std::min<long long>(options.pool_wait.count(), 1LL << 30));
@@ -15,26 +50,7 @@ std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<databa
   auto s = std::make_unique<session_scope>(self, pos);
   slot& sl = slots[pos];
   if (sl.opened) return s;
-  soci::session& sql = s->sql();
-  try {
-    sl.state.reset();
-    if (sql.get_backend() != nullptr) sql.close();
-    sql.open(dia->conn.factory(), connect_string);
-    sl.state = dia->conn.on_connect(sql, options);
-    auto iso = dia->conn.isolation_sql(options.isolation);
-    if (!iso.empty()) sql << iso;
-  } catch (...) {
-    error e = dia->errors.classify_current("connect");
-    sl.state.reset();
-    try {
-      sql.close();
-    } catch (...) {
-    }
-    throw error(errc::connection_failed,
-                "cannot connect to " + redacted_url + ": " +
-                    std::string(e.what()).substr(std::string("connect: ").size()),
-                backend, e.sqlstate(), e.native_code());
-  }
+  open(s->sql(), sl);  // a failure gives the slot back (~session_scope) unopened
   sl.opened = true;
   return s;
 }

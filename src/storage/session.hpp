@@ -5,6 +5,7 @@
 
 #include <soci/soci.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,7 +23,8 @@ class session_scope;
 struct database_impl {
   std::string backend;
   std::string redacted_url;
-  std::string connect_string;  // holds the password: never printed
+  std::vector<std::string> connect_strings;  // hold the password: never printed
+  std::atomic<std::size_t> preferred{0};     // the connect string that worked last
   database_options options;
   const dialect* dia = nullptr;
   table_names tables;
@@ -42,6 +44,8 @@ struct database_impl {
 
   /// Borrows a connected session (see database::connect()).
   std::unique_ptr<session_scope> lease(const std::shared_ptr<database_impl>& self);
+  /// Opens a slot's connection (see session.cpp).
+  void open(soci::session& sql, slot& sl);
 
   /// Calls `f(listener&)` when a listener is attached; never throws.
   template <class F>

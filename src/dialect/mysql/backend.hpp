@@ -22,6 +22,8 @@ class connector final : public detail::connector {
  public:
   const soci::backend_factory& factory() const override { return *soci::factory_mysql(); }
   std::string connect_string(const parsed_url& u, const database_options& o) const override;
+  std::vector<std::string> connect_strings(const parsed_url& u,
+                                           const database_options& o) const override;
   std::unique_ptr<connection_state> on_connect(soci::session&,
                                                const database_options&) const override;
   bool end_session(soci::session&, const session_ref& s,

@@ -26,6 +26,19 @@ std::string connector::connect_string(const parsed_url& u, const database_option
   return s;
 }
 
+std::vector<std::string> connector::connect_strings(const parsed_url& u,
+                                                    const database_options& o) const {
+  // The client library takes one host: dblock tries them in order (see database_impl::lease).
+  std::vector<std::string> out;
+  for (const auto& h : u.hosts) {
+    parsed_url one = u;
+    one.host = h.host;
+    one.port = h.port;
+    out.push_back(connect_string(one, o));
+  }
+  return out;
+}
+
 std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
                                                         const database_options&) const {
   // Strict mode: an over-long value is an error, never silently truncated.

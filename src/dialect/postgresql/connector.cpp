@@ -20,8 +20,24 @@ std::string connector::connect_string(const parsed_url& u, const database_option
   auto add = [&s](const std::string& k, const std::string& v) {
     s += (s.empty() ? "" : " ") + k + "=" + conn_quote(v);
   };
-  if (!u.host.empty()) add("host", u.host);
-  if (u.port) add("port", std::to_string(*u.port));
+  if (u.hosts.size() > 1) {
+    // libpq's own multi-host handling: it tries the hosts in order (target_session_attrs picks
+    // the primary). An empty port item means the default port.
+    if (u.query.count("host") || u.query.count("hostaddr"))
+      throw error(errc::invalid_argument, "invalid database URL '" + u.redacted +
+                                              "': a host list and a host= or hostaddr= "
+                                              "parameter cannot be combined");
+    std::string hosts, ports;
+    for (std::size_t i = 0; i < u.hosts.size(); ++i) {
+      hosts += (i ? "," : "") + u.hosts[i].host;
+      ports += (i ? "," : "") + (u.hosts[i].port ? std::to_string(*u.hosts[i].port) : "");
+    }
+    add("host", hosts);
+    add("port", ports);
+  } else {
+    if (!u.host.empty()) add("host", u.host);
+    if (u.port) add("port", std::to_string(*u.port));
+  }
   add("dbname", u.path);
   if (!u.user.empty()) add("user", u.user);
   if (u.password) add("password", *u.password);
