@@ -203,9 +203,19 @@ void tcp_proxy::serve(const std::shared_ptr<conn>& c) {
       if (n <= 0) {
         closed = true;
       } else {
+        const std::size_t old_tail = tail.size();
         tail.append(buf, static_cast<std::size_t>(n));
+        bool cut_request = false, forward_request = false;
         {
           std::lock_guard<std::mutex> g(mu_);
+          // Only a match that ends in the new bytes counts: the request must be sent now.
+          const std::size_t k = cut_request_pattern_.size();
+          if (k > 0 && tail.find(cut_request_pattern_, old_tail + 1 > k ? old_tail + 1 - k : 0) !=
+                           std::string::npos) {
+            cut_request_pattern_.clear();
+            cut_request = true;
+            forward_request = cut_request_forward_;
+          }
           if (!cut_pattern_.empty() && tail.find(cut_pattern_) != std::string::npos) {
             cut_pattern_.clear();
             cut_on_reply = true;
@@ -217,6 +227,11 @@ void tcp_proxy::serve(const std::shared_ptr<conn>& c) {
           }
         }
         if (tail.size() > 512) tail.erase(0, tail.size() - 512);
+        if (cut_request) {
+          if (forward_request) write_all(c->server, buf, static_cast<std::size_t>(n));
+          cut();
+          break;
+        }
         if (spend(n)) {
           cut();
           break;
@@ -271,6 +286,12 @@ void tcp_proxy::cut_after_bytes(long long n) {
 void tcp_proxy::cut_reply_to(const std::string& pattern) {
   std::lock_guard<std::mutex> g(mu_);
   cut_pattern_ = pattern;
+}
+
+void tcp_proxy::cut_request_to(const std::string& pattern, bool forward) {
+  std::lock_guard<std::mutex> g(mu_);
+  cut_request_pattern_ = pattern;
+  cut_request_forward_ = forward;
 }
 
 void tcp_proxy::delay_reply_to(const std::string& pattern, std::chrono::milliseconds d) {

@@ -41,6 +41,11 @@ class tcp_proxy {
   /// The next connection whose client sends `pattern`: the server's reply to it is dropped and
   /// the connection reset (the statement ran; the client never learns the outcome).
   void cut_reply_to(const std::string& pattern);
+  /// The next connection whose client sends `pattern` (in bytes sent after this call): the
+  /// connection is reset at once, without waiting for a reply. `forward` false drops the bytes
+  /// that completed the pattern (the server never gets the request); true forwards them first
+  /// (the server may or may not act on the request before it sees the reset).
+  void cut_request_to(const std::string& pattern, bool forward);
   /// The next connection whose client sends `pattern`: the server's reply is held back `d`.
   void delay_reply_to(const std::string& pattern, std::chrono::milliseconds d);
   /// Delays every server->client byte by `d` (zero: off).
@@ -74,6 +79,8 @@ class tcp_proxy {
   mutable std::mutex mu_;
   long long cut_budget_ = -1;  // bytes left before the one-shot cut, -1: off
   std::string cut_pattern_;
+  std::string cut_request_pattern_;
+  bool cut_request_forward_ = false;
   std::string delay_pattern_;
   long long delay_ns_ = 0;
   std::vector<std::shared_ptr<conn>> conns_;
