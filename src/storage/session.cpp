@@ -99,13 +99,23 @@ session_scope::~session_scope() {
 }
 
 bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_ref& s) {
-  try {
-    return with_session(db, "end a broken session", [&](session_scope& other) {
-      return db->dia->conn.end_session(other.sql(), s, std::chrono::milliseconds(5000));
-    });
-  } catch (const error&) {
-    return false;
+  // The helper connection may be broken too (the same network fault, a pooled connection whose
+  // loss nobody has noticed yet): a lost helper is replaced by a fresh one, a few times within
+  // the time the server gets to end the session.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(5000);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    try {
+      return with_session(db, "end a broken session", [&](session_scope& other) {
+        return db->dia->conn.end_session(other.sql(), s, left);
+      });
+    } catch (const error& e) {
+      if (e.code() != errc::connection_lost) return false;
+    }
   }
+  return false;
 }
 
 std::string in_doubt_finality(const std::shared_ptr<database_impl>& db, const session_ref& s) {

@@ -280,6 +280,12 @@ DBLOCK_WORKER(fault_counter_worker) {
         if (e.code() == errc::lease_lost) {
           log.line("L " + std::to_string(fence));
         } else if (e.code() == errc::in_doubt) {
+          // Not final ("could not be confirmed ended"): the COMMIT may still land until the
+          // server notices the broken connection; read once the outcome has settled.
+          if (std::string(e.what()).find("could not be confirmed") != std::string::npos) {
+            log.line("U " + std::to_string(fence));
+            std::this_thread::sleep_for(std::chrono::seconds(5));
+          }
           auto w = written_by(direct, items, token, std::chrono::seconds(60));
           if (w)
             log.line("D " + std::to_string(fence) + " " + (*w ? "1" : "0"));
