@@ -156,6 +156,8 @@ void finish_server(parsed_url& out) {
     bad(out.redacted, "the database name (the path after the host) contains '/'");
   if (out.host.empty() && !out.query.count("host") && !out.query.count("unix_socket"))
     bad(out.redacted, "missing host");
+  // A decoded ',' would split one host into several in libpq's host list.
+  if (out.host.find(',') != std::string::npos) bad(out.redacted, "a host name contains ','");
 }
 
 // Where the host list of a server URL is: after "://" and the userinfo (up to the last '@',
@@ -188,6 +190,7 @@ url_host parse_host_item(const std::string& item, const std::string& redacted) {
     if (colon != std::string::npos) port = item.substr(colon + 1);
   }
   if (h.host.empty()) bad(redacted, "an empty host in the host list");
+  if (h.host.find(',') != std::string::npos) bad(redacted, "a host name contains ','");
   if (!port.empty() || item.find(':') != std::string::npos) {
     if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit))
       bad(redacted, "port '" + port + "' is not a number");

@@ -132,6 +132,8 @@ TEST_CASE("multi-host URLs: bad forms are rejected clearly", "[unit][url]") {
       {hundred, "more than 16 hosts"},
       {"sqlite://a.db,b.db", "one file"},
       {"postgresql://u:secret@h1,h2/db?host=/run/postgresql", "cannot be combined"},
+      {"postgresql://u:secret@h%2Cx/db", "contains ','"},
+      {"postgresql://u:secret@h1,h%2Cx/db", "contains ','"},
   };
   for (const auto& c : cases) {
     INFO(c.url);

@@ -67,8 +67,21 @@ void check_parsed(const std::string& url, const dblock::detail::parsed_url& u,
   FUZZ_CHECK(libpq_parse(conn, kv), "libpq cannot parse the connection string of " + url);
   FUZZ_CHECK(kv["dbname"] == u.path, "dbname differs for " + url);
   // A host= query parameter (a socket directory) overrides the URL's host, as in libpq's URIs.
-  if (!u.host.empty() && !u.query.count("host"))
+  if (u.hosts.size() > 1) {
+    // A host list goes to libpq whole, in order; an empty port item is the default port.
+    std::string hosts, ports;
+    for (std::size_t i = 0; i < u.hosts.size(); ++i) {
+      hosts += (i ? "," : "") + u.hosts[i].host;
+      ports += (i ? "," : "") + (u.hosts[i].port ? std::to_string(*u.hosts[i].port) : "");
+    }
+    FUZZ_CHECK(kv["host"] == hosts, "host list differs for " + url);
+    FUZZ_CHECK(kv["port"] == ports, "port list differs for " + url);
+  } else if (!u.host.empty() && !u.query.count("host")) {
     FUZZ_CHECK(kv["host"] == u.host, "host differs for " + url);
+  }
+  // A host never carries a separator of libpq's host list: one URL host is one server.
+  for (const auto& h : u.hosts)
+    FUZZ_CHECK(h.host.find(',') == std::string::npos, "a host with ',' in " + url);
   if (!u.user.empty()) FUZZ_CHECK(kv["user"] == u.user, "user differs for " + url);
   if (u.password) FUZZ_CHECK(kv["password"] == *u.password, "password differs for " + url);
   for (const auto& q : u.query)
