@@ -242,6 +242,19 @@ std::vector<migration_file> load_migrations(const std::string& backend);
 /// The embedded bootstrap file (the migrations bookkeeping table) of one backend.
 migration_file load_bootstrap(const std::string& backend);
 
+/// The one dialect object of a backend, made of its four roles (one instance per backend).
+template <class Connector, class Classifier, class Vocabulary, class Executor>
+const dialect& make_dialect(const char* name) {
+  static const Connector conn;
+  static const Classifier errors;
+  static const Vocabulary sql;
+  static const Executor exec;
+  static const std::vector<migration_file> files = load_migrations(name);
+  static const migration_file boot = load_bootstrap(name);
+  static const dialect d{name, conn, errors, sql, exec, files, boot};
+  return d;
+}
+
 const dialect& postgresql_dialect();
 const dialect& mysql_dialect();
 const dialect& sqlite_dialect();

@@ -46,21 +46,6 @@ std::string thread_label() {
   return std::to_string(static_cast<long long>(::syscall(SYS_gettid)));
 }
 
-// A deadlock or busy error of the upsert itself (for example MariaDB's hot-key deadlock against
-// a concurrent release) says nothing about the lock: try again soon.
-retry_policy transient_policy(const std::shared_ptr<database_impl>& db, const char* what) {
-  retry_policy p;
-  p.max_attempts = 9;
-  p.time_budget = milliseconds(0);
-  p.initial_backoff = milliseconds(1);
-  p.max_backoff = milliseconds(256);
-  p.retryable = {errc::deadlock, errc::serialization_failure, errc::lock_not_available};
-  p.on_retry = [db, what](const retry_event& ev) {
-    db->notify([&](listener& l) { l.retried(what, ev.cause); });
-  };
-  return p;
-}
-
 // The outcome of one acquire statement.
 struct sent_acquire {
   enum kind_t { acquired, held, resend } kind;
@@ -83,6 +68,7 @@ struct lease_lock::impl {
   std::string name;
   lease_options options;
   std::shared_ptr<detail::lease_state> current;  // the acquisition reentry extends
+  retry_policy transient;  // deadlocks and busy errors of the upsert itself, built once
 
   std::optional<lease_guard> attempt();
   detail::sent_acquire send(const detail::acquire_params& p, int expected_holds,
@@ -94,7 +80,12 @@ struct lease_lock::impl {
 };
 
 lease_lock::lease_lock(database db, std::string name, lease_options options)
-    : impl_(std::make_unique<impl>(impl{std::move(db), std::move(name), std::move(options), {}})) {
+    : impl_(std::make_unique<impl>(
+          impl{std::move(db), std::move(name), std::move(options), {}, {}})) {
+  impl_->transient = detail::transient_conflict_policy(9, milliseconds(256));
+  impl_->transient.on_retry = [dbi = detail::access::impl(impl_->db)](const retry_event& ev) {
+    dbi->notify([&](listener& l) { l.retried("acquire lease", ev.cause); });
+  };
   detail::validate_resource_name(impl_->name);
   auto& o = impl_->options;
   if (o.ttl < milliseconds(10))
@@ -190,7 +181,7 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
   const int expected = reentry ? cur->holds.load() + 1 : 1;
   const auto started = steady::now();
   steady::time_point sent;
-  detail::sent_acquire out = retry(detail::transient_policy(dbi, "acquire lease"), [&] {
+  detail::sent_acquire out = retry(transient, [&] {
     detail::sent_acquire r{detail::sent_acquire::resend, 0};
     for (int round = 0; round < 8 && r.kind == detail::sent_acquire::resend; ++round)
       r = send(p, expected, sent);

@@ -21,17 +21,17 @@ std::function<void(const error&)>& default_handler() {
   return h;
 }
 
-retry_policy release_policy() {
+}  // namespace
+
+retry_policy transient_conflict_policy(int max_attempts, milliseconds max_backoff) {
   retry_policy p;
-  p.max_attempts = 3;
+  p.max_attempts = max_attempts;
   p.time_budget = milliseconds(0);
   p.initial_backoff = milliseconds(1);
-  p.max_backoff = milliseconds(8);
+  p.max_backoff = max_backoff;
   p.retryable = {errc::deadlock, errc::serialization_failure, errc::lock_not_available};
   return p;
 }
-
-}  // namespace
 
 void lease_state::report_released() {
   db->notify([&](listener& l) {
@@ -48,7 +48,8 @@ bool lease_state::release_sent(int left, bool& in_doubt) {
   for (int round = 0; round < 3; ++round) {
     session_ref server;
     try {
-      return retry(release_policy(), [&] {
+      static const retry_policy policy = transient_conflict_policy(3, milliseconds(8));
+      return retry(policy, [&] {
         return with_session(db, what, [&](session_scope& s) {
           server = s.server();
           return lock_table::release(s, name, token, fence);

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "dblock/lease_lock.hpp"
+#include "dblock/retry.hpp"
 #include "storage/session.hpp"
 
 namespace dblock::detail {
@@ -67,6 +68,11 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   bool release_sent(int left, bool& in_doubt);
   void report_released();
 };
+
+/// Retries a lease statement that failed with a deadlock or a busy error of its own (for example
+/// MariaDB's hot-key deadlock between an acquire and a release): that says nothing about the
+/// lock. Full-jitter backoff from 1 ms up to `max_backoff`.
+retry_policy transient_conflict_policy(int max_attempts, std::chrono::milliseconds max_backoff);
 
 /// Uniform in [0, cap]: "full jitter".
 std::chrono::nanoseconds full_jitter(std::chrono::nanoseconds cap);

@@ -3,14 +3,7 @@
 namespace dblock::detail {
 
 const dialect& postgresql_dialect() {
-  static const pg::connector conn;
-  static const pg::classifier errors;
-  static const pg::vocabulary sql;
-  static const pg::executor exec;
-  static const std::vector<migration_file> files = load_migrations("postgresql");
-  static const migration_file boot = load_bootstrap("postgresql");
-  static const dialect d{"postgresql", conn, errors, sql, exec, files, boot};
-  return d;
+  return make_dialect<pg::connector, pg::classifier, pg::vocabulary, pg::executor>("postgresql");
 }
 
 }  // namespace dblock::detail

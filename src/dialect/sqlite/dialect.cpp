@@ -3,14 +3,8 @@
 namespace dblock::detail {
 
 const dialect& sqlite_dialect() {
-  static const lite::connector conn;
-  static const lite::classifier errors;
-  static const lite::vocabulary sql;
-  static const lite::executor exec;
-  static const std::vector<migration_file> files = load_migrations("sqlite");
-  static const migration_file boot = load_bootstrap("sqlite");
-  static const dialect d{"sqlite", conn, errors, sql, exec, files, boot};
-  return d;
+  return make_dialect<lite::connector, lite::classifier, lite::vocabulary, lite::executor>(
+      "sqlite");
 }
 
 }  // namespace dblock::detail
