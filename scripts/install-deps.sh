@@ -29,6 +29,12 @@ PACKAGES=(
     postgresql
     mariadb-server
     mariadb-client
+    # scripts/topologies.sh: the test topologies (3-node Galera cluster with mariabackup state
+    # transfer, PostgreSQL primary + standby uses postgresql itself, PgBouncer in front of it)
+    galera-4
+    mariadb-backup
+    pgbouncer
+    socat
     faketime
     clang-format
     doxygen

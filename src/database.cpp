@@ -14,6 +14,12 @@ database::database(const std::string& url, database_options options) {
   if (options.pool_size == 0 || options.pool_size > 1024)
     throw error(errc::invalid_argument, "database_options.pool_size must be 1..1024");
   dia.conn.adjust_options(parsed, options);
+  if (options.pooler != pooler_mode::none && !dia.conn.accepts_pooler())
+    throw error(
+        errc::invalid_argument,
+        std::string(
+            "database_options.pooler (or the URL key pooler) is for PostgreSQL only, not ") +
+            dia.name);
   auto impl = std::make_shared<detail::database_impl>(options.pool_size);
   impl->backend = dia.name;
   impl->redacted_url = parsed.redacted;

@@ -24,18 +24,28 @@ std::string checksum_of(const std::string& text) {
   return buf;
 }
 
-// Releases the cross-process migration lock on every way out.
+// The cross-process migration lock: held for the session and released on every way out, or,
+// where the connection cannot keep a session-level lock (behind a transaction-mode pooler),
+// taken again in each of migrate's transactions (in_transaction()).
 struct migration_lock {
   session_scope& s;
   std::string key;
-  migration_lock(session_scope& scope, std::string k) : s(scope), key(std::move(k)) {
-    s.dia().conn.lock_migrations(s.sql(), key);
+  bool per_transaction;
+  migration_lock(session_scope& scope, std::string k)
+      : s(scope),
+        key(std::move(k)),
+        per_transaction(!s.dia().conn.session_migration_lock(s.state())) {
+    if (!per_transaction) s.dia().conn.lock_migrations(s.sql(), s.state(), key);
   }
   ~migration_lock() {
+    if (per_transaction) return;
     try {
       s.dia().conn.unlock_migrations(s.sql(), key);
     } catch (...) {
     }
+  }
+  void in_transaction() {
+    if (per_transaction) s.dia().conn.lock_migrations_in_transaction(s.sql(), key);
   }
 };
 
@@ -61,13 +71,14 @@ void compare_applied(migrate_result& result,
 }
 
 // Applies the missing files, each in its own write transaction.
-void apply_missing(session_scope& s, migrate_result& result) {
+void apply_missing(session_scope& s, migration_lock& lock, migrate_result& result) {
   const auto& files = s.dia().migrations;
   for (auto& f : result.files) {
     if (f.applied) continue;
     const auto& file = *std::find_if(files.begin(), files.end(),
                                      [&](const auto& m) { return m.version == f.version; });
     detail::write_scope w(s, detail::write_kind::transaction, "migrate " + f.name);
+    lock.in_transaction();
     const bool applied_now = detail::lock_table::apply(s, file, f.checksum);
     w.commit();
     if (applied_now) result.applied_now.push_back(f.version);
@@ -84,10 +95,17 @@ migrate_result migrate(const database& db, migrate_options options) {
     for (const auto& f : s.dia().migrations)
       result.files.push_back({f.version, f.name, checksum_of(f.text), false});
     migration_lock lock(s, "dblock_migrate_" + s.tables().prefix);
-    if (!options.dry_run) detail::lock_table::bootstrap(s);
+    if (!options.dry_run && lock.per_transaction) {
+      detail::write_scope w(s, detail::write_kind::transaction, "migrate (bootstrap)");
+      lock.in_transaction();
+      detail::lock_table::bootstrap(s);
+      w.commit();
+    } else if (!options.dry_run) {
+      detail::lock_table::bootstrap(s);
+    }
     compare_applied(result, detail::lock_table::applied(s));
     if (options.dry_run) return result;
-    apply_missing(s, result);
+    apply_missing(s, lock, result);
     return result;
   });
 }

@@ -428,7 +428,10 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
                                     "raw.cas",
                                     "dblock.cas",
                                     "dblock.handoff"};
-  if (ctx.backend == "postgresql") expected.insert({"pg.advisory", "pg.notify_handoff"});
+  // Behind a transaction-mode pooler (the pgbouncer entry) session-level advisory locks and
+  // LISTEN do not work: the bench leaves those two out.
+  if (ctx.backend == "postgresql" && ctx.url.find("pooler=transaction") == std::string::npos)
+    expected.insert({"pg.advisory", "pg.notify_handoff"});
   if (ctx.backend == "mysql") expected.insert("mysql.get_lock");
   std::map<std::string, std::set<int>> seen;
   for (const auto& row : j.at("results")) {

@@ -48,7 +48,8 @@ DBLOCK_TEST("the pool hands out at most pool_size connections", "[database]") {
   CHECK_NOTHROW(db.connect());
 }
 
-DBLOCK_TEST_SERVERS("a wrong password gives connection_failed without echoing it", "[database]") {
+DBLOCK_TEST_SERVERS("a wrong password gives connection_failed without echoing it",
+                    "[database][direct]") {
   auto u = dblock::detail::parse_url(ctx.url);
   dblock::database db(with_credentials(ctx.url, u.user, "Wr0ng-Passw0rd-xyzzy"));
   try {
@@ -126,7 +127,7 @@ DBLOCK_TEST("a connection returned inside a transaction is rolled back before re
 }
 
 DBLOCK_TEST_SERVERS("a multi-host URL skips a dead host and connects to the next one",
-                    "[database][multihost]") {
+                    "[database][multihost][direct]") {
   auto u = dblock::detail::parse_url(ctx.url);
   REQUIRE(u.port);
   // Port 1 on loopback refuses at once: a dead node. The real server comes second.
@@ -153,4 +154,78 @@ DBLOCK_TEST_SERVERS("a multi-host URL skips a dead host and connects to the next
     CHECK(e.code() == errc::connection_failed);
     CHECK(std::string(e.what()).find(*u.password) == std::string::npos);
   }
+}
+
+// ---- pooler=transaction (PgBouncer's transaction mode, docs/deployment.md) ------------------
+// The mode's promises are checked on the direct server here (the pgbouncer entry runs the suite
+// through a real PgBouncer): nothing prepared by name, no session setting, the isolation level in
+// each BEGIN. The same steps without the key are the negative control.
+
+namespace {
+
+struct session_traces {
+  long long prepared = -1;      // named prepared statements on the pooled connection
+  std::string session_iso;      // the session's isolation level outside a transaction
+  std::string transaction_iso;  // inside a dblock transaction
+};
+
+session_traces traces_of(const dblock::test::context& ctx, const std::string& url) {
+  auto o = ctx.options();
+  o.pool_size = 1;  // one connection: the lease, the transaction and the probes share it
+  o.isolation = dblock::isolation_level::repeatable_read;
+  dblock::database db(url, o);
+  dblock::lease_lock lock(db, "pooler-" + dblock::test::random_suffix());
+  lock.try_acquire().value().release();
+  session_traces t;
+  {
+    dblock::transaction tx(db);
+    tx.session() << "SHOW transaction_isolation", soci::into(t.transaction_iso);
+    tx.commit();
+  }
+  auto c = db.connect();
+  c.session() << "SELECT count(*) FROM pg_prepared_statements", soci::into(t.prepared);
+  c.session() << "SHOW transaction_isolation", soci::into(t.session_iso);
+  return t;
+}
+
+}  // namespace
+
+DBLOCK_TEST_ONLY("postgresql",
+                 "pooler=transaction: nothing prepared by name, no session setting, isolation "
+                 "in each BEGIN",
+                 "[database][pooler][direct]") {
+  const std::string sep = ctx.url.find('?') == std::string::npos ? "?" : "&";
+  const auto pooled = traces_of(ctx, ctx.url + sep + "pooler=transaction");
+  CHECK(pooled.prepared == 0);
+  CHECK(pooled.session_iso == "read committed");  // the server's default, untouched
+  CHECK(pooled.transaction_iso == "repeatable read");
+  // Negative control: a direct connection prepares the lease statements and sets the session.
+  const auto direct = traces_of(ctx, ctx.url);
+  CHECK(direct.prepared > 0);
+  CHECK(direct.session_iso == "repeatable read");
+  CHECK(direct.transaction_iso == "repeatable read");
+}
+
+TEST_CASE("pooler: bad values and other backends are refused clearly", "[unit][database]") {
+  auto code_and_text = [](const std::string& url, dblock::database_options o = {}) {
+    try {
+      dblock::database db(url, o);
+    } catch (const dblock::error& e) {
+      return std::make_pair(e.code(), std::string(e.what()));
+    }
+    return std::make_pair(errc::backend_error, std::string("accepted"));
+  };
+  auto r = code_and_text("postgresql://u@h/db?pooler=bogus");
+  CHECK(r.first == errc::invalid_argument);
+  CHECK(r.second.find("expected none, session or transaction") != std::string::npos);
+  r = code_and_text("mysql://u@h/db?pooler=transaction");
+  CHECK(r.first == errc::invalid_argument);
+  dblock::database_options o;
+  o.pooler = dblock::pooler_mode::transaction;
+  r = code_and_text("sqlite:///tmp/dblock-pooler-unit.db", o);
+  CHECK(r.first == errc::invalid_argument);
+  CHECK(r.second.find("PostgreSQL only") != std::string::npos);
+  CHECK_NOTHROW(dblock::database("postgresql://u@h/db?pooler=session"));
+  CHECK(dblock::database("postgresql://u@h/db?pooler=transaction").options().pooler ==
+        dblock::pooler_mode::transaction);
 }

@@ -284,7 +284,8 @@ DBLOCK_TEST("names are bound, byte-exact, and limited to 255 bytes", "[lease][na
         errc::invalid_argument);
 }
 
-DBLOCK_TEST_SERVERS("a guard destroyed after its connections dropped still releases", "[lease]") {
+DBLOCK_TEST_SERVERS("a guard destroyed after its connections dropped still releases",
+                    "[lease][direct]") {
   const std::string name = "dropped/" + dblock::test::random_suffix();
   auto db = ctx.open();
   lease_lock lock(db, name);

@@ -621,7 +621,7 @@ std::string expected_isolation(dblock::isolation_level l) {
 
 }  // namespace
 
-DBLOCK_TEST("versioned updates stay exact at every isolation level", "[optimistic]") {
+DBLOCK_TEST("versioned updates stay exact at every isolation level", "[optimistic][direct]") {
   // SQLite ignores the option (it is always serializable); running it there is harmless.
   struct level {
     dblock::isolation_level iso;
@@ -932,7 +932,7 @@ void stale_snapshot_case(dblock::test::context& ctx,
 }  // namespace
 
 DBLOCK_TEST_SERVERS("a stale REPEATABLE READ snapshot conflicts instead of overwriting",
-                    "[optimistic]") {
+                    "[optimistic][direct]") {
   stale_snapshot_case(ctx, [](soci::session&) {});
 }
 

@@ -21,14 +21,18 @@ std::string to_text(const param& p) {
   return std::get<std::string>(p);
 }
 
-// ---- PostgreSQL: libpq, each statement prepared once per connection ---------------------------
+// ---- PostgreSQL: libpq, each statement prepared once per connection (unnamed statements behind
+// a transaction-mode pooler, as dblock runs them there) ------------------------------------------
 
 class pg_client final : public raw_client {
  public:
   explicit pg_client(const std::string& url) {
     auto u = detail::parse_url(url);
     const auto& dia = detail::dialect_for_scheme(u.scheme);
-    conn_ = PQconnectdb(dia.conn.connect_string(u, database_options{}).c_str());
+    database_options o;
+    dia.conn.adjust_options(u, o);
+    unnamed_ = o.pooler == pooler_mode::transaction;
+    conn_ = PQconnectdb(dia.conn.connect_string(u, o).c_str());
     if (PQstatus(conn_) != CONNECTION_OK) {
       std::string msg = PQerrorMessage(conn_);
       PQfinish(conn_);
@@ -46,6 +50,13 @@ class pg_client final : public raw_client {
     std::vector<const char*> v;
     for (const auto& s : values)
       v.push_back(s.c_str());
+    if (unnamed_) {
+      PGresult* r =
+          PQexecParams(conn_, detail::to_positional(sql, names).c_str(), static_cast<int>(v.size()),
+                       nullptr, v.data(), nullptr, nullptr, 0);
+      check(r);
+      return result(r);
+    }
     if (!prepared_.count(key)) {
       PGresult* r = PQprepare(conn_, key.c_str(), detail::to_positional(sql, names).c_str(),
                               static_cast<int>(v.size()), nullptr);
@@ -56,13 +67,7 @@ class pg_client final : public raw_client {
     PGresult* r = PQexecPrepared(conn_, key.c_str(), static_cast<int>(v.size()), v.data(), nullptr,
                                  nullptr, 0);
     check(r);
-    outcome o;
-    const char* n = PQcmdTuples(r);
-    o.affected = (n && *n) ? std::stoll(n) : 0;
-    if (PQntuples(r) > 0 && PQnfields(r) > 0 && !PQgetisnull(r, 0, 0))
-      o.value = std::stoll(PQgetvalue(r, 0, 0));
-    PQclear(r);
-    return o;
+    return result(r);
   }
   void exec(const std::string& sql) override {
     PGresult* r = PQexec(conn_, sql.c_str());
@@ -77,6 +82,15 @@ class pg_client final : public raw_client {
   void* handle() override { return conn_; }
 
  private:
+  static outcome result(PGresult* r) {
+    outcome o;
+    const char* n = PQcmdTuples(r);
+    o.affected = (n && *n) ? std::stoll(n) : 0;
+    if (PQntuples(r) > 0 && PQnfields(r) > 0 && !PQgetisnull(r, 0, 0))
+      o.value = std::stoll(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return o;
+  }
   void check(PGresult* r) {
     auto st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
     if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return;
@@ -85,6 +99,7 @@ class pg_client final : public raw_client {
     throw std::runtime_error("libpq: " + msg);
   }
   PGconn* conn_ = nullptr;
+  bool unnamed_ = false;
   std::set<std::string> prepared_;
 };
 

@@ -411,7 +411,8 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
          return cycle_fn([&b, u] { return dblock::compare_and_set(b.db, *u) == 1; });
        }});
 
-  if (pg)
+  // A session-level advisory lock cannot be kept behind a transaction-mode pooler.
+  if (pg && b.db.options().pooler != dblock::pooler_mode::transaction)
     ops.push_back(
         {"pg.advisory", "alternative", "",
          "pg_try_advisory_lock + pg_advisory_unlock, distinct keys (no fencing, no "
@@ -805,7 +806,9 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
             "return (p50/p99); ops/s = handoffs/s; hold " +
             std::to_string(o.hold_us) + " us";
         report(std::move(r));
-        if (b->backend == "postgresql") {
+        // LISTEN does not work through a transaction-mode pooler.
+        if (b->backend == "postgresql" &&
+            b->db.options().pooler != dblock::pooler_mode::transaction) {
           result q = handoff_notify(*b, c, o.seconds, o.hold_us);
           q.backend = b->backend;
           q.operation = "pg.notify_handoff";

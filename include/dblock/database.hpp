@@ -32,6 +32,17 @@ enum class isolation_level {
   serializable,     ///< SERIALIZABLE (PostgreSQL, MySQL); SQLite is always serializable
 };
 
+/// What sits between dblock and a PostgreSQL server (see docs/deployment.md).
+enum class pooler_mode {
+  none,         ///< a direct connection (the default)
+  session,      ///< a pooler in session mode (PgBouncer pool_mode=session): behaves like `none`
+  transaction,  ///< a pooler in transaction mode (PgBouncer pool_mode=transaction): dblock keeps
+                ///< no server-side state beyond one transaction (no named prepared statements,
+                ///< no session settings), cannot end a server session after a lost COMMIT reply
+                ///< (such an in_doubt is reported as not final); migrate() takes its lock in
+                ///< each of its transactions
+};
+
 /// Settings of a database handle; all have safe defaults.
 /// Thread-safety: a plain value.
 struct database_options {
@@ -49,6 +60,10 @@ struct database_options {
   std::chrono::milliseconds sqlite_busy_timeout{5000};
   /// Isolation level set on every pooled connection when it connects (SQLite ignores it).
   isolation_level isolation = isolation_level::server_default;
+  /// PostgreSQL only: the connection pooler in front of the server; also the URL key
+  /// `pooler=none|session|transaction`, which overrides this field. Any other value than `none`
+  /// on MySQL or SQLite is refused.
+  pooler_mode pooler = pooler_mode::none;
   /// Receives events and log messages of everything using this database (optional).
   std::shared_ptr<listener> events;
 };
@@ -59,10 +74,15 @@ struct database_options {
  * Accepted URLs:
  * - `postgresql://user:pass@host:port/db?sslmode=require&host=/run/postgresql` (also
  *   `postgres://`); query keys are libpq keywords (`sslmode`, `connect_timeout`,
- *   `application_name`, `host` for a unix socket directory, `sslrootcert`, ...).
+ *   `application_name`, `host` for a unix socket directory, `sslrootcert`,
+ *   `target_session_attrs`, ...) plus dblock's `pooler=none|session|transaction`
+ *   (database_options::pooler).
  * - `mysql://user:pass@host:port/db?unix_socket=/path` (also `mariadb://`).
  * - `sqlite:///absolute/path.db` and `sqlite://relative/path.db`, with optional
  *   `?synchronous=normal|full` (default full) and `busy_timeout=MILLISECONDS`.
+ * - Several hosts, `postgresql://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write`
+ *   (libpq tries them in order) or `mysql://u:p@h1:3306,h2:3306,h3:3306/db` (dblock tries them
+ *   in order, starting from the one that worked last); at most 16, no empty or repeated host.
  * User names and passwords may be percent-encoded. Unknown query keys are rejected.
  *
  * Copies are cheap and share the same pool; the pool lives until the last copy and the last

@@ -82,7 +82,7 @@ std::string vocabulary::name_pattern(const std::string& column, const std::strin
   return column + " LIKE :" + param + " ESCAPE '!'";
 }
 
-void connector::begin(soci::session& sql,
+void connector::begin(soci::session& sql, const connection_state&, const database_options&,
                       std::optional<std::chrono::milliseconds> lock_timeout) const {
   if (lock_timeout) set_lock_timeout(sql, *lock_timeout);
   sql << "BEGIN";

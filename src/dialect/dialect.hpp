@@ -63,6 +63,8 @@ struct session_ref {
 struct connection_state {
   virtual ~connection_state() = default;
   session_ref server;
+  /// Behind a transaction-mode pooler: nothing on the server outlives a transaction.
+  bool transaction_pooler = false;
 };
 
 // ---- statements ---------------------------------------------------------------------------
@@ -122,6 +124,8 @@ class connector {
   }
   /// Lets URL parameters override options (for example SQLite's busy_timeout).
   virtual void adjust_options(const parsed_url&, database_options&) const {}
+  /// True when the backend can run behind a connection pooler (database_options::pooler).
+  virtual bool accepts_pooler() const { return false; }
   /// Session set-up right after connecting; returns the connection's state, with its server
   /// session identified (one round trip on the servers, none on SQLite).
   virtual std::unique_ptr<connection_state> on_connect(soci::session&,
@@ -137,8 +141,10 @@ class connector {
                            std::chrono::milliseconds timeout) const = 0;
 
   /// Begins a write transaction whose lock waits last at most `lock_timeout` (zero: do not
-  /// wait); without a timeout, the session's default applies.
-  virtual void begin(soci::session&, std::optional<std::chrono::milliseconds> lock_timeout) const;
+  /// wait); without a timeout, the session's default applies. `st` is the connection's state,
+  /// `o` the database's options.
+  virtual void begin(soci::session&, const connection_state& st, const database_options& o,
+                     std::optional<std::chrono::milliseconds> lock_timeout) const;
   /// Sets how long lock waits last in this session until end_transaction() (outside a
   /// transaction: for the next statements).
   virtual void set_lock_timeout(soci::session&, std::chrono::milliseconds) const = 0;
@@ -157,8 +163,15 @@ class connector {
                                 const std::string& column) const = 0;
   /// True when the table exists in the connected database.
   virtual bool table_exists(soci::session&, const std::string& table) const = 0;
-  /// Serialises migrators across processes (session-level lock held until unlock).
-  virtual void lock_migrations(soci::session&, const std::string& key) const = 0;
+  /// Serialises migrators across processes (session-level lock held until unlock). Not called
+  /// when session_migration_lock() is false.
+  virtual void lock_migrations(soci::session&, const connection_state& st,
+                               const std::string& key) const = 0;
+  /// False when the connection cannot keep a session-level lock (behind a transaction-mode
+  /// pooler): migrate then takes lock_migrations_in_transaction() in each of its transactions.
+  virtual bool session_migration_lock(const connection_state&) const { return true; }
+  /// The migration lock for the open transaction only (released by its COMMIT or ROLLBACK).
+  virtual void lock_migrations_in_transaction(soci::session&, const std::string&) const {}
   virtual void unlock_migrations(soci::session&, const std::string& key) const = 0;
 };
 

@@ -123,10 +123,8 @@ detail::sent_acquire lease_lock::impl::resolve_lost_reply(const detail::acquire_
   const std::string what = "acquire lease '" + name + "'";
   const std::string expiry = "; owner token " + p.owner_token + " will expire unless renewed";
   if (!detail::end_broken_session(dbi, server))
-    throw error(errc::in_doubt, what +
-                                    ": the connection broke after the request was sent and the "
-                                    "server session could not be confirmed ended" +
-                                    expiry);
+    throw error(errc::in_doubt, what + ": the connection broke after the request was sent and " +
+                                    detail::session_not_ended(*dbi) + expiry);
   std::optional<detail::lease_row> row;
   try {
     row = detail::with_session(

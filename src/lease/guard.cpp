@@ -61,9 +61,7 @@ bool lease_state::release_sent(int left, bool& in_doubt) {
     // The UPDATE may have been applied: never repeat it blindly (with reentrant holds a repeat
     // would drop a hold that is still in use). Read the row back and decide.
     if (!end_broken_session(db, server))
-      throw error(errc::in_doubt, what +
-                                      ": the connection broke and the server session could not "
-                                      "be confirmed ended");
+      throw error(errc::in_doubt, what + ": the connection broke and " + session_not_ended(*db));
     in_doubt = true;
     std::optional<lease_row> row;
     try {

@@ -19,8 +19,11 @@ void database_impl::open(soci::session& sql, slot& sl) {
       if (sql.get_backend() != nullptr) sql.close();
       sql.open(dia->conn.factory(), connect_strings[i]);
       sl.state = dia->conn.on_connect(sql, options);
+      sl.state->transaction_pooler = options.pooler == pooler_mode::transaction;
+      // Behind a transaction-mode pooler a session setting would land on whichever server
+      // connection runs it: the isolation level goes into each BEGIN instead.
       auto iso = dia->conn.isolation_sql(options.isolation);
-      if (!iso.empty()) sql << iso;
+      if (!iso.empty() && !sl.state->transaction_pooler) sql << iso;
       preferred.store(i);
       return;
     } catch (...) {
@@ -102,6 +105,7 @@ bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_
   // The helper connection may be broken too (the same network fault, a pooled connection whose
   // loss nobody has noticed yet): a lost helper is replaced by a fresh one, a few times within
   // the time the server gets to end the session.
+  if (db->options.pooler == pooler_mode::transaction) return false;  // see session_not_ended()
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(5000);
   for (int attempt = 0; attempt < 4; ++attempt) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -118,7 +122,18 @@ bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_
   return false;
 }
 
+std::string session_not_ended(const database_impl& db) {
+  if (db.options.pooler == pooler_mode::transaction)
+    return "the server session that ran it cannot be identified or ended from behind a "
+           "transaction-mode pooler";
+  return "the server session could not be confirmed ended";
+}
+
 std::string in_doubt_finality(const std::shared_ptr<database_impl>& db, const session_ref& s) {
+  if (db->options.pooler == pooler_mode::transaction)
+    return "; behind a transaction-mode pooler the server session that ran it cannot be "
+           "identified or ended from here, so its COMMIT may still land later (read the data "
+           "back after the pooler's query_timeout, or through a direct connection)";
   if (end_broken_session(db, s))
     return "; the server session has been ended, so reading the data back now gives the final "
            "outcome";
@@ -134,7 +149,7 @@ write_scope::write_scope(session_scope& s, write_kind kind, std::string what,
     if (kind_ == write_kind::statement)
       s_.dia().exec.begin_statement(s_);
     else
-      s_.dia().conn.begin(s_.sql(), lock_timeout);
+      s_.dia().conn.begin(s_.sql(), s_.state(), s_.db().options, lock_timeout);
   } catch (...) {
     // BEGIN may have gone through before a later set-up statement failed: never hand the
     // connection back inside an open transaction.

@@ -125,6 +125,9 @@ bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_
 /// For an in_doubt message: ends the broken session (end_broken_session) and says whether the
 /// outcome is final now.
 std::string in_doubt_finality(const std::shared_ptr<database_impl>& db, const session_ref& s);
+/// Why end_broken_session() returned false, for an in_doubt message ("the server session could
+/// not be confirmed ended", or that a transaction-mode pooler hides it).
+std::string session_not_ended(const database_impl& db);
 
 /// Runs f() and reports a lost connection as errc::in_doubt: for a write sent in autocommit
 /// mode, a broken connection leaves the outcome unknown, and retrying could apply it twice.

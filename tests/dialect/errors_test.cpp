@@ -62,7 +62,7 @@ DBLOCK_TEST_SERVERS("NOWAIT on a locked row is lock_not_available", "[errors]") 
   a.session() << "ROLLBACK";
 }
 
-DBLOCK_TEST_SERVERS("a lock wait timeout is lock_not_available", "[errors]") {
+DBLOCK_TEST_SERVERS("a lock wait timeout is lock_not_available", "[errors][direct]") {
   create_items(ctx);
   const auto& d = dblock::test::dialect_of(ctx.db);
   auto a = ctx.db.connect();
@@ -154,7 +154,8 @@ DBLOCK_TEST_ONLY("sqlite", "a stale WAL snapshot upgrading to write is serializa
   b.session() << "ROLLBACK";
 }
 
-DBLOCK_TEST_SERVERS("a killed connection is connection_lost and the pool reconnects", "[errors]") {
+DBLOCK_TEST_SERVERS("a killed connection is connection_lost and the pool reconnects",
+                    "[errors][direct]") {
   auto victim = ctx.db.connect();
   long long id = 0;
   const bool pg = ctx.backend == "postgresql";

@@ -135,7 +135,7 @@ DBLOCK_TEST_ONLY("postgresql", "a connection that forgot its prepared statements
 }
 
 DBLOCK_TEST_SERVERS("a killed connection drops its prepared statements with it",
-                    "[lease][statements]") {
+                    "[lease][statements][direct]") {
   auto db = one_connection(ctx);
   dblock::lease_lock lock(db, "killed/" + dblock::test::random_suffix());
   lock.try_acquire()->release();

@@ -14,6 +14,11 @@
 
 namespace dblock::detail::my {
 
+/// Per connection: whether the server is a Galera (MariaDB Cluster) node.
+struct state final : connection_state {
+  bool galera = false;
+};
+
 inline MYSQL* raw(soci::session& sql) {
   return static_cast<soci::mysql_session_backend*>(sql.get_backend())->conn_;
 }
@@ -34,7 +39,8 @@ class connector final : public detail::connector {
   bool has_unique_index(soci::session&, const std::string& table,
                         const std::string& column) const override;
   bool table_exists(soci::session&, const std::string& table) const override;
-  void lock_migrations(soci::session&, const std::string& key) const override;
+  void lock_migrations(soci::session&, const connection_state&,
+                       const std::string& key) const override;
   void unlock_migrations(soci::session&, const std::string& key) const override;
 };
 

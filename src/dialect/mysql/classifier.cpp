@@ -9,7 +9,8 @@ namespace {
 errc code_for(unsigned n) {
   static const std::pair<unsigned, errc> table[] = {
       {1062, errc::unique_violation},
-      {1213, errc::deadlock},
+      {1213, errc::deadlock},         // also a Galera certification failure: rolled back, retryable
+      {1047, errc::connection_lost},  // Galera: node not ready (left the primary component)
       {1020, errc::serialization_failure},  // MariaDB: record changed since last read
       {1205, errc::lock_not_available},     // lock wait timeout (also MariaDB's NOWAIT)
       {3572, errc::lock_not_available},     // MySQL 8 NOWAIT

@@ -41,23 +41,46 @@ std::vector<std::string> connector::connect_strings(const parsed_url& u,
 
 std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
                                                         const database_options&) const {
-  // Strict mode: an over-long value is an error, never silently truncated.
-  sql << "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''),"
-         " 'STRICT_ALL_TABLES')";
-  auto st = std::make_unique<connection_state>();
+  auto st = std::make_unique<state>();
   long long id = 0;
-  std::string host;
-  sql << "SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()",
-      soci::into(id), soci::into(host);
+  std::string host, node, wsrep_on, wsrep_ready;
+  soci::indicator on_ind = soci::i_ok, ready_ind = soci::i_ok;
+  // The server session (id and this client's "address:port"), the node it runs on, and
+  // whether that node is a Galera node that is part of the cluster's primary component.
+  sql << "SELECT p.ID, p.HOST, CONCAT(@@hostname, ':', @@port), (SELECT VARIABLE_VALUE FROM "
+         "information_schema.GLOBAL_VARIABLES WHERE VARIABLE_NAME = 'WSREP_ON'), (SELECT "
+         "VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = "
+         "'WSREP_READY') FROM information_schema.PROCESSLIST p WHERE p.ID = CONNECTION_ID()",
+      soci::into(id), soci::into(host), soci::into(node), soci::into(wsrep_on, on_ind),
+      soci::into(wsrep_ready, ready_ind);
+  st->galera = on_ind == soci::i_ok && wsrep_on == "ON";
+  if (st->galera && (ready_ind != soci::i_ok || wsrep_ready != "ON"))
+    throw error(errc::connection_failed,
+                "Galera node " + node +
+                    " is not ready (wsrep_ready is not ON): it is not part of the cluster's "
+                    "primary component",
+                "mysql", "", 1047);
+  // Strict mode: an over-long value is an error, never silently truncated. On Galera, reads
+  // wait until the node has applied everything committed in the cluster before they began
+  // (wsrep_sync_wait = 1), so that a read-back deciding an outcome sees the latest state.
+  sql << std::string(
+             "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), "
+             "'STRICT_ALL_TABLES')") +
+             (st->galera ? ", SESSION wsrep_sync_wait = 1" : "");
   st->server.id = id;
-  st->server.tag = host;  // "address:port" of this client as the server sees it
+  st->server.tag = host + " " + node;  // this client as the server sees it, and the node
   return st;
 }
 
 bool connector::end_session(soci::session& sql, const session_ref& s,
                             std::chrono::milliseconds timeout) const {
   if (s.id == 0 || s.tag.empty()) return false;
-  std::string host = s.tag;
+  // Session ids are per server: only a connection to the same node can tell whether the session
+  // is gone (with several hosts, this one may be on another).
+  const auto space = s.tag.find(' ');
+  std::string host = s.tag.substr(0, space), node;
+  sql << "SELECT CONCAT(@@hostname, ':', @@port)", soci::into(node);
+  if (space == std::string::npos || node != s.tag.substr(space + 1)) return false;
   const std::string id = std::to_string(s.id);  // an integer: safe to splice (KILL takes no
                                                 // parameters)
   const std::string match =
@@ -113,7 +136,8 @@ bool connector::has_unique_index(soci::session& sql, const std::string& table,
   return n > 0;
 }
 
-void connector::lock_migrations(soci::session& sql, const std::string& key) const {
+void connector::lock_migrations(soci::session& sql, const connection_state&,
+                                const std::string& key) const {
   // GET_LOCK names are at most 64 characters; the key is ours and short.
   soci::indicator ind = soci::i_ok;
   int got = 0;

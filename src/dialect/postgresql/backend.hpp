@@ -26,13 +26,16 @@ inline PGconn* raw(soci::session& sql) {
 class connector final : public detail::connector {
  public:
   const soci::backend_factory& factory() const override { return *soci::factory_postgresql(); }
+  void adjust_options(const parsed_url& u, database_options& o) const override;
+  bool accepts_pooler() const override { return true; }
   std::string connect_string(const parsed_url& u, const database_options& o) const override;
   std::unique_ptr<connection_state> on_connect(soci::session&,
                                                const database_options&) const override;
   std::string isolation_sql(isolation_level level) const override;
   bool end_session(soci::session&, const session_ref& s,
                    std::chrono::milliseconds timeout) const override;
-  void begin(soci::session&, std::optional<std::chrono::milliseconds> lock_timeout) const override;
+  void begin(soci::session&, const connection_state& st, const database_options& o,
+             std::optional<std::chrono::milliseconds> lock_timeout) const override;
   void set_lock_timeout(soci::session&, std::chrono::milliseconds) const override;
   // ON CONFLICT DO NOTHING never waits for a holder of the existing row (and a session-level
   // lock_timeout would outlive the call).
@@ -42,7 +45,12 @@ class connector final : public detail::connector {
   bool has_unique_index(soci::session&, const std::string& table,
                         const std::string& column) const override;
   bool table_exists(soci::session&, const std::string& table) const override;
-  void lock_migrations(soci::session&, const std::string& key) const override;
+  void lock_migrations(soci::session&, const connection_state& st,
+                       const std::string& key) const override;
+  bool session_migration_lock(const connection_state& st) const override {
+    return !st.transaction_pooler;
+  }
+  void lock_migrations_in_transaction(soci::session&, const std::string& key) const override;
   void unlock_migrations(soci::session&, const std::string& key) const override;
 };
 

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "../../identifier.hpp"
 #include "../common.hpp"
 #include "backend.hpp"
 
@@ -12,10 +13,26 @@ constexpr const char* backend_start_us = "(extract(epoch FROM backend_start) * 1
 }  // namespace
 
 std::string connector::connect_string(const parsed_url& u, const database_options& o) const {
-  check_query_keys(u, {"host", "hostaddr", "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl",
-                       "application_name", "connect_timeout", "options", "target_session_attrs",
-                       "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
-                       "tcp_user_timeout", "gssencmode", "channel_binding", "passfile"});
+  check_query_keys(u, {"host",
+                       "hostaddr",
+                       "sslmode",
+                       "sslrootcert",
+                       "sslcert",
+                       "sslkey",
+                       "sslcrl",
+                       "application_name",
+                       "connect_timeout",
+                       "options",
+                       "target_session_attrs",
+                       "keepalives",
+                       "keepalives_idle",
+                       "keepalives_interval",
+                       "keepalives_count",
+                       "tcp_user_timeout",
+                       "gssencmode",
+                       "channel_binding",
+                       "passfile",
+                       "pooler"});
   std::string s;
   auto add = [&s](const std::string& k, const std::string& v) {
     s += (s.empty() ? "" : " ") + k + "=" + conn_quote(v);
@@ -45,16 +62,34 @@ std::string connector::connect_string(const parsed_url& u, const database_option
     add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 2)));
   if (!u.query.count("application_name")) add("application_name", "dblock");
   for (const auto& kv : u.query)
-    add(kv.first, kv.second);
+    if (kv.first != "pooler") add(kv.first, kv.second);  // dblock's own key, not libpq's
   return s;
 }
 
+void connector::adjust_options(const parsed_url& u, database_options& o) const {
+  auto it = u.query.find("pooler");
+  if (it == u.query.end()) return;
+  if (it->second == "none")
+    o.pooler = pooler_mode::none;
+  else if (it->second == "session")
+    o.pooler = pooler_mode::session;
+  else if (it->second == "transaction")
+    o.pooler = pooler_mode::transaction;
+  else
+    throw error(errc::invalid_argument, "invalid database URL '" + u.redacted + "': pooler='" +
+                                            printable(it->second) +
+                                            "' (expected none, session or transaction)");
+}
+
 std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
-                                                        const database_options&) const {
+                                                        const database_options& o) const {
   // The library never prints: libpq's default notice processor writes NOTICEs to stderr.
   PQsetNoticeProcessor(
       raw(sql), [](void*, const char*) {}, nullptr);
   auto st = std::make_unique<state>();
+  // Behind a transaction-mode pooler the next statement may run on another server session:
+  // there is no session of ours to identify (and end_session() is never asked to end one).
+  if (o.pooler == pooler_mode::transaction) return st;
   long long pid = 0, start = 0;
   sql << "SELECT pid, " << backend_start_us
       << " FROM pg_stat_activity WHERE pid = pg_backend_pid()",
@@ -93,9 +128,16 @@ bool connector::end_session(soci::session& sql, const session_ref& s,
   }
 }
 
-void connector::begin(soci::session& sql,
+void connector::begin(soci::session& sql, const connection_state& st, const database_options& o,
                       std::optional<std::chrono::milliseconds> lock_timeout) const {
-  sql << "BEGIN";
+  // Behind a transaction-mode pooler the session's isolation level was not set (it would land
+  // on whichever server session ran the SET): each transaction names it.
+  const std::string iso = st.transaction_pooler ? isolation_sql(o.isolation) : std::string();
+  const std::string session_form = "SET SESSION CHARACTERISTICS AS TRANSACTION";
+  if (iso.compare(0, session_form.size(), session_form) == 0)
+    sql << "BEGIN" + iso.substr(session_form.size());
+  else
+    sql << "BEGIN";
   if (!lock_timeout) return;
   // For this transaction only. lock_timeout 0 would mean "no limit"; 1 ms is "do not wait".
   std::string value = std::to_string(std::max<long long>(lock_timeout->count(), 1)) + "ms", out;
@@ -137,7 +179,14 @@ bool connector::table_exists(soci::session& sql, const std::string& table) const
   return n > 0;
 }
 
-void connector::lock_migrations(soci::session& sql, const std::string& key) const {
+void connector::lock_migrations_in_transaction(soci::session& sql, const std::string& key) const {
+  int one = 0;
+  sql << "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtext(:k))) AS l", soci::use(key),
+      soci::into(one);
+}
+
+void connector::lock_migrations(soci::session& sql, const connection_state&,
+                                const std::string& key) const {
   int one = 0;
   sql << "SELECT 1 FROM (SELECT pg_advisory_lock(hashtext(:k))) AS l", soci::use(key),
       soci::into(one);

@@ -70,7 +70,9 @@ sql_result executor::run(session_scope& s, const statement& st,
   for (const auto& t : text)
     ptrs.push_back(t.c_str());
   const int n = static_cast<int>(ptrs.size());
-  if (st.key.empty()) {
+  // Behind a transaction-mode pooler a named statement prepared in one transaction may be
+  // missing in the next, or exist already on another client's server session: unnamed only.
+  if (st.key.empty() || s.state().transaction_pooler) {
     const std::string positional = to_positional(st.text, st.params);
     PGresult* r = PQexecParams(c, positional.c_str(), n, nullptr, ptrs.data(), nullptr, nullptr, 0);
     if (!ok(r)) fail(c, r);

@@ -50,7 +50,8 @@ class connector final : public detail::connector {
   bool end_session(soci::session&, const session_ref&, std::chrono::milliseconds) const override {
     return true;  // no server: nothing outlives a connection
   }
-  void begin(soci::session&, std::optional<std::chrono::milliseconds> lock_timeout) const override;
+  void begin(soci::session&, const connection_state&, const database_options&,
+             std::optional<std::chrono::milliseconds> lock_timeout) const override;
   void set_lock_timeout(soci::session&, std::chrono::milliseconds) const override;
   void end_transaction(soci::session&, const database_options&) const override;
   bool in_transaction(soci::session&) const override;
@@ -58,7 +59,8 @@ class connector final : public detail::connector {
                         const std::string& column) const override;
   bool table_exists(soci::session&, const std::string& table) const override;
   // Every migration runs in BEGIN IMMEDIATE, which already excludes other writers.
-  void lock_migrations(soci::session&, const std::string&) const override {}
+  void lock_migrations(soci::session&, const connection_state&, const std::string&) const override {
+  }
   void unlock_migrations(soci::session&, const std::string&) const override {}
 };
 

@@ -53,7 +53,7 @@ std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
   return std::make_unique<state>(db);
 }
 
-void connector::begin(soci::session& sql,
+void connector::begin(soci::session& sql, const connection_state&, const database_options&,
                       std::optional<std::chrono::milliseconds> lock_timeout) const {
   // The wait for SQLite's single write lock happens here, not at the row.
   if (lock_timeout) set_lock_timeout(sql, *lock_timeout);
