@@ -46,6 +46,7 @@ DBLOCK_TEST_ONLY("postgresql",
   lo.ttl = std::chrono::seconds(60);
   long long hits = 0, in_doubt = 0, pooler_msgs = 0, applied = 0, nothing = 0;
   std::vector<std::string> problems;
+  std::string trace;
   for (int i = 0; i < trials; ++i) {
     const bool cut_reply = i % 2 == 0;  // else the request carrying COMMIT is dropped
     const std::string name = "pooled-fr-" + std::to_string(i) + "-" + random_suffix();
@@ -71,6 +72,8 @@ DBLOCK_TEST_ONLY("postgresql",
     proxy.cut_reply_to("");
     proxy.cut_request_to("", false);
     hits += hit;
+    trace += " " + std::to_string(i) + (hit ? "cut" : "-") + ":" +
+             (code ? std::string(to_string(*code)) : "ok");
     in_doubt += code == errc::in_doubt;
     pooler_msgs += message.find("transaction-mode pooler") != std::string::npos;
     // Never final behind the pooler: give the server time to finish, then read back directly.
@@ -81,6 +84,9 @@ DBLOCK_TEST_ONLY("postgresql",
     const bool kept = row->fence == g->fence() && row->owner_token == g->owner_token();
     applied += taken;
     nothing += kept;
+    if (!hit && code)
+      problems.push_back("trial " + std::to_string(i) + ": no cut, but " +
+                         std::string(to_string(*code)) + ": " + message);
     if (hit && code != errc::in_doubt)
       problems.push_back("trial " + std::to_string(i) + ": COMMIT cut but " +
                          (code ? std::string(to_string(*code)) + ": " + message : "no error"));
@@ -96,6 +102,7 @@ DBLOCK_TEST_ONLY("postgresql",
   }
   INFO(trials << " trials: cuts " << hits << ", in_doubt " << in_doubt << " (naming the pooler "
               << pooler_msgs << "), applied " << applied << ", nothing " << nothing);
+  INFO("per trial:" << trace);
   for (const auto& p : problems)
     UNSCOPED_INFO(p);
   CHECK(problems.empty());

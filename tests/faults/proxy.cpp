@@ -161,10 +161,10 @@ void tcp_proxy::serve(const std::shared_ptr<conn>& c) {
   long long hold_until = 0;
   char buf[65536];
   auto cut = [&] {
+    cuts_.fetch_add(1);  // counted first: the client may see the reset at once
     reset_close(c->client);
     reset_close(c->server);
     c->client = c->server = -1;
-    cuts_.fetch_add(1);
   };
   // Returns true when the one-shot byte budget ran out on this connection.
   auto spend = [&](long long n) {
