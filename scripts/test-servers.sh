@@ -18,6 +18,13 @@
 #   test-servers.sh stop DIR
 #       Stop the servers of DIR and remove DIR.
 #
+# run and start also bring up, with scripts/topologies.sh, a 3-node MariaDB
+# Galera cluster in DIR/galera and a transaction-pooling PgBouncer in front of
+# the PostgreSQL in DIR/pgbouncer, and export their DBLOCK_TEST_GALERA_* and
+# DBLOCK_TEST_PGBOUNCER_* variables (DBLOCK_TEST_TOPOLOGIES=0 skips both, for
+# quick local iterations). DBLOCK_TEST_TOPOLOGIES_SCRIPT names topologies.sh,
+# for the tests' own topologies (e.g. pgpair-start in a temporary directory).
+#
 # Single-server control, for fault-injection tests (the exported
 # DBLOCK_TEST_*_CMD variables are ready-made calls of these):
 #   test-servers.sh pg-start DIR
@@ -37,10 +44,11 @@
 #       "export DBLOCK_TEST_FAKETIME_PG_URL=..."; stop it with: stop DIR
 #
 # Environment overrides: DBLOCK_TEST_PG_BIN (PostgreSQL bin directory),
-# TMPDIR (where the temporary directory is created).
+# TMPDIR (where the temporary directory is created), DBLOCK_TEST_TOPOLOGIES=0.
 set -euo pipefail
 
 SCRIPT=$(readlink -f "${BASH_SOURCE[0]}")
+TOPOLOGIES=$(dirname "$SCRIPT")/topologies.sh
 PG_BIN=${DBLOCK_TEST_PG_BIN:-/usr/lib/postgresql/15/bin}
 
 # Fixed test credentials; the tests only ever see them through the URLs.
@@ -504,7 +512,8 @@ write_env() {
         DBLOCK_TEST_MYSQL_ERROR_LOG "$(my_err_log "$dir")" \
         DBLOCK_TEST_MYSQL_START_CMD "$self mysql-start $qdir" \
         DBLOCK_TEST_MYSQL_STOP_CMD "$self mysql-stop $qdir" \
-        DBLOCK_TEST_MYSQL_RESTART_CMD "$self mysql-restart $qdir"
+        DBLOCK_TEST_MYSQL_RESTART_CMD "$self mysql-restart $qdir" \
+        DBLOCK_TEST_TOPOLOGIES_SCRIPT "$TOPOLOGIES"
     # Single quotes (with ' escaped as '\'') keep the lines readable and valid
     # for both eval and source.
     : >"$dir/env.sh"
@@ -512,6 +521,10 @@ write_env() {
         name=$1 value=$2
         shift 2
         printf "export %s='%s'\n" "$name" "${value//\'/\'\\\'\'}" >>"$dir/env.sh"
+    done
+    # The topologies' own export lines (see start_topologies).
+    for name in galera pgbouncer; do
+        if [ -s "$dir/$name.env" ]; then cat "$dir/$name.env" >>"$dir/env.sh"; fi
     done
 }
 
@@ -528,7 +541,7 @@ sweep_leftovers() {
     for pid in $(pgrep -f -- "$dir/" 2>/dev/null || true); do
         comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
         case "$comm" in
-            postgres | postmaster | pg_ctl | initdb | mariadbd | mysqld | mariadb-install* | mysql_install_d*)
+            postgres | postmaster | pg_ctl | initdb | mariadbd | mysqld | mariadb-install* | mysql_install_d* | pgbouncer)
                 if proc_alive "$pid"; then leftovers+=("$pid"); fi
                 ;;
         esac
@@ -566,8 +579,10 @@ teardown() {
         SETUP_PIDS=()
     fi
     [ -d "$dir" ] || return 0
+    stop_topologies "$dir"
     pg_stop "$dir" fast || msg "WARNING: stopping PostgreSQL failed"
     my_stop "$dir" TERM || msg "WARNING: stopping MariaDB failed"
+    wait_topologies_stopped
     sweep_leftovers "$dir"
     if [ "$interrupted" -eq 1 ]; then
         # A server may have been forked in the instant before its helper
@@ -603,9 +618,49 @@ validate_dir_name() {
     [ "${#1}" -le 80 ] || die "directory path too long for unix sockets (max 80 chars): $1"
 }
 
+topologies_enabled() { [ "${DBLOCK_TEST_TOPOLOGIES:-1}" != 0 ]; }
+
+# start_topologies DIR galera|pgbouncer: a topologies.sh start as one more
+# setup helper (own session, killed by teardown like the others); its export
+# lines go to DIR/NAME.env for write_env.
+start_topologies() {
+    local dir=$1 name=$2
+    topologies_enabled || return 0
+    case "$name" in
+        galera) setsid "$TOPOLOGIES" galera-start "$dir/galera" >"$dir/galera.env" & ;;
+        pgbouncer)
+            setsid "$TOPOLOGIES" pgbouncer-start "$dir/pgbouncer" 127.0.0.1 \
+                "$(read_port "$dir" pg)" transaction >"$dir/pgbouncer.env" &
+            ;;
+    esac
+    SETUP_PIDS+=($!)
+}
+
+TOPOLOGY_STOP_PID=
+
+# Stop the topologies of DIR: PgBouncer at once (before its PostgreSQL), the
+# Galera cluster (and the removal of its data) in the background while the
+# servers stop; wait_topologies_stopped waits for that.
+stop_topologies() {
+    local dir=$1
+    if [ -e "$dir/pgbouncer" ]; then
+        "$TOPOLOGIES" stop "$dir/pgbouncer" || msg "WARNING: stopping PgBouncer failed"
+    fi
+    if [ -e "$dir/galera" ]; then
+        "$TOPOLOGIES" stop "$dir/galera" &
+        TOPOLOGY_STOP_PID=$!
+    fi
+}
+
+wait_topologies_stopped() {
+    [ -n "$TOPOLOGY_STOP_PID" ] || return 0
+    wait "$TOPOLOGY_STOP_PID" || msg "WARNING: stopping the Galera cluster failed"
+    TOPOLOGY_STOP_PID=
+}
+
 # Start both servers in the (empty) directory DIR; on success DIR/env.sh exists.
 setup_all() {
-    local dir=$1 pg_port my_port rc=0 t0
+    local dir=$1 pg_port my_port rc=0 t0 pid
     t0=$(now_ms)
     validate_dir_name "$dir"
     touch "$dir/$MARKER"
@@ -622,17 +677,22 @@ setup_all() {
 
     # Both servers in parallel: each takes a couple of seconds. Each helper
     # runs in its own session (setsid) so teardown can kill it and all of its
-    # children at once, and writes only to stderr (see my_start).
+    # children at once, and writes only to stderr (see my_start). The Galera
+    # cluster, the slowest, starts alongside; PgBouncer once PostgreSQL is up.
     setsid "$SCRIPT" _setup-pg "$dir" >&2 &
     SETUP_PIDS+=($!)
     setsid "$SCRIPT" _setup-mysql "$dir" >&2 &
     SETUP_PIDS+=($!)
+    start_topologies "$dir" galera
     wait "${SETUP_PIDS[0]}" || rc=1
-    wait "${SETUP_PIDS[1]}" || rc=1
+    if [ "$rc" -eq 0 ]; then start_topologies "$dir" pgbouncer; fi
+    for pid in "${SETUP_PIDS[@]:1}"; do
+        wait "$pid" || rc=1
+    done
     SETUP_PIDS=()
     [ "$rc" -eq 0 ] || die "server setup failed (see messages above)"
     write_env "$dir"
-    msg "both servers ready in $(elapsed "$t0"), directory $dir"
+    msg "all servers ready in $(elapsed "$t0"), directory $dir"
 }
 
 init_tools() {

@@ -27,6 +27,9 @@ cd "$REPO_ROOT"
 BUILD_DIR=${BUILD_DIR:-build}
 # The backends the suite must cover; the test binary reports under these names.
 BACKENDS=(postgresql mysql sqlite)
+# The deployment topologies (docs/deployment.md) the suite must cover under CI=true; their ctest
+# entries report under "<topology>:<backend>".
+TOPOLOGIES=(pgbouncer:postgresql galera:mysql pgpair:postgresql)
 T0=$SECONDS
 
 msg() { printf '\n==> %s\n' "$*" >&2; }
@@ -124,6 +127,14 @@ summarize() {
         fi
         if [ "${S[$backend]:-0}" -gt 0 ]; then
             gaps+=("$backend: ${S[$backend]} test(s) SKIPPED")
+        fi
+    done
+    for backend in "${TOPOLOGIES[@]}"; do
+        if [ "${P[$backend]:-0}" -eq 0 ]; then
+            gaps+=("topology $backend: no test passed (not started? DBLOCK_TEST_TOPOLOGIES=0?)")
+        fi
+        if [ "${S[$backend]:-0}" -gt 0 ]; then
+            gaps+=("topology $backend: ${S[$backend]} test(s) SKIPPED")
         fi
     done
     if [ "${#gaps[@]}" -gt 0 ]; then

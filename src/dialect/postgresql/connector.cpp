@@ -10,6 +10,13 @@ namespace {
 
 constexpr const char* backend_start_us = "(extract(epoch FROM backend_start) * 1000000)::bigint";
 
+// "host:port" libpq is connected to (no round trip).
+std::string server_of(soci::session& sql) {
+  const char* h = PQhost(raw(sql));
+  const char* p = PQport(raw(sql));
+  return std::string(h ? h : "") + ":" + (p ? p : "");
+}
+
 }  // namespace
 
 std::string connector::connect_string(const parsed_url& u, const database_options& o) const {
@@ -95,7 +102,9 @@ std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
       << " FROM pg_stat_activity WHERE pid = pg_backend_pid()",
       soci::into(pid), soci::into(start);
   st->server.id = pid;
-  st->server.tag = std::to_string(start);
+  // The backend's start time, and the host libpq connected to (with several hosts, a later
+  // connection may reach another server, where the same pid means nothing).
+  st->server.tag = std::to_string(start) + " " + server_of(sql);
   return st;
 }
 
@@ -111,7 +120,9 @@ std::string connector::isolation_sql(isolation_level level) const {
 bool connector::end_session(soci::session& sql, const session_ref& s,
                             std::chrono::milliseconds timeout) const {
   if (s.id == 0 || s.tag.empty()) return false;
-  long long pid = s.id, start = std::stoll(s.tag);
+  const auto space = s.tag.find(' ');
+  if (space == std::string::npos || s.tag.substr(space + 1) != server_of(sql)) return false;
+  long long pid = s.id, start = std::stoll(s.tag.substr(0, space));
   const std::string match =
       std::string(" FROM pg_stat_activity WHERE pid = :pid AND ") + backend_start_us + " = :start";
   const auto deadline = std::chrono::steady_clock::now() + timeout;
