@@ -627,13 +627,25 @@ start_topologies() {
     local dir=$1 name=$2
     topologies_enabled || return 0
     case "$name" in
-        galera) setsid "$TOPOLOGIES" galera-start "$dir/galera" >"$dir/galera.env" & ;;
+        galera) setsid "$SCRIPT" _start-galera "$dir" >"$dir/galera.env" & ;;
         pgbouncer)
             setsid "$TOPOLOGIES" pgbouncer-start "$dir/pgbouncer" 127.0.0.1 \
                 "$(read_port "$dir" pg)" transaction >"$dir/pgbouncer.env" &
             ;;
     esac
     SETUP_PIDS+=($!)
+}
+
+# The Galera cluster, tried twice: a port picked as free can be taken (by an outgoing
+# connection's ephemeral port) before the node binds it, and the joiner then aborts.
+start_galera() {
+    local dir=$1
+    "$TOPOLOGIES" galera-start "$dir/galera" && return 0
+    msg "Galera start failed; trying once more with fresh ports"
+    if [ -e "$dir/galera" ]; then
+        "$TOPOLOGIES" stop "$dir/galera" >/dev/null 2>&1 || rm -rf "$dir/galera"
+    fi
+    "$TOPOLOGIES" galera-start "$dir/galera"
 }
 
 TOPOLOGY_STOP_PID=
@@ -677,19 +689,27 @@ setup_all() {
 
     # Both servers in parallel: each takes a couple of seconds. Each helper
     # runs in its own session (setsid) so teardown can kill it and all of its
-    # children at once, and writes only to stderr (see my_start). The Galera
-    # cluster, the slowest, starts alongside; PgBouncer once PostgreSQL is up.
+    # children at once, and writes only to stderr (see my_start). PgBouncer
+    # and then the Galera cluster start once both servers listen: started
+    # alongside, a topology could pick a port a server has picked but not yet
+    # bound.
     setsid "$SCRIPT" _setup-pg "$dir" >&2 &
     SETUP_PIDS+=($!)
     setsid "$SCRIPT" _setup-mysql "$dir" >&2 &
     SETUP_PIDS+=($!)
-    start_topologies "$dir" galera
-    wait "${SETUP_PIDS[0]}" || rc=1
-    if [ "$rc" -eq 0 ]; then start_topologies "$dir" pgbouncer; fi
-    for pid in "${SETUP_PIDS[@]:1}"; do
+    for pid in "${SETUP_PIDS[@]}"; do
         wait "$pid" || rc=1
     done
     SETUP_PIDS=()
+    local name
+    for name in pgbouncer galera; do
+        [ "$rc" -eq 0 ] || break
+        start_topologies "$dir" "$name"
+        if [ "${#SETUP_PIDS[@]}" -gt 0 ]; then
+            wait "${SETUP_PIDS[0]}" || rc=1
+        fi
+        SETUP_PIDS=()
+    done
     [ "$rc" -eq 0 ] || die "server setup failed (see messages above)"
     write_env "$dir"
     msg "all servers ready in $(elapsed "$t0"), directory $dir"
@@ -856,6 +876,7 @@ main() {
         # Internal: run by setup_all under setsid.
         _setup-pg) setup_pg "$1" ;;
         _setup-mysql) setup_mysql "$1" ;;
+        _start-galera) start_galera "$1" ;;
         -h | --help | help) usage ;;
         *)
             msg "unknown command: $cmd"
