@@ -14,7 +14,11 @@
 #       Three MariaDB Galera nodes: node 1 bootstraps, nodes 2 and 3 join.
 #       Returns when all three are Synced in a primary component of size 3.
 #   topologies.sh galera-node DIR kill N       SIGKILL node N (1-3), wait until it is gone
-#   topologies.sh galera-node DIR start N      start node N again; it rejoins (IST or SST)
+#   topologies.sh galera-node DIR start N [CLOCK_OFFSET]
+#                                              start node N again; it rejoins (IST or SST);
+#                                              with CLOCK_OFFSET (seconds, e.g. +0.3 or -1.5)
+#                                              its wall clock runs that far off (libfaketime;
+#                                              the monotonic clock stays real)
 #                                              and is Synced with every running node
 #   topologies.sh galera-node DIR wait-size K  wait until the running nodes are Synced in
 #                                              a primary component of size K
@@ -47,6 +51,7 @@ set -euo pipefail
 SCRIPT=$(readlink -f "${BASH_SOURCE[0]}")
 PG_BIN=${DBLOCK_TEST_PG_BIN:-/usr/lib/postgresql/15/bin}
 GALERA_LIB=${DBLOCK_TEST_GALERA_LIB:-/usr/lib/galera/libgalera_smm.so}
+FAKETIME_LIB=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
 
 # Fixed test credentials, the same as test-servers.sh's.
 DB_NAME=dblock_test
@@ -416,11 +421,15 @@ gal_state() {
 # hit it behind our back and its state-transfer helpers can be killed with it.
 # No inherited stdout, so $(topologies.sh galera-start) does not wait for it.
 gal_launch() {
-    local dir=$1 n=$2 node
+    local dir=$1 n=$2 node env=()
     shift 2
     node=$(gal_node "$dir" "$n")
     rm -f "$node/mariadbd.pid"
-    setsid "$MARIADBD" --defaults-file="$(gal_cnf "$dir" "$n")" "$@" \
+    # GAL_CLOCK_OFFSET (galera-node start N OFFSET): a node whose wall clock is off.
+    if [ -n "${GAL_CLOCK_OFFSET:-}" ]; then
+        env=(env "FAKETIME=$GAL_CLOCK_OFFSET" DONT_FAKE_MONOTONIC=1 "LD_PRELOAD=$FAKETIME_LIB")
+    fi
+    setsid ${env[@]+"${env[@]}"} "$MARIADBD" --defaults-file="$(gal_cnf "$dir" "$n")" "$@" \
         </dev/null >>"$node/mariadbd.out" 2>&1 &
     echo "$!" >"$node/launch.pid"
     disown "$!" # no "Killed" notice from bash when a test kills it
@@ -664,7 +673,7 @@ gal_status() {
 }
 
 cmd_galera_node() {
-    local dir action=${2:-} arg=${3:-} pid t0
+    local dir action=${2:-} arg=${3:-} offset=${4:-} pid t0
     [ -n "${1:-}" ] || usage
     dir=$(realpath -m -- "$1")
     check_dir "$dir" galera
@@ -681,7 +690,16 @@ cmd_galera_node() {
             gal_stop_pid "$pid" KILL
             msg "node $arg killed (mariadbd $pid, $(elapsed "$t0"))"
             ;;
-        start) gal_start_node "$dir" "$arg" || die "node $arg did not rejoin" ;;
+        start)
+            if [ -n "$offset" ]; then
+                [[ "$offset" =~ ^[+-][0-9]+(\.[0-9]+)?$ ]] ||
+                    die "clock offset must be +SECONDS or -SECONDS, not '$offset'"
+                [ -r "$FAKETIME_LIB" ] || die "$FAKETIME_LIB not found (package faketime)"
+                GAL_CLOCK_OFFSET=$offset
+                msg "node $arg starts with its clock ${offset}s off"
+            fi
+            gal_start_node "$dir" "$arg" || die "node $arg did not rejoin"
+            ;;
         wait-size)
             gal_wait "$dir" "$arg" "$GALERA_SYNC_TIMEOUT" || die "cluster size $arg not reached"
             msg "running nodes Synced, cluster size $arg ($(elapsed "$t0"))"

@@ -208,6 +208,11 @@ std::vector<url_host> split_hosts(std::string& url, const std::string& redacted)
   const std::string section = url.substr(begin, end - begin);
   if (section.find(',') == std::string::npos) return {};
   if (url.rfind("sqlite", 0) == 0) bad(redacted, "a sqlite URL names one file, not a host list");
+  // "pg://h1,mysql://h2/db": the host section ends at the second scheme's "//".
+  if (url.compare(end, 2, "//") == 0)
+    bad(redacted,
+        "a second scheme in the host list: one URL has one scheme and lists its hosts as "
+        "host:port,host:port");
   std::vector<url_host> hosts;
   std::size_t pos = 0;
   for (;;) {

@@ -125,7 +125,7 @@ TEST_CASE("multi-host URLs: bad forms are rejected clearly", "[unit][url]") {
       {"postgresql://u:secret@,h2/db", "empty host"},
       {"postgresql://u:secret@h1:5432,h1:5432/db", "given twice"},
       {"mysql://u:secret@h1,h1/db", "given twice"},
-      {"postgresql://u:secret@h1,mysql://h2/db", "not a number"},
+      {"postgresql://u:secret@h1,mysql://h2/db", "a second scheme"},
       {"postgresql://u:secret@h1:5432,h2:99999/db", "out of range"},
       {"postgresql://u:secret@h1,h2:x/db", "not a number"},
       {"postgresql://u:secret@h1,[::1/db", "unclosed"},

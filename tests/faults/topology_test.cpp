@@ -310,3 +310,63 @@ DBLOCK_TEST_ONLY("postgresql",
   report("pgpair-async-control", "postgresql", 1, 1, 0,
          "expected=lost_acquire fence_issued_twice=" + std::to_string(g2->fence()));
 }
+
+namespace {
+
+// A lease taken on `holder_url` and waited for on `contender_url` (another node): milliseconds
+// by which the contender's grant came before the end of the holder's conservative local
+// validity (positive: the two overlapped; S2 broken). TTL 6 s, safety margin 600 ms.
+long long takeover_overlap_ms(const std::string& holder_url, const std::string& contender_url,
+                              const std::string& prefix) {
+  database_options o;
+  o.table_prefix = prefix;
+  lease_options lo;
+  lo.ttl = milliseconds(6000);
+  lo.safety_margin = milliseconds(600);
+  database h(holder_url, o), c(contender_url, o);
+  const std::string name = "skew-" + random_suffix();
+  lease_lock held(h, name, lo), wanted(c, name, lo);
+  auto g = held.try_acquire();
+  REQUIRE(g);
+  const auto valid_end = std::chrono::steady_clock::now() + g->remaining();
+  std::optional<lease_guard> g2;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!(g2 = wanted.try_acquire()) && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(10));
+  REQUIRE(g2);
+  const auto granted = std::chrono::steady_clock::now();
+  return std::chrono::duration_cast<milliseconds>(valid_end - granted).count();
+}
+
+}  // namespace
+
+// Expiry is judged by the clock of the node that runs the statement (docs/deployment.md): a
+// node whose clock runs ahead sees a lease granted on another node expire early. Within the
+// safety margin that never overlaps the holder's local validity; beyond it, it does (the
+// negative control). Node 3 is restarted with its wall clock off (libfaketime), then restored.
+DBLOCK_TEST_ONLY("mysql",
+                 "galera: node clocks apart by less than the safety margin never overlap a "
+                 "holder's validity; more does",
+                 "[faults][topology][galera]") {
+  const std::string node1 = env_or_fail("DBLOCK_TEST_GALERA_NODE1_URL");
+  const std::string node3 = env_or_fail("DBLOCK_TEST_GALERA_NODE3_URL");
+  env_or_fail("DBLOCK_TEST_GALERA_CMD");
+  context_on("mysql", node1, ctx.prefix);  // the tables, replicated to every node
+  auto restart_node3 = [](const std::string& offset) {
+    REQUIRE(run_env_cmd("DBLOCK_TEST_GALERA_CMD", "kill 3"));
+    REQUIRE(run_env_cmd("DBLOCK_TEST_GALERA_CMD", "start 3 " + offset));
+  };
+  restart_node3("+0.3");
+  const long long within = takeover_overlap_ms(node1, node3, ctx.prefix);
+  restart_node3("+1.5");
+  const long long beyond = takeover_overlap_ms(node1, node3, ctx.prefix);
+  restart_node3("");
+  INFO("node 3 ahead by 0.3 s (margin 0.6 s): contender granted "
+       << -within << " ms after the holder's validity ended; ahead by 1.5 s: " << beyond
+       << " ms before it ended");
+  CHECK(within <= 0);  // S2 holds
+  CHECK(beyond > 0);   // caught: the holder still thought it held the lease
+  report("galera-clock-skew", "galera", 2, 2, within > 0 ? 1 : 0,
+         "within_margin_gap_ms=" + std::to_string(-within) +
+             " beyond_margin_overlap_ms=" + std::to_string(beyond));
+}
