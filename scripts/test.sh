@@ -92,18 +92,18 @@ summarize() {
     done <<<"$totals"
 
     local tp=0 tf=0 ts=0
-    printf '\n%-12s %8s %8s %8s\n' backend passed failed skipped
-    printf '%-12s %8s %8s %8s\n' ------------ -------- -------- --------
+    printf '\n%-20s %8s %8s %8s\n' backend passed failed skipped
+    printf '%-20s %8s %8s %8s\n' -------------------- -------- -------- --------
     for backend in "${BACKENDS[@]}" "${others[@]}"; do
         if [ -z "${P[$backend]+set}" ]; then
-            printf '%-12s %8s %8s %8s\n' "$backend" - - -
+            printf '%-20s %8s %8s %8s\n' "$backend" - - -
             continue
         fi
-        printf '%-12s %8d %8d %8d\n' "$backend" "${P[$backend]}" "${F[$backend]}" "${S[$backend]}"
+        printf '%-20s %8d %8d %8d\n' "$backend" "${P[$backend]}" "${F[$backend]}" "${S[$backend]}"
         tp=$((tp + P[$backend])) tf=$((tf + F[$backend])) ts=$((ts + S[$backend]))
     done
-    printf '%-12s %8s %8s %8s\n' ------------ -------- -------- --------
-    printf '%-12s %8d %8d %8d\n' total "$tp" "$tf" "$ts"
+    printf '%-20s %8s %8s %8s\n' -------------------- -------- -------- --------
+    printf '%-20s %8d %8d %8d\n' total "$tp" "$tf" "$ts"
 
     if [ "$ctest_status" -ne 0 ]; then
         problems+=("ctest (or the test servers) failed with exit status $ctest_status")
