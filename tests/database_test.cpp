@@ -206,6 +206,109 @@ DBLOCK_TEST_ONLY("postgresql",
   CHECK(direct.transaction_iso == "repeatable read");
 }
 
+namespace {
+
+// dblock's routines on this connection's server session whose text names `table`.
+long long routines_on(dblock::database::connection& c, const std::string& table) {
+  long long n = -1;
+  const std::string pattern = "%" + table + "%";
+  c.session() << "SELECT count(*) FROM pg_proc p WHERE p.pronamespace = pg_my_temp_schema()"
+                 " AND p.proname LIKE 'dblock\\_lease\\_%' AND p.prosrc LIKE :t",
+      soci::use(pattern, "t"), soci::into(n);
+  return n;
+}
+
+std::string with_pooler(const std::string& url) {
+  return url + (url.find('?') == std::string::npos ? "?" : "&") + "pooler=transaction";
+}
+
+}  // namespace
+
+DBLOCK_TEST_ONLY("postgresql",
+                 "pooler=transaction: the lease statements run through routines on the server "
+                 "session, created again where they are missing",
+                 "[database][pooler][direct]") {
+  auto o = ctx.options();
+  o.pool_size = 1;  // the lease and the probes share one server session
+  const std::string table = o.table_prefix + "resource_lock";
+  dblock::database db(with_pooler(ctx.url), o);
+  dblock::lease_lock lock(db, "routines-" + dblock::test::random_suffix());
+  std::int64_t last = 0;
+  {
+    auto g = lock.try_acquire().value();
+    g.renew();
+    last = g.fence();
+    g.release();
+  }
+  {
+    auto c = db.connect();
+    CHECK(routines_on(c, table) == 3);  // acquire, renew, release
+    // What a pooler's DISCARD ALL or a new server session leaves: none.
+    c.session() << "DISCARD TEMP";
+    CHECK(routines_on(c, table) == 0);
+  }
+  {
+    auto g = lock.try_acquire().value();  // created again in the same round trip
+    CHECK(g.fence() > last);
+    CHECK(g.valid());
+    g.renew();
+    g.release();
+  }
+  {
+    auto c = db.connect();
+    CHECK(routines_on(c, table) == 3);
+  }
+  // Another lock on a rival handle sees the lease as it should: one grant at a time.
+  auto first = lock.try_acquire();
+  REQUIRE(first);
+  dblock::lease_lock rival(ctx.open(), lock.name());
+  CHECK_FALSE(rival.try_acquire());
+  first->release();
+  CHECK(rival.try_acquire());
+  // Negative control: a direct connection prepares its statements and keeps no routine.
+  dblock::database direct(ctx.url, o);
+  dblock::lease_lock(direct, lock.name() + "-direct").try_acquire().value().release();
+  auto c = direct.connect();
+  CHECK(routines_on(c, table) == 0);
+}
+
+DBLOCK_TEST_ONLY("postgresql",
+                 "pooler=transaction without the TEMP privilege: unnamed statements instead of "
+                 "routines, the lease cycle unchanged",
+                 "[database][pooler][direct]") {
+  // The database's owner (the test user) takes TEMP from everyone, itself included, for a moment;
+  // a server session checks it when it first creates a temporary object.
+  std::string dbname;
+  ctx.db.connect().session() << "SELECT current_database()", soci::into(dbname);
+  const std::string who = "PUBLIC, CURRENT_USER";
+  ctx.exec("REVOKE TEMPORARY ON DATABASE \"" + dbname + "\" FROM " + who);
+  struct regrant {
+    const dblock::test::context& ctx;
+    std::string sql;
+    ~regrant() {
+      try {
+        ctx.exec(sql);
+      } catch (...) {
+      }
+    }
+  } restore{ctx, "GRANT TEMPORARY ON DATABASE \"" + dbname + "\" TO " + who};
+  auto o = ctx.options();
+  o.pool_size = 1;
+  dblock::database db(with_pooler(ctx.url), o);
+  dblock::lease_lock lock(db, "notemp-" + dblock::test::random_suffix());
+  auto g = lock.try_acquire().value();
+  g.renew();
+  CHECK(g.valid());
+  CHECK_FALSE(dblock::lease_lock(ctx.open(), lock.name()).try_acquire());
+  g.release();
+  CHECK(dblock::lease_lock(ctx.open(), lock.name()).try_acquire());
+  auto c = db.connect();
+  CHECK(routines_on(c, o.table_prefix + "resource_lock") == 0);
+  // Negative control: the privilege is really gone for a new server session.
+  dblock::database probe(ctx.url, o);
+  CHECK_THROWS(probe.connect().session() << "CREATE TEMPORARY TABLE t_notemp (x int)");
+}
+
 TEST_CASE("pooler: bad values and other backends are refused clearly", "[unit][database]") {
   auto code_and_text = [](const std::string& url, dblock::database_options o = {}) {
     try {

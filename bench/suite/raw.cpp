@@ -11,6 +11,7 @@
 
 #include "dblock/database.hpp"
 #include "dialect/dialect.hpp"
+#include "dialect/postgresql/backend.hpp"
 #include "url.hpp"
 
 namespace dblock::bench {
@@ -21,8 +22,8 @@ std::string to_text(const param& p) {
   return std::get<std::string>(p);
 }
 
-// ---- PostgreSQL: libpq, each statement prepared once per connection (unnamed statements behind
-// a transaction-mode pooler, as dblock runs them there) ------------------------------------------
+// ---- PostgreSQL: libpq, each statement prepared once per connection (behind a transaction-mode
+// pooler, as dblock runs them there: the lease statements through routines, others unnamed) -----
 
 class pg_client final : public raw_client {
  public:
@@ -50,6 +51,22 @@ class pg_client final : public raw_client {
     std::vector<const char*> v;
     for (const auto& s : values)
       v.push_back(s.c_str());
+    if (unnamed_ && (key == "acquire" || key == "release" || key == "renew")) {
+      std::vector<detail::sql_param> typed;
+      for (const auto& kv : p)
+        typed.push_back(kv.second);
+      const auto rt =
+          detail::pg::make_routine(conn_, key, detail::to_positional(sql, names), typed);
+      PGresult* r = PQexec(conn_, rt.call.c_str());
+      if (detail::pg::routine_missing(r)) {
+        PQclear(r);
+        r = PQexec(conn_, (rt.create + ";\n" + rt.call).c_str());
+      }
+      check(r);
+      outcome o = result(r);
+      if (!rt.returns_rows) o.affected = o.value.value_or(0);
+      return o;
+    }
     if (unnamed_) {
       PGresult* r =
           PQexecParams(conn_, detail::to_positional(sql, names).c_str(), static_cast<int>(v.size()),

@@ -47,7 +47,9 @@ using cycle_fn = std::function<bool()>;
 using setup_fn = std::function<cycle_fn(int i)>;
 
 struct result {
-  std::string backend, operation, kind, floor, note;
+  std::string backend;  ///< postgresql, mysql, sqlite, redis
+  std::string label;    ///< the backend as the table names it (backend_ctx::label)
+  std::string operation, kind, floor, note;
   int clients = 0;
   double per_second = 0, p50_us = 0, p99_us = 0;
   long long operations = 0, successes = 0, errors = 0;
@@ -166,6 +168,9 @@ constexpr long long kTtlUs = 30000000;  // 30 s: no lease expires during a measu
 
 struct backend_ctx {
   std::string url, backend, version;
+  /// How results name this URL: the backend, "/pooler" behind a transaction-mode pooler, and
+  /// "#N" for a further URL that would otherwise read the same.
+  std::string label;
   dblock::lease_options wait_options;  // for acquire(wait): the polling being measured
   dblock::database db;
   struct {
@@ -582,8 +587,8 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
       static_cast<std::size_t>(*std::max_element(o.clients.begin(), o.clients.end())) + 2;
   dblock::database db(url, dbo);
   dblock::migrate(db);
-  auto b =
-      std::unique_ptr<backend_ctx>(new backend_ctx{url, db.backend(), "", {}, db, {}, "", "", ""});
+  auto b = std::unique_ptr<backend_ctx>(
+      new backend_ctx{url, db.backend(), "", "", {}, db, {}, "", "", ""});
   const auto& impl = detail::access::impl(db);
   b->sql = {impl->statements.acquire.text, impl->statements.release.text,
             impl->statements.renew.text, impl->dia->exec.statement_in_transaction()};
@@ -621,20 +626,23 @@ std::string fmt_rate(double v) {
   return out;
 }
 
+constexpr int label_width = 20;
+
 void print_table(std::ostream& out, const std::vector<result>& rs) {
-  out << std::left << std::setw(11) << "backend" << std::setw(26) << "operation" << std::right
-      << std::setw(8) << "clients" << std::setw(12) << "ops/s" << std::setw(10) << "p50 us"
-      << std::setw(10) << "p99 us" << std::setw(8) << "ratio"
+  out << std::left << std::setw(label_width) << "backend" << std::setw(26) << "operation"
+      << std::right << std::setw(8) << "clients" << std::setw(12) << "ops/s" << std::setw(10)
+      << "p50 us" << std::setw(10) << "p99 us" << std::setw(8) << "ratio"
       << "  vs\n";
   std::string last;
   for (const auto& r : rs) {
-    if (!last.empty() && last != r.backend + r.operation) {
-      if (last.substr(0, r.backend.size()) != r.backend) out << '\n';
+    if (!last.empty() && last != r.label + "|" + r.operation) {
+      if (last.substr(0, r.label.size() + 1) != r.label + "|") out << '\n';
     }
-    last = r.backend + r.operation;
-    out << std::left << std::setw(11) << r.backend << std::setw(26) << r.operation << std::right
-        << std::setw(8) << r.clients << std::setw(12) << fmt_rate(r.per_second) << std::setw(10)
-        << std::fixed << std::setprecision(0) << r.p50_us << std::setw(10) << r.p99_us;
+    last = r.label + "|" + r.operation;
+    out << std::left << std::setw(label_width) << r.label << std::setw(26) << r.operation
+        << std::right << std::setw(8) << r.clients << std::setw(12) << fmt_rate(r.per_second)
+        << std::setw(10) << std::fixed << std::setprecision(0) << r.p50_us << std::setw(10)
+        << r.p99_us;
     if (r.ratio) {
       out << std::setw(8) << std::setprecision(2) << *r.ratio << "  " << r.floor;
     } else {
@@ -646,11 +654,19 @@ void print_table(std::ostream& out, const std::vector<result>& rs) {
 }
 
 nlohmann::json to_json(const result& r) {
-  nlohmann::json j = {
-      {"backend", r.backend}, {"operation", r.operation},   {"kind", r.kind},
-      {"clients", r.clients}, {"per_second", r.per_second}, {"p50_us", r.p50_us},
-      {"p99_us", r.p99_us},   {"operations", r.operations}, {"successes", r.successes},
-      {"errors", r.errors},   {"rounds", r.rounds},         {"note", r.note}};
+  nlohmann::json j = {{"backend", r.backend},
+                      {"label", r.label},
+                      {"operation", r.operation},
+                      {"kind", r.kind},
+                      {"clients", r.clients},
+                      {"per_second", r.per_second},
+                      {"p50_us", r.p50_us},
+                      {"p99_us", r.p99_us},
+                      {"operations", r.operations},
+                      {"successes", r.successes},
+                      {"errors", r.errors},
+                      {"rounds", r.rounds},
+                      {"note", r.note}};
   if (!r.floor.empty()) j["floor"] = r.floor;
   if (r.ratio) j["ratio"] = *r.ratio;
   if (r.errors) j["first_error"] = r.first_error;
@@ -661,7 +677,7 @@ nlohmann::json to_json(const result& r) {
 bool plot(const std::string& path, const std::vector<result>& rs, std::ostream& progress) {
   std::map<std::string, std::map<std::string, std::vector<std::pair<int, double>>>> series;
   for (const auto& r : rs)
-    if (r.kind != "handoff") series[r.backend][r.operation].push_back({r.clients, r.per_second});
+    if (r.kind != "handoff") series[r.label][r.operation].push_back({r.clients, r.per_second});
   char dir[] = "/tmp/dblock-plot-XXXXXX";
   if (!mkdtemp(dir)) return false;
   std::ofstream gp(std::string(dir) + "/plot.gp");
@@ -722,8 +738,17 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
     progress << "bench: preparing " << detail::parse_url(url).redacted << "\n";
     ctxs.push_back(open_backend(url, o));
     auto& b = *ctxs.back();
-    backends.push_back(
-        {{"backend", b.backend}, {"url", b.db.redacted_url()}, {"server_version", b.version}});
+    const std::string base =
+        b.backend + (b.db.options().pooler == dblock::pooler_mode::transaction ? "/pooler" : "");
+    b.label = base;
+    for (int k = 2; std::any_of(ctxs.begin(), ctxs.end() - 1,
+                                [&](const auto& other) { return other->label == b.label; });
+         ++k)
+      b.label = base + "#" + std::to_string(k);
+    backends.push_back({{"backend", b.backend},
+                        {"label", b.label},
+                        {"url", b.db.redacted_url()},
+                        {"server_version", b.version}});
     // Rounds: every operation once per client count, repeated; the figures are medians over
     // the rounds, so a drift of the machine hits the floor and dblock alike.
     auto ops = operations_for(b, o.keys);
@@ -740,7 +765,11 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
   if (want_handoff)
     for (auto& b : ctxs)
       for (int c : o.clients)
-        if (c > 1) total += b->backend == "postgresql" ? 2 : 1;
+        if (c > 1)
+          total += b->backend == "postgresql" &&
+                           b->db.options().pooler != dblock::pooler_mode::transaction
+                       ? 2
+                       : 1;
   const bool want_redis =
       o.only.empty() || std::string("redis.lock").find(o.only) != std::string::npos;
   if (want_redis && !o.redis.empty()) total += o.clients.size();
@@ -751,7 +780,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
   std::size_t n = 0;
   auto report = [&](result r) {
     ++n;
-    progress << "bench: [" << n << "/" << total << "] " << r.backend << " " << r.operation
+    progress << "bench: [" << n << "/" << total << "] " << r.label << " " << r.operation
              << " clients=" << r.clients << ": " << fmt_rate(r.per_second) << " ops/s, p50 "
              << static_cast<long long>(r.p50_us) << " us"
              << (r.errors ? " (" + std::to_string(r.errors) + " errors)" : "") << "\n";
@@ -768,15 +797,16 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
       r.first_error = e.what();
     }
     r.backend = p.b->backend;
+    r.label = p.b->label;
     r.operation = p.op.name;
     r.kind = p.op.kind;
     r.floor = p.op.floor;
     r.note = p.op.note;
-    auto& v = rounds[{r.backend, r.operation, r.clients}];
+    auto& v = rounds[{r.label, r.operation, r.clients}];
     v.push_back(r);
     if (static_cast<int>(v.size()) < o.repeat) {
       ++n;
-      progress << "bench: [" << n << "/" << total << "] " << r.backend << " " << r.operation
+      progress << "bench: [" << n << "/" << total << "] " << r.label << " " << r.operation
                << " clients=" << r.clients << ": " << fmt_rate(r.per_second) << " ops/s\n";
       continue;
     }
@@ -799,6 +829,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
         if (c < 2) continue;
         result r = handoff_dblock(*b, c, o.seconds, o.hold_us);
         r.backend = b->backend;
+        r.label = b->label;
         r.operation = "dblock.handoff";
         r.kind = "handoff";
         r.note =
@@ -811,6 +842,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
             b->db.options().pooler != dblock::pooler_mode::transaction) {
           result q = handoff_notify(*b, c, o.seconds, o.hold_us);
           q.backend = b->backend;
+          q.label = b->label;
           q.operation = "pg.notify_handoff";
           q.kind = "handoff";
           q.note = "raw libpq: waiters LISTEN and retry on NOTIFY from the releaser";
@@ -828,7 +860,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
         r.errors = 1;
         r.first_error = e.what();
       }
-      r.backend = "redis";
+      r.backend = r.label = "redis";
       r.operation = "redis.lock";
       r.kind = "alternative";
       r.note = "SET key token NX PX + compare-and-delete Lua (EVALSHA); in memory, no fencing";
@@ -847,13 +879,12 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
   for (auto& r : results) {
     if (r.floor.empty()) continue;
     for (const auto& f : results)
-      if (f.backend == r.backend && f.operation == r.floor && f.clients == r.clients &&
+      if (f.label == r.label && f.operation == r.floor && f.clients == r.clients &&
           f.per_second > 0)
         r.ratio = r.per_second / f.per_second;
   }
   std::stable_sort(results.begin(), results.end(), [](const result& a, const result& b) {
-    return std::tie(a.backend, a.operation, a.clients) <
-           std::tie(b.backend, b.operation, b.clients);
+    return std::tie(a.label, a.operation, a.clients) < std::tie(b.label, b.operation, b.clients);
   });
   out << "\n";
   print_table(out, results);
@@ -866,15 +897,40 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
     for (const char* op : {"raw.lease_hot", "dblock.lease_hot"}) {
       double one = 0, many = 0;
       for (const auto& r : results)
-        if (r.backend == b->backend && r.operation == op) {
+        if (r.label == b->label && r.operation == op) {
           if (r.clients == 1) one = r.per_second;
           if (r.clients == max_clients) many = r.per_second;
         }
       if (one <= 0 || max_clients == 1) continue;
-      out << "  " << std::left << std::setw(11) << b->backend << std::setw(18) << op << std::right
-          << std::fixed << std::setprecision(2) << many / one << "x\n";
-      collapse[b->backend][op] = many / one;
+      out << "  " << std::left << std::setw(label_width) << b->label << std::setw(18) << op
+          << std::right << std::fixed << std::setprecision(2) << many / one << "x\n";
+      collapse[b->label][op] = many / one;
     }
+
+  // Through a transaction-mode pooler against the same backend measured directly (the first
+  // direct URL of that backend): dblock's lease cycle and its raw floor.
+  for (auto& b : ctxs) {
+    if (b->db.options().pooler != dblock::pooler_mode::transaction) continue;
+    const auto direct = std::find_if(ctxs.begin(), ctxs.end(), [&](const auto& d) {
+      return d->backend == b->backend && d->db.options().pooler != dblock::pooler_mode::transaction;
+    });
+    if (direct == ctxs.end()) continue;
+    bool header = false;
+    for (const auto& r : results) {
+      if (r.label != b->label || r.kind == "handoff") continue;
+      for (const auto& d : results)
+        if (d.label == (*direct)->label && d.operation == r.operation && d.clients == r.clients &&
+            d.per_second > 0) {
+          if (!header)
+            out << "\nthrough the pooler / direct (" << b->label << " / " << (*direct)->label
+                << "):\n";
+          header = true;
+          out << "  " << std::left << std::setw(26) << r.operation << std::right << std::setw(4)
+              << r.clients << " clients " << std::fixed << std::setprecision(2)
+              << r.per_second / d.per_second << "x\n";
+        }
+    }
+  }
 
   if (!o.json_path.empty()) {
     nlohmann::json j;

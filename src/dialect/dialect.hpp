@@ -80,6 +80,10 @@ struct statement {
   std::string key;
   std::string text;
   std::vector<std::string> params;
+  /// Run very often, alone, outside any transaction, and returns either nothing (the caller
+  /// reads the rows affected) or one BIGINT column: a backend may run it through a routine kept
+  /// on the server (PostgreSQL behind a transaction-mode pooler, where it cannot be prepared).
+  bool routine = false;
 };
 
 /// What a statement returned: rows as text (NULL as nothing), rows affected (matched rows on

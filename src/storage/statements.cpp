@@ -7,6 +7,11 @@ statement make(std::string key, std::string text, std::vector<std::string> param
   return statement{std::move(key), std::move(text), std::move(params)};
 }
 
+// The lease cycle's statements: see statement::routine.
+statement routine(std::string key, std::string text, std::vector<std::string> params) {
+  return statement{std::move(key), std::move(text), std::move(params), true};
+}
+
 // Matching the fence too: a token is never reused across acquisitions in practice, but the fence
 // makes a stale holder's statement miss its successor's row even if it were.
 const char* const ours_and_held =
@@ -15,19 +20,20 @@ const char* const ours_and_held =
 
 void lease_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
-  s.acquire =
-      make("lease_acquire", v.lease_acquire(t), {"name", "token", "ttl", "host", "pid", "thread"});
-  s.renew =
-      make("lease_renew",
-           "UPDATE " + t.lock + " SET expires_at = " + v.plus_us(now, "ttl") + ours_and_held + now,
-           {"ttl", "name", "token", "fence"});
+  s.acquire = routine("lease_acquire", v.lease_acquire(t),
+                      {"name", "token", "ttl", "host", "pid", "thread"});
+  s.renew = routine(
+      "lease_renew",
+      "UPDATE " + t.lock + " SET expires_at = " + v.plus_us(now, "ttl") + ours_and_held + now,
+      {"ttl", "name", "token", "fence"});
   // expires_at is assigned before hold_count so that MySQL, which evaluates SET left to right,
   // sees the old hold_count like the other backends. A freed lease is also an expired one,
   // which is all that acquire checks.
-  s.release = make("lease_release",
-                   "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " + now +
-                       " ELSE expires_at END, hold_count = hold_count - 1" + ours_and_held + now,
-                   {"name", "token", "fence"});
+  s.release =
+      routine("lease_release",
+              "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " + now +
+                  " ELSE expires_at END, hold_count = hold_count - 1" + ours_and_held + now,
+              {"name", "token", "fence"});
   s.read = make("read",
                 "SELECT resource_name, owner_token, fence, hold_count, " +
                     v.epoch_us("acquired_at") + ", " + v.epoch_us("expires_at") + ", " +

@@ -17,6 +17,9 @@ namespace dblock::detail::pg {
 /// Per connection: the statements prepared on it.
 struct state final : connection_state {
   std::set<std::string> prepared;
+  /// Behind a transaction pooler: the server refused to create dblock's temporary routines (no
+  /// TEMP privilege); routine statements run as unnamed statements.
+  bool routines_refused = false;
 };
 
 inline PGconn* raw(soci::session& sql) {
@@ -71,10 +74,29 @@ class vocabulary final : public detail::vocabulary {
   std::string lease_acquire(const table_names& t) const override;
 };
 
+/// Behind a transaction-mode pooler, a statement::routine statement runs as a PL/pgSQL routine
+/// in the server session's temporary schema (see executor.cpp).
+struct routine {
+  std::string create;         ///< CREATE OR REPLACE FUNCTION pg_temp.dblock_<key>_<hash>(...)
+  std::string call;           ///< a simple query calling it, the values as typed literals
+  bool returns_rows = false;  ///< rows of one BIGINT; otherwise one row: the rows affected
+};
+/// The routine of `positional` (the statement with $n parameters) for these values' types.
+routine make_routine(PGconn* c, const std::string& key, const std::string& positional,
+                     const std::vector<sql_param>& values);
+/// True when a routine's call failed because the routine is missing on this server session
+/// (nothing ran): run `create` and `call` together in one simple query.
+bool routine_missing(PGresult* r);
+
 class executor final : public detail::executor {
  public:
   sql_result run(session_scope&, const statement& st,
                  const std::vector<sql_param>& values) const override;
+
+ private:
+  sql_result run_routine(PGconn* c, state& cs, const statement& st,
+                         const std::vector<sql_param>& values,
+                         const std::vector<const char*>& ptrs) const;
 };
 
 }  // namespace dblock::detail::pg
