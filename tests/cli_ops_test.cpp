@@ -427,6 +427,8 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
                                     "dblock.optimistic_spread",
                                     "raw.cas",
                                     "dblock.cas",
+                                    "raw.stock_take",
+                                    "dblock.stock_take",
                                     "dblock.handoff"};
   // Behind a transaction-mode pooler (the pgbouncer entry) session-level advisory locks and
   // LISTEN do not work: the bench leaves those two out.
@@ -519,7 +521,7 @@ DBLOCK_TEST("cli migrate --dry-run: lists applied and pending files, changes not
                             std::regex(R"(  0001_resource_lock\.sql  [0-9a-f]{16}  pending\n)")));
     CHECK(std::regex_search(
         d.out, std::regex(R"(  0002_force_release_audit\.sql  [0-9a-f]{16}  pending\n)")));
-    CHECK(contains(d.out, "2 pending migration(s)"));
+    CHECK(contains(d.out, "3 pending migration(s)"));
   }
   // Nothing was created: the fresh prefix still has no schema.
   auto s = run_cli({"status", "--url", ctx.url, "--table-prefix", fresh});

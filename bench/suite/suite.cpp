@@ -165,9 +165,12 @@ int rand_below(int n) {
 
 constexpr int kItems = 10000;           // rows of the business table
 constexpr long long kTtlUs = 30000000;  // 30 s: no lease expires during a measurement
+constexpr const char* kStockName = "bench/stock";
+constexpr int kStockSegments = 16;
 
 struct backend_ctx {
   std::string url, backend, version;
+  std::string prefix;  ///< the benchmark's table prefix
   /// How results name this URL: the backend, "/pooler" behind a transaction-mode pooler, and
   /// "#N" for a further URL that would otherwise read the same.
   std::string label;
@@ -416,6 +419,36 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
          return cycle_fn([&b, u] { return dblock::compare_and_set(b.db, *u) == 1; });
        }});
 
+  // Segmented stock: the same hot item split into 16 rows; its floor is the same conditional
+  // update on a random segment.
+  ops.push_back({"raw.stock_take", "floor", "",
+                 "UPDATE ... SET amount = amount - 1 WHERE <segment> AND amount >= 1, random "
+                 "segment of 16",
+                 [](backend_ctx& b, int) {
+                   auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+                   const std::string sql = "UPDATE " + b.prefix +
+                                           "stock_segment SET amount = amount - :k WHERE "
+                                           "stock_name = :name AND segment = :seg AND amount >= :k";
+                   return cycle_fn([c, &b, sql] {
+                     if (b.sql.write_transaction) c->run("begin", "BEGIN IMMEDIATE", {});
+                     const bool ok =
+                         c->run("stock_take", sql,
+                                {{"k", 1LL},
+                                 {"name", std::string(kStockName)},
+                                 {"seg", static_cast<long long>(rand_below(kStockSegments))}})
+                             .affected == 1;
+                     if (b.sql.write_transaction) c->run("commit", "COMMIT", {});
+                     return ok;
+                   });
+                 }});
+  ops.push_back({"dblock.stock_take", "dblock", "raw.stock_take",
+                 "segmented_stock::take(1) on one hot item of 16 segments (compare dblock.cas: "
+                 "the same item as one row)",
+                 [](backend_ctx& b, int) {
+                   auto stock = std::make_shared<dblock::segmented_stock>(b.db, kStockName);
+                   return cycle_fn([stock] { return stock->take(1); });
+                 }});
+
   // A session-level advisory lock cannot be kept behind a transaction-mode pooler.
   if (pg && b.db.options().pooler != dblock::pooler_mode::transaction)
     ops.push_back(
@@ -588,11 +621,12 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   dblock::database db(url, dbo);
   dblock::migrate(db);
   auto b = std::unique_ptr<backend_ctx>(
-      new backend_ctx{url, db.backend(), "", "", {}, db, {}, "", "", ""});
+      new backend_ctx{url, db.backend(), "", "", "", {}, db, {}, "", "", ""});
   const auto& impl = detail::access::impl(db);
   b->sql = {impl->statements.acquire.text, impl->statements.release.text,
             impl->statements.renew.text, impl->dia->exec.statement_in_transaction()};
   b->item = o.prefix + "item";
+  b->prefix = o.prefix;
   b->for_update = impl->dia->sql.for_update();
   b->begin_write = impl->dia->sql.begin_write();
   b->version = connect_raw(url)->server_version();
@@ -610,6 +644,10 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   }
   // Lease rows of the hot and handoff keys start free.
   c.session() << "DELETE FROM " << db.lock_table() << " WHERE resource_name LIKE 'bench/%'";
+  // The hot item of the segmented-stock rows: more stock than any run can sell.
+  dblock::segmented_stock stock(db, kStockName);
+  stock.drop();
+  stock.create(1000000000000000LL, kStockSegments);
   return b;
 }
 
@@ -906,6 +944,22 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
           << std::right << std::fixed << std::setprecision(2) << many / one << "x\n";
       collapse[b->label][op] = many / one;
     }
+
+  // The hot item as 16 segments against the same item as one row (successful decrements/s).
+  bool stock_header = false;
+  for (const auto& r : results) {
+    if (r.operation != "dblock.stock_take") continue;
+    for (const auto& c : results)
+      if (c.label == r.label && c.operation == "dblock.cas" && c.clients == r.clients &&
+          c.per_second > 0) {
+        if (!stock_header)
+          out << "\nhot item: segmented stock (16 segments) / one row with compare_and_set:\n";
+        stock_header = true;
+        out << "  " << std::left << std::setw(label_width) << r.label << std::right << std::setw(4)
+            << r.clients << " clients " << std::fixed << std::setprecision(2)
+            << r.per_second / c.per_second << "x\n";
+      }
+  }
 
   // Through a transaction-mode pooler against the same backend measured directly (the first
   // direct URL of that backend): dblock's lease cycle and its raw floor.

@@ -4,6 +4,8 @@
 //   for_update  SELECT ... FOR UPDATE on the item row inside a retried transaction
 //   optimistic  a versioned update (UPDATE ... WHERE version = ?) retried on conflict
 //   cas         one conditional UPDATE ... SET stock = stock - 1 WHERE stock > 0
+//   segmented   dblock::segmented_stock: the stock split into up to 16 rows, each purchase one
+//               conditional update of a random segment (the hot row no longer queues everyone)
 // Every purchase also inserts an order row in the same transaction, so "sold" is counted from
 // the orders and the invariant is: sold == stock sold off == min(S, demand), stock never < 0.
 //
@@ -15,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <dblock/dblock.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -38,6 +41,8 @@ struct sold_out : std::runtime_error {
   sold_out() : std::runtime_error("sold out") {}
 };
 
+constexpr const char* segmented_name = "flash-sale/item-1";
+
 std::string item_table(const settings& s) {
   return s.prefix + "item";
 }
@@ -60,6 +65,10 @@ void reset_tables(const settings& s) {
       << " (order_id BIGINT PRIMARY KEY, item_id INTEGER NOT NULL, worker INTEGER NOT NULL)";
   sql << "INSERT INTO " << item_table(s) << " (item_id, stock, version) VALUES (1, " << s.stock
       << ", 0)";
+  // The same stock for the segmented strategy.
+  dblock::segmented_stock stock(db, segmented_name);
+  stock.drop();
+  stock.create(s.stock, static_cast<int>(std::min<long long>(16, s.stock)));
 }
 
 void insert_order(soci::session& sql, const settings& s, int worker, int attempt) {
@@ -127,6 +136,17 @@ bool buy(const std::string& strategy, const settings& s, const dblock::database&
     } catch (const sold_out&) {
       return false;
     }
+  }
+  if (strategy == "segmented") {
+    const dblock::segmented_stock stock(db, segmented_name);
+    return dblock::run_transaction(
+        db,
+        [&](dblock::transaction& t) {
+          if (!stock.take(t.connection(), 1)) return false;  // sold out
+          insert_order(t.session(), s, worker, attempt);     // commits with the decrement
+          return true;
+        },
+        forever);
   }
   // cas
   const dblock::cas_update cas{
@@ -220,8 +240,11 @@ outcome run_strategy(const std::string& strategy, const settings& s) {
   dblock::database db(s.url, o);
   auto c = db.connect();
   c.session() << "SELECT count(*) FROM " << order_table(s), soci::into(out.sold);
-  c.session() << "SELECT stock FROM " << item_table(s) << " WHERE item_id = 1",
-      soci::into(out.left);
+  if (strategy == "segmented")
+    out.left = dblock::segmented_stock(db, segmented_name).total();
+  else
+    c.session() << "SELECT stock FROM " << item_table(s) << " WHERE item_id = 1",
+        soci::into(out.left);
   const long long demand = static_cast<long long>(s.workers) * s.attempts;
   out.oversold = std::max(0LL, out.sold - s.stock);  // sold more than there ever was
   out.held = out.errors == 0 && out.left >= 0 && out.sold == s.stock - out.left &&
@@ -248,12 +271,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   app.add_option("--strategy", s.strategy,
-                 "all, or one of none, lease, for_update, optimistic, cas")
-      ->check(CLI::IsMember({"all", "none", "lease", "for_update", "optimistic", "cas"}))
+                 "all, or one of none, lease, for_update, optimistic, cas, segmented")
+      ->check(
+          CLI::IsMember({"all", "none", "lease", "for_update", "optimistic", "cas", "segmented"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  std::vector<std::string> strategies = {"none", "lease", "for_update", "optimistic", "cas"};
+  std::vector<std::string> strategies = {"none",       "lease", "for_update",
+                                         "optimistic", "cas",   "segmented"};
   if (s.strategy != "all") strategies = {s.strategy};
 
   std::vector<outcome> results;

@@ -11,6 +11,10 @@
 // pass the check at once, and only the UNIQUE constraint stops the duplicates (each one is an
 // errc::unique_violation, counted).
 //
+// Order IDs come from a dblock::id_generator ("orders"; one per worker process): unique across
+// the processes without any coordination of their own, roughly time-ordered, and not revealing
+// how many orders were placed between two of them.
+//
 // Invariant: every user has exactly one order; with the lock, 0 unique violations. The exit
 // status is 0 when that held (with --no-lock: when the constraint kept one order per user).
 //
@@ -81,29 +85,32 @@ bool has_order(soci::session& sql, const settings& s, int user) {
   return n > 0;
 }
 
-void insert_order(soci::session& sql, const settings& s, int worker, int user, int attempt,
+void insert_order(soci::session& sql, const settings& s, long long id, int worker, int user,
                   long long fence) {
-  long long id = (static_cast<long long>(worker + 1) * 1000 + attempt) * 100000 + user;
   sql << "INSERT INTO " << orders_table(s)
       << " (order_id, user_id, worker, fence) VALUES (:id, :u, :w, :f)",
       soci::use(id), soci::use(user), soci::use(worker), soci::use(fence);
 }
 
 // The safe way: a lease lock per user, check and insert in one fenced transaction.
-outcome place_with_lock(const dblock::database& db, const settings& s, int worker, int user,
-                        int attempt) {
+outcome place_with_lock(const dblock::database& db, const settings& s, dblock::id_generator& ids,
+                        int worker, int user) {
   dblock::lease_options lo;
   lo.ttl = std::chrono::seconds(10);  // a crashed worker blocks this user for 10 s at most
   lo.poll_initial = std::chrono::milliseconds(1);
   lo.poll_max = std::chrono::milliseconds(20);
   dblock::lease_lock lock(db, "order/user/" + std::to_string(user), lo);
+  // Taken before the transaction: a reservation of IDs is a write of its own, and on SQLite it
+  // would wait for the write lock that our open transaction holds. An ID taken for an attempt
+  // that finds an order already there is simply never used.
+  const long long id = ids.next();
   auto guard = lock.acquire(std::chrono::milliseconds(s.wait_ms));  // errc::timeout: an error
   outcome result = outcome::had_one;
   try {
     guard.fenced([&](soci::session& sql) {
       if (has_order(sql, s, user)) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(s.think_ms));  // "charge the card"
-      insert_order(sql, s, worker, user, attempt, guard.fence());
+      insert_order(sql, s, id, worker, user, guard.fence());
       result = outcome::placed;
     });
   } catch (const dblock::error& e) {
@@ -116,17 +123,17 @@ outcome place_with_lock(const dblock::database& db, const settings& s, int worke
 }
 
 // The naive way: check with a plain read, then insert. Only the UNIQUE constraint saves it.
-outcome place_without_lock(const dblock::database& db, const settings& s, int worker, int user,
-                           int attempt) {
+outcome place_without_lock(const dblock::database& db, const settings& s, dblock::id_generator& ids,
+                           int worker, int user) {
   {
     auto c = db.connect();
     if (has_order(c.session(), s, user)) return outcome::had_one;
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(s.think_ms));  // "charge the card"
+  const long long id = ids.next();  // before the transaction (see place_with_lock)
   try {
-    dblock::run_transaction(db, [&](dblock::transaction& t) {
-      insert_order(t.session(), s, worker, user, attempt, 0);
-    });
+    dblock::run_transaction(
+        db, [&](dblock::transaction& t) { insert_order(t.session(), s, id, worker, user, 0); });
   } catch (const dblock::error& e) {
     if (e.code() == dblock::errc::unique_violation) return outcome::unique_violation;
     throw;
@@ -137,12 +144,15 @@ outcome place_without_lock(const dblock::database& db, const settings& s, int wo
 // Runs in a forked child: its own database handle and connections.
 worker_report run_worker(const settings& s, int worker) {
   auto db = open(s, 2);
+  dblock::id_generator_options io;
+  io.block_size = 64;  // a worker places few orders: small blocks, small gaps
+  dblock::id_generator ids(db, "orders", io);
   worker_report r;
   for (int a = 0; a < s.attempts; ++a) {
     for (int user = 1; user <= s.users; ++user) {
       try {
-        switch (s.no_lock ? place_without_lock(db, s, worker, user, a)
-                          : place_with_lock(db, s, worker, user, a)) {
+        switch (s.no_lock ? place_without_lock(db, s, ids, worker, user)
+                          : place_with_lock(db, s, ids, worker, user)) {
           case outcome::placed:
             ++r.placed;
             break;
@@ -251,6 +261,8 @@ int main(int argc, char** argv) {
     else
       std::cout << "each attempt: lease \"order/user/<id>\", then in guard.fenced(): has the "
                    "user an order? if not, INSERT\n";
+    std::cout << "order IDs: dblock::id_generator \"orders\" in every worker (unique across "
+                 "processes)\n";
     std::cout << "backstop: UNIQUE (user_id); a duplicate INSERT fails with a unique violation\n\n";
     reset_tables(s);  // its database handle (and connections) are gone before we fork
     auto start = std::chrono::steady_clock::now();

@@ -67,4 +67,13 @@ struct exec_options {
 CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x);
 int run_exec(const common_options& c, const exec_options& x);
 
+// id.cpp: dblock id [--name NAME] [--count N] [--block-size B]
+struct id_options {
+  std::string name = "default";
+  long long count = 1;
+  long long block_size = 0;  // 0: min(count, 1000)
+};
+CLI::App* add_id(CLI::App& app, common_options& common, id_options& i);
+int run_id(const common_options& c, const id_options& i);
+
 }  // namespace dblock::cli

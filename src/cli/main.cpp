@@ -19,12 +19,14 @@ struct subcommands {
   release_options release;
   bench_options bench;
   exec_options exec;
+  id_options id;
   CLI::App* migrate_cmd = nullptr;
   CLI::App* reap_cmd = nullptr;
   CLI::App* status_cmd = nullptr;
   CLI::App* release_cmd = nullptr;
   CLI::App* bench_cmd = nullptr;
   CLI::App* exec_cmd = nullptr;
+  CLI::App* id_cmd = nullptr;
 };
 
 // The subcommands in the order `dblock --help` lists them.
@@ -35,6 +37,7 @@ void add_subcommands(CLI::App& app, common_options& common, subcommands& s) {
   s.release_cmd = add_release(app, common, s.release);
   s.bench_cmd = add_bench(app, common, s.bench);
   s.exec_cmd = add_exec(app, common, s.exec);
+  s.id_cmd = add_id(app, common, s.id);
 }
 
 // Runs the subcommand that was given; errors become a message on stderr and an exit status.
@@ -46,6 +49,7 @@ int dispatch(const common_options& common, const subcommands& s) {
     if (s.status_cmd->parsed()) return run_status(common, s.status);
     if (s.release_cmd->parsed()) return run_release(common, s.release);
     if (s.bench_cmd->parsed()) return run_bench(common, s.bench);
+    if (s.id_cmd->parsed()) return run_id(common, s.id);
   } catch (const dblock::error& e) {
     std::cerr << "dblock: " << shown(e.what()) << "\n";
     return exit_status_for(e);

@@ -106,6 +106,8 @@ table_names make_table_names(const std::string& prefix) {
   t.floor = prefix + "resource_lock_fence_floor";
   t.migrations = prefix + "dblock_schema_migrations";
   t.audit = prefix + "resource_lock_audit";
+  t.stock = prefix + "stock_segment";
+  t.ids = prefix + "id_block";
   validate_identifier(t.floor, "table name");
   validate_identifier(t.migrations, "table name");
   return t;

@@ -42,6 +42,8 @@ struct table_names {
   std::string floor;       // <prefix>resource_lock_fence_floor
   std::string migrations;  // <prefix>dblock_schema_migrations
   std::string audit;       // <prefix>resource_lock_audit
+  std::string stock;       // <prefix>stock_segment
+  std::string ids;         // <prefix>id_block
 };
 
 /// One migration file, as embedded at build time.
@@ -207,7 +209,9 @@ class vocabulary {
   /// The statement that begins a write transaction (SQLite: BEGIN IMMEDIATE).
   virtual std::string begin_write() const { return "BEGIN"; }
   /// Suffix making an INSERT of an existing key a no-op.
-  virtual std::string insert_if_absent() const { return " ON CONFLICT (resource_name) DO NOTHING"; }
+  virtual std::string insert_if_absent(const std::string& key = "resource_name") const {
+    return " ON CONFLICT (" + key + ") DO NOTHING";
+  }
   /// Condition "column matches the bound pattern :param" (case-sensitive).
   virtual std::string name_pattern(const std::string& column, const std::string& param) const;
   /// Turns a shell-style pattern (`*`, `?`) into the value bound for name_pattern().
@@ -223,6 +227,12 @@ class vocabulary {
    * packet, 0 when held by another owner).
    */
   virtual std::string lease_acquire(const table_names&) const = 0;
+  /**
+   * Reserves IDs of a generator: `next_id = max(next_id, (now_ms - :epoch_ms) * :per_ms) + :n`
+   * on the database clock, for the row `generator = :name`. Yields the new next_id (RETURNING;
+   * MySQL: LAST_INSERT_ID() from the OK packet); the reserved IDs are [next_id - n, next_id).
+   */
+  virtual std::string id_reserve(const table_names&) const = 0;
 };
 
 /// Runs statements with bound values on a pooled connection.

@@ -124,6 +124,39 @@ void reaper_statements(lock_statements& s, const vocabulary& v, const table_name
   s.reap_recheck = ") AND " + expired + " AND " + covered;
 }
 
+void stock_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  const std::string seg = " WHERE stock_name = :name AND segment = :seg";
+  s.stock_take = routine(
+      "stock_take", "UPDATE " + t.stock + " SET amount = amount - :k" + seg + " AND amount >= :k",
+      {"k", "name", "seg"});
+  s.stock_put = routine("stock_put", "UPDATE " + t.stock + " SET amount = amount + :k" + seg,
+                        {"k", "name", "seg"});
+  const std::string read =
+      "SELECT segment, amount FROM " + t.stock + " WHERE stock_name = :name ORDER BY segment";
+  s.stock_read = make("stock_read", read, {"name"});
+  s.stock_lock = make("stock_lock", read + v.for_update(), {"name"});
+  s.stock_set = make("stock_set", "UPDATE " + t.stock + " SET amount = :amount" + seg,
+                     {"amount", "name", "seg"});
+  s.stock_insert = make(
+      "stock_insert",
+      "INSERT INTO " + t.stock + " (stock_name, segment, amount) VALUES (:name, :seg, :amount)",
+      {"name", "seg", "amount"});
+  s.stock_total = make(
+      "stock_total",
+      "SELECT COALESCE(SUM(amount), 0), COUNT(*) FROM " + t.stock + " WHERE stock_name = :name",
+      {"name"});
+  s.stock_delete =
+      make("stock_delete", "DELETE FROM " + t.stock + " WHERE stock_name = :name", {"name"});
+}
+
+void id_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  s.id_insert = make("id_insert",
+                     "INSERT INTO " + t.ids + " (generator, next_id) VALUES (:name, 0)" +
+                         v.insert_if_absent("generator"),
+                     {"name"});
+  s.id_reserve = make("id_reserve", v.id_reserve(t), {"epoch_ms", "per_ms", "n", "name"});
+}
+
 void migration_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   s.migrations_read =
       make("", "SELECT version, name, checksum FROM " + t.migrations + " ORDER BY version", {});
@@ -143,6 +176,8 @@ lock_statements build_lock_statements(const dialect& d, const table_names& t) {
   lease_statements(s, d.sql, t);
   row_statements(s, d.sql, t);
   admin_statements(s, d.sql, t);
+  stock_statements(s, d.sql, t);
+  id_statements(s, d.sql, t);
   reaper_statements(s, d.sql, t);
   migration_statements(s, d.sql, t);
   return s;

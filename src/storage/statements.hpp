@@ -32,6 +32,18 @@ struct lock_statements {
   statement floor_raise;      ///< top
   statement reap_candidates;  ///< neg_retention, limit -> names (FOR UPDATE SKIP LOCKED)
   statement reap_count;       ///< neg_retention -> reapable rows left
+  // ---- segmented stock ------------------------------------------------------------------------
+  statement stock_take;    ///< k, name, seg; one row affected when the segment had k
+  statement stock_put;     ///< k, name, seg; one row affected when the segment exists
+  statement stock_read;    ///< name -> segment, amount (ORDER BY segment; a plain read)
+  statement stock_lock;    ///< name -> segment, amount, locking the rows (in a transaction)
+  statement stock_set;     ///< amount, name, seg
+  statement stock_insert;  ///< name, seg, amount
+  statement stock_total;   ///< name -> SUM(amount), COUNT(*)
+  statement stock_delete;  ///< name
+  // ---- ID generator ---------------------------------------------------------------------------
+  statement id_insert;   ///< name; a row at 0 unless it exists
+  statement id_reserve;  ///< epoch_ms, per_ms, n, name -> the new next_id (vocabulary)
   // ---- migrations -----------------------------------------------------------------------------
   statement migrations_read;    ///< -> version, name, checksum
   statement migration_applied;  ///< v -> count

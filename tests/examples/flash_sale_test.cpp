@@ -18,7 +18,7 @@ struct row {
 std::map<std::string, row> parse(const std::string& out) {
   std::map<std::string, row> rows;
   std::regex line(
-      R"(^(none|lease|for_update|optimistic|cas)\s+(\d+)\s+(-?\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s)");
+      R"(^(none|lease|for_update|optimistic|cas|segmented)\s+(\d+)\s+(-?\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s)");
   std::istringstream in(out);
   std::string l;
   while (std::getline(in, l)) {
@@ -41,8 +41,8 @@ DBLOCK_TEST("example flash_sale: every strategy with a lock sells exactly the st
   INFO(r.output);
   CHECK(r.status == 0);
   auto rows = parse(r.output);
-  REQUIRE(rows.size() == 5);
-  for (const char* s : {"lease", "for_update", "optimistic", "cas"}) {
+  REQUIRE(rows.size() == 6);
+  for (const char* s : {"lease", "for_update", "optimistic", "cas", "segmented"}) {
     INFO(s);
     CHECK(rows[s].sold == 60);
     CHECK(rows[s].left == 0);

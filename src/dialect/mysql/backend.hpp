@@ -68,10 +68,11 @@ class vocabulary final : public detail::vocabulary {
     return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + ts + ")";
   }
   // Not INSERT IGNORE: it would turn real errors (a too-long value) into warnings.
-  std::string insert_if_absent() const override {
-    return " ON DUPLICATE KEY UPDATE resource_name = resource_name";
+  std::string insert_if_absent(const std::string& key) const override {
+    return " ON DUPLICATE KEY UPDATE " + key + " = " + key;
   }
   std::string lease_acquire(const table_names& t) const override;
+  std::string id_reserve(const table_names& t) const override;
 };
 
 class executor final : public detail::executor {

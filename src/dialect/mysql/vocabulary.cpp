@@ -32,4 +32,10 @@ std::string vocabulary::lease_acquire(const table_names& t) const {
          " expires_at = IF(" + take + ", VALUES(expires_at), expires_at)";
 }
 
+std::string vocabulary::id_reserve(const table_names& t) const {
+  // The new next_id comes back through LAST_INSERT_ID(expr) in the OK packet (no RETURNING).
+  return "UPDATE " + t.ids + " SET next_id = LAST_INSERT_ID(GREATEST(next_id, (" + epoch_us(now()) +
+         " DIV 1000 - :epoch_ms) * :per_ms) + :n) WHERE generator = :name";
+}
+
 }  // namespace dblock::detail::my

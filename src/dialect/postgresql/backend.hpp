@@ -72,6 +72,7 @@ class vocabulary final : public detail::vocabulary {
     return "CAST(floor(extract(epoch FROM " + ts + ") * 1000000) AS BIGINT)";
   }
   std::string lease_acquire(const table_names& t) const override;
+  std::string id_reserve(const table_names& t) const override;
 };
 
 /// Behind a transaction-mode pooler, a statement::routine statement runs as a PL/pgSQL routine

@@ -50,4 +50,9 @@ std::string vocabulary::lease_acquire(const table_names& t) const {
          " RETURNING fence";
 }
 
+std::string vocabulary::id_reserve(const table_names& t) const {
+  return "UPDATE " + t.ids + " SET next_id = MAX(next_id, (" + epoch_us(now()) +
+         " / 1000 - :epoch_ms) * :per_ms) + :n WHERE generator = :name RETURNING next_id";
+}
+
 }  // namespace dblock::detail::lite
