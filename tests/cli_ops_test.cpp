@@ -429,6 +429,9 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
                                     "dblock.cas",
                                     "raw.stock_take",
                                     "dblock.stock_take",
+                                    "dblock.id_next",
+                                    "dblock.cas_order",
+                                    "dblock.stock_order",
                                     "dblock.handoff"};
   // Behind a transaction-mode pooler (the pgbouncer entry) session-level advisory locks and
   // LISTEN do not work: the bench leaves those two out.

@@ -449,6 +449,43 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
                    return cycle_fn([stock] { return stock->take(1); });
                  }});
 
+  // The seeds' flash sale: the decrement and the order row in one transaction, so the hot row
+  // stays locked until COMMIT; the same on one row (CAS) and on 16 segments.
+  auto order_op = [](bool segmented) {
+    return [segmented](backend_ctx& b, int) {
+      auto stock = std::make_shared<dblock::segmented_stock>(b.db, kStockName);
+      auto cas = std::make_shared<dblock::cas_update>(
+          dblock::cas_update{b.item, "stock = stock - 1", "id = :id AND stock > 0", {{"id", 1LL}}});
+      const std::string insert = "INSERT INTO " + b.prefix + "order_row (id) VALUES (:id)";
+      return cycle_fn([&b, stock, cas, insert, segmented] {
+        static thread_local std::mt19937_64 rng(std::random_device{}());
+        return dblock::run_transaction(b.db, [&](dblock::transaction& t) {
+          const bool taken = segmented ? stock->take(t.connection(), 1)
+                                       : dblock::compare_and_set(t.connection(), *cas) == 1;
+          if (!taken) return false;
+          const long long id = static_cast<long long>(rng() >> 1);
+          t.session() << insert, soci::use(id, "id");
+          return true;
+        });
+      });
+    };
+  };
+  ops.push_back({"dblock.cas_order", "feature", "",
+                 "transaction: compare_and_set on one hot row + INSERT of an order row",
+                 order_op(false)});
+  ops.push_back({"dblock.stock_order", "feature", "",
+                 "transaction: segmented_stock::take(1) on 16 segments + INSERT of an order row",
+                 order_op(true)});
+
+  // The ID generator: one next() per operation, blocks of 1,000 reserved in the background.
+  ops.push_back({"dblock.id_next", "feature", "",
+                 "id_generator::next(), blocks of 1,000, prefetch on; one generator per client, "
+                 "all on one name",
+                 [](backend_ctx& b, int) {
+                   auto gen = std::make_shared<dblock::id_generator>(b.db, "bench/ids");
+                   return cycle_fn([gen] { return gen->next() > 0; });
+                 }});
+
   // A session-level advisory lock cannot be kept behind a transaction-mode pooler.
   if (pg && b.db.options().pooler != dblock::pooler_mode::transaction)
     ops.push_back(
@@ -633,6 +670,8 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   if (o.poll_max_ms > 0) b->wait_options.poll_max = milliseconds(o.poll_max_ms);
   auto c = db.connect();
   c.session() << "DROP TABLE IF EXISTS " << b->item;
+  c.session() << "DROP TABLE IF EXISTS " << b->prefix << "order_row";
+  c.session() << "CREATE TABLE " << b->prefix << "order_row (id BIGINT NOT NULL PRIMARY KEY)";
   c.session() << "CREATE TABLE " << b->item
               << " (id BIGINT NOT NULL PRIMARY KEY, stock BIGINT NOT NULL, version BIGINT NOT "
                  "NULL)";
@@ -948,16 +987,20 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
   // The hot item as 16 segments against the same item as one row (successful decrements/s).
   bool stock_header = false;
   for (const auto& r : results) {
-    if (r.operation != "dblock.stock_take") continue;
+    const std::string one_row = r.operation == "dblock.stock_take"    ? "dblock.cas"
+                                : r.operation == "dblock.stock_order" ? "dblock.cas_order"
+                                                                      : "";
+    if (one_row.empty()) continue;
     for (const auto& c : results)
-      if (c.label == r.label && c.operation == "dblock.cas" && c.clients == r.clients &&
+      if (c.label == r.label && c.operation == one_row && c.clients == r.clients &&
           c.per_second > 0) {
         if (!stock_header)
           out << "\nhot item: segmented stock (16 segments) / one row with compare_and_set:\n";
         stock_header = true;
-        out << "  " << std::left << std::setw(label_width) << r.label << std::right << std::setw(4)
-            << r.clients << " clients " << std::fixed << std::setprecision(2)
-            << r.per_second / c.per_second << "x\n";
+        out << "  " << std::left << std::setw(label_width) << r.label << std::setw(20)
+            << (r.operation == "dblock.stock_take" ? "decrement alone" : "with an order row")
+            << std::right << std::setw(4) << r.clients << " clients " << std::fixed
+            << std::setprecision(2) << r.per_second / c.per_second << "x\n";
       }
   }
 
@@ -1016,6 +1059,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
   for (auto& b : ctxs) {
     auto c = b->db.connect();
     c.session() << "DROP TABLE IF EXISTS " << b->item;
+    c.session() << "DROP TABLE IF EXISTS " << b->prefix << "order_row";
   }
   if (!o.plot_path.empty() && !plot(o.plot_path, results, progress)) return 1;
   return 0;
