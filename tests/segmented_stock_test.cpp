@@ -187,17 +187,20 @@ DBLOCK_TEST("segmented stock: threads taking and putting keep the total exact", 
   CHECK(taken.load() > 0);
 }
 
-// args: url prefix stock takes out_file mode(take|blind) start_ns
+// args: url prefix stock takes out_file mode(take|blind) ready_file go_file
 // take: segmented_stock::take(1). blind (the negative control): read a plain counter row, and if
 // it is positive decrement it unconditionally: the check-then-act that oversells.
 DBLOCK_WORKER(stock_worker) {
   auto db = dblock::test::open_db(args.at(0), args.at(1), 2);
   const int takes = std::stoi(args.at(3));
   const bool blind = args.at(5) == "blind";
-  dblock::test::sleep_until_monotonic(std::stoll(args.at(6)));
-  long long sold = 0;
   segmented_stock stock(db, args.at(2));
   const std::string naive = args.at(1) + "naive";
+  db.ping();  // connected before the common start
+  // All start together: each says it is ready, then waits for the parent's go.
+  dblock::test::write_file_atomic(args.at(6), "ready");
+  if (!dblock::test::wait_for_file(args.at(7), std::chrono::seconds(120))) return 3;
+  long long sold = 0;
   for (int i = 0; i < takes; ++i) {
     if (!blind) {
       sold += stock.take(1) ? 1 : 0;
@@ -207,7 +210,7 @@ DBLOCK_WORKER(stock_worker) {
     long long n = 0;
     c.session() << "SELECT n FROM " + naive + " WHERE id = 1", soci::into(n);
     if (n <= 0) continue;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // "check the cart"
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // "check the cart"
     c.session() << "UPDATE " + naive + " SET n = n - 1 WHERE id = 1";
     ++sold;
   }
@@ -223,10 +226,15 @@ DBLOCK_TEST("segmented stock: 16 processes sell exactly the stock, never more",
     stock.create(stock_size, 16);
     dblock::test::temp_dir dir("stock");
     dblock::test::process_set ps;
-    const long long start = dblock::test::monotonic_ns() + 1500LL * 1000000;  // all at once
+    const std::string go = dir.file("go");
     for (int i = 0; i < procs; ++i)
       ps.spawn("stock_worker", {ctx.url, ctx.prefix, stock.name(), std::to_string(takes),
-                                dir.file("sold" + std::to_string(i)), mode, std::to_string(start)});
+                                dir.file("sold" + std::to_string(i)), mode,
+                                dir.file("ready" + std::to_string(i)), go});
+    for (int i = 0; i < procs; ++i)
+      REQUIRE(dblock::test::wait_for_file(dir.file("ready" + std::to_string(i)),
+                                          std::chrono::seconds(120)));
+    dblock::test::write_file_atomic(go, "go");  // all at once
     for (int st : ps.wait_all(std::chrono::minutes(5)))
       REQUIRE(st == 0);
     long long sold = 0;
