@@ -13,7 +13,9 @@
 #include <iostream>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "commands.hpp"
 
@@ -59,21 +61,46 @@ std::optional<dblock::lease_guard> acquire(dblock::lease_lock& lock, millisecond
   return guard;
 }
 
-// In the forked child: never returns.
-[[noreturn]] void exec_command(const exec_options& x, const dblock::lease_guard& guard,
-                               const std::string& fence) {
+// The command's argv and environment, built before fork(): the forked child of a process with
+// threads (the watchdog) may only call async-signal-safe functions, and setenv() or malloc()
+// there can deadlock on a lock another thread held at the fork.
+struct command_image {
+  std::vector<std::string> env_text;
+  std::vector<char*> argv, envp;
+};
+
+command_image make_image(const exec_options& x, const dblock::lease_guard& guard,
+                         const std::string& fence) {
+  command_image im;
+  const std::string ours[] = {"DBLOCK_FENCE=", "DBLOCK_OWNER=", "DBLOCK_LOCK="};
+  for (char** e = environ; *e; ++e) {
+    bool replaced = false;
+    for (const auto& o : ours)
+      replaced = replaced || std::strncmp(*e, o.c_str(), o.size()) == 0;
+    if (!replaced) im.env_text.emplace_back(*e);
+  }
+  im.env_text.push_back("DBLOCK_FENCE=" + fence);
+  im.env_text.push_back("DBLOCK_OWNER=" + guard.owner_token());
+  im.env_text.push_back("DBLOCK_LOCK=" + x.lock);
+  for (auto& e : im.env_text)
+    im.envp.push_back(e.data());
+  im.envp.push_back(nullptr);
+  for (const auto& a : x.command)
+    im.argv.push_back(const_cast<char*>(a.c_str()));
+  im.argv.push_back(nullptr);
+  return im;
+}
+
+// In the forked child: never returns; async-signal-safe calls only.
+[[noreturn]] void exec_command(const command_image& im) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
     signal(sig, SIG_DFL);
-  setenv("DBLOCK_FENCE", fence.c_str(), 1);
-  setenv("DBLOCK_OWNER", guard.owner_token().c_str(), 1);
-  setenv("DBLOCK_LOCK", x.lock.c_str(), 1);
-  std::vector<char*> argv;
-  for (const auto& a : x.command)
-    argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  execvp(argv[0], argv.data());
-  int err = errno;
-  std::fprintf(stderr, "dblock exec: cannot run '%s': %s\n", argv[0], std::strerror(err));
+  execvpe(im.argv[0], im.argv.data(), im.envp.data());
+  const int err = errno;
+  const char* why = err == ENOENT ? "': not found\n" : "': cannot execute\n";
+  const char* parts[] = {"dblock exec: cannot run '", im.argv[0], why};
+  for (const char* part : parts)
+    if (::write(STDERR_FILENO, part, std::strlen(part)) < 0) break;
   _exit(err == ENOENT ? 127 : 126);
 }
 
@@ -85,10 +112,10 @@ pid_t start_command(const exec_options& x, const dblock::lease_guard& guard) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
     sigaction(sig, &sa, nullptr);
 
-  std::string fence = std::to_string(guard.fence());
+  const command_image im = make_image(x, guard, std::to_string(guard.fence()));
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) exec_command(x, guard, fence);
+  if (pid == 0) exec_command(im);
   return pid;
 }
 
