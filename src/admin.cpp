@@ -1,8 +1,12 @@
 #include "dblock/admin.hpp"
 
+#include <map>
+
 #include "identifier.hpp"
 #include "storage/lock_table.hpp"
+#include "storage/wait_queue.hpp"
 #include "storage/write_scope.hpp"
+#include "wake/hub.hpp"
 
 namespace dblock {
 
@@ -14,8 +18,24 @@ std::vector<lock_info> list_locks(const database& db, const list_options& o) {
     throw error(errc::invalid_argument, "list_locks: limit must be 1..100000");
   if (o.pattern.size() > 1000) throw error(errc::invalid_argument, "list_locks: pattern too long");
   detail::validate_text(o.pattern, "list_locks pattern");
-  return detail::with_session(access::impl(db), "list locks",
-                              [&](session_scope& s) { return detail::lock_table::list(s, o); });
+  return detail::with_session(access::impl(db), "list locks", [&](session_scope& s) {
+    auto rows = detail::lock_table::list(s, o);
+    if (rows.empty()) return rows;
+    std::map<std::string, lock_info*> by_name;
+    for (auto& r : rows)
+      by_name[r.name] = &r;
+    // Entries come by name and ticket: the first one of a name is its head.
+    for (const auto& e : detail::wait_queue::list(s)) {
+      auto it = by_name.find(e.name);
+      if (it == by_name.end()) continue;
+      lock_info& li = *it->second;
+      if (li.waiters++ == 0) {
+        li.head_waiter = e.host + ":" + std::to_string(e.pid);
+        li.oldest_wait = std::chrono::microseconds(e.now_us - e.enqueued_us);
+      }
+    }
+    return rows;
+  });
 }
 
 forced_release force_release(const database& db, const std::string& name, const std::string& reason,
@@ -29,9 +49,11 @@ forced_release force_release(const database& db, const std::string& name, const 
   detail::validate_text(forced_by, "force_release forced_by");
   // One write transaction: the takeover and its audit row commit together. A COMMIT whose reply
   // was lost is in_doubt (never retried here: a retry would bump the fence and audit twice).
-  return detail::write_transaction(
+  auto f = detail::write_transaction(
       access::impl(db), "force release of '" + name + "'", std::chrono::seconds(10),
       [&](session_scope& s) { return detail::lock_table::force(s, name, reason, forced_by); });
+  if (f.was_held) access::impl(db)->hub->released(name, f.new_fence, std::string());
+  return f;
 }
 
 std::vector<forced_release> recent_forced_releases(const database& db, std::size_t limit) {

@@ -1,5 +1,7 @@
 #include "dblock/cancellation.hpp"
 
+#include "wake/cancel_access.hpp"
+
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -12,6 +14,18 @@ struct cancel_state {
   mutable std::condition_variable cv;
   std::atomic<bool> cancelled{false};
 };
+
+bool cancel_access::wait(const cancellation& c, std::chrono::nanoseconds d,
+                         const std::atomic<bool>& flag) {
+  std::unique_lock<std::mutex> lk(c.state_->mu);
+  return c.state_->cv.wait_for(lk, d, [&] { return flag.load() || c.state_->cancelled.load(); }) &&
+         flag.load();
+}
+
+void cancel_access::poke(const cancellation& c) {
+  { std::lock_guard<std::mutex> lk(c.state_->mu); }
+  c.state_->cv.notify_all();
+}
 
 }  // namespace detail
 

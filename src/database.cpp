@@ -5,6 +5,7 @@
 #include "storage/session.hpp"
 #include "storage/statements.hpp"
 #include "url.hpp"
+#include "wake/hub.hpp"
 
 namespace dblock {
 
@@ -28,6 +29,8 @@ database::database(const std::string& url, database_options options) {
   impl->dia = &dia;
   impl->tables = detail::make_table_names(options.table_prefix);
   impl->statements = detail::build_lock_statements(dia, impl->tables);
+  impl->hub = std::make_unique<detail::wake_hub>(dia, dia.bell.target(parsed, options),
+                                                 impl->tables, options.events);
   impl_ = std::move(impl);
 }
 

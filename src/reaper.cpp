@@ -9,6 +9,7 @@
 
 #include "dblock/retry.hpp"
 #include "storage/lock_table.hpp"
+#include "storage/wait_queue.hpp"
 #include "storage/write_scope.hpp"
 
 namespace dblock {
@@ -103,6 +104,18 @@ void delete_all(const std::shared_ptr<detail::database_impl>& db, const reaper_o
   }
 }
 
+// Queue entries of waiters that died (or gave up without deleting them) expired long ago:
+// nothing reads them any more. They go after min(retention, 1 min).
+std::uint64_t reap_waiters(const std::shared_ptr<detail::database_impl>& db,
+                           const reaper_options& o) {
+  const auto after = std::min<milliseconds>(o.retention, std::chrono::minutes(1));
+  return retry(batch_retry_policy(), [&] {
+    return detail::with_session(
+        db, "reap expired waiter queue entries",
+        [&](detail::session_scope& s) { return detail::wait_queue::reap(s, after); });
+  });
+}
+
 }  // namespace
 
 reap_result reap_once(const database& db, const reaper_options& options) {
@@ -112,6 +125,7 @@ reap_result reap_once(const database& db, const reaper_options& options) {
   raise_floor(detail::access::impl(db), options.retention);
   if (options.floor_grace.count() > 0) std::this_thread::sleep_for(options.floor_grace);
   delete_all(detail::access::impl(db), options, r, start, nullptr);
+  r.waiters_reaped = reap_waiters(detail::access::impl(db), options);
   r.elapsed = std::chrono::duration_cast<microseconds>(clock_type::now() - start);
   return r;
 }
@@ -145,7 +159,10 @@ struct reaper::impl {
           std::lock_guard<std::mutex> lk(mu);
           stop_now = stopping;
         }
-        if (!stop_now) raise_floor(detail::access::impl(db), options.retention);
+        if (!stop_now) {
+          r.waiters_reaped = reap_waiters(detail::access::impl(db), options);
+          raise_floor(detail::access::impl(db), options.retention);
+        }
       } catch (const error& e) {
         failure = e;
       } catch (const std::exception& e) {

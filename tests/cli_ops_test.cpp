@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness.hpp"
@@ -200,11 +201,12 @@ DBLOCK_TEST("cli status: a table of held locks with fence and holder", "[cli]") 
   auto lines = lines_of(r.out);
   REQUIRE(lines.size() >= 3);
   CHECK(std::regex_search(
-      lines[0], std::regex(R"(^NAME\s+HOLDER\s+FENCE\s+ACQUIRED\s+EXPIRES IN\s+HOLDS$)")));
+      lines[0], std::regex(R"(^NAME\s+HOLDER\s+FENCE\s+ACQUIRED\s+EXPIRES IN\s+HOLDS\s+WAITERS\s+)"
+                           R"(OLDEST WAIT\s+HEAD WAITER$)")));
   const std::string row = status_line(r.out, "status/held");
   CHECK(std::regex_search(
       row, std::regex("^status/held +" + escape_regex(this_holder()) + " +" +
-                      std::to_string(g->fence()) + R"( +-?[0-9.]+s ago +[0-9.]+s +2$)")));
+                      std::to_string(g->fence()) + R"( +-?[0-9.]+s ago +[0-9.]+s +2 +0 +- +-$)")));
   CHECK(status_line(r.out, "status/free").empty());
   CHECK(contains(r.out, "1 held lock(s) in "));
   CHECK_FALSE(contains(r.out, "last forced releases"));
@@ -234,7 +236,8 @@ DBLOCK_TEST("cli status --all lists released rows; a pattern filters names", "[c
     INFO(all);
     CHECK(all.status == 0);
     CHECK(contains(all.out, "5 lock row(s) in "));
-    CHECK(std::regex_search(status_line(all.out, "jobs/done"), std::regex(R"( free +0$)")));
+    CHECK(
+        std::regex_search(status_line(all.out, "jobs/done"), std::regex(R"( free +0 +0 +- +-$)")));
     CHECK_FALSE(status_line(all.out, "jobs/a").empty());
   }
   auto jobs = cli(ctx, "status", {"jobs/*"});
@@ -290,9 +293,11 @@ DBLOCK_TEST("cli status --json: the documented shape", "[cli]") {
   const auto& l = j["locks"][0];
   REQUIRE(l.is_object());
   for (const char* key : {"name", "held", "holder", "fence", "hold_count", "acquired_at",
-                          "expires_at", "expires_in_ms", "owner_token", "holder_thread"})
+                          "expires_at", "expires_in_ms", "owner_token", "holder_thread", "waiters",
+                          "head_waiter", "oldest_wait_ms"})
     CHECK(l.contains(key));
-  CHECK(l.size() == 10);
+  CHECK(l.size() == 13);
+  CHECK(l.value("waiters", -1) == 0);
   CHECK(l.value("name", "") == "json/held");
   CHECK(l.value("held", false));
   CHECK(l.value("holder", "") == this_holder());
@@ -432,7 +437,9 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
                                     "dblock.id_next",
                                     "dblock.cas_order",
                                     "dblock.stock_order",
-                                    "dblock.handoff"};
+                                    "dblock.handoff",
+                                    "dblock.handoff_shared",
+                                    "dblock.handoff_fair"};
   // Behind a transaction-mode pooler (the pgbouncer entry) session-level advisory locks and
   // LISTEN do not work: the bench leaves those two out.
   if (ctx.backend == "postgresql" && ctx.url.find("pooler=transaction") == std::string::npos)
@@ -524,7 +531,7 @@ DBLOCK_TEST("cli migrate --dry-run: lists applied and pending files, changes not
                             std::regex(R"(  0001_resource_lock\.sql  [0-9a-f]{16}  pending\n)")));
     CHECK(std::regex_search(
         d.out, std::regex(R"(  0002_force_release_audit\.sql  [0-9a-f]{16}  pending\n)")));
-    CHECK(contains(d.out, "3 pending migration(s)"));
+    CHECK(contains(d.out, "4 pending migration(s)"));
   }
   // Nothing was created: the fresh prefix still has no schema.
   auto s = run_cli({"status", "--url", ctx.url, "--table-prefix", fresh});
@@ -582,4 +589,55 @@ DBLOCK_TEST("cli: no --url and no DBLOCK_URL exits 2; DBLOCK_URL is the default"
   INFO(s);
   CHECK(s.status == 0);
   CHECK_FALSE(status_line(s.out, "env/held").empty());
+}
+
+// ---- exec --fair and waiters in status ----------------------------------------------------------
+
+DBLOCK_TEST("cli exec --fair: queued commands run in arrival order; status shows the waiters",
+            "[cli][waiting]") {
+  const std::string name = "fair/job";
+  const std::string out = "/tmp/dblock-fair-" + dblock::test::random_suffix(8) + ".txt";
+  dblock::lease_options lo;
+  lo.ttl = std::chrono::seconds(20);
+  lease_lock holder(ctx.db, name, lo);
+  auto g = holder.try_acquire();
+  REQUIRE(g);
+  auto waiters = [&] {
+    for (const auto& l : dblock::list_locks(ctx.db))
+      if (l.name == name) return l.waiters;
+    return -1;
+  };
+  std::vector<std::thread> runs;
+  std::vector<cli_result> results(3);
+  for (int i = 0; i < 3; ++i) {
+    runs.emplace_back([&, i] {
+      results[i] = cli(ctx, "exec",
+                       {"--lock", name, "--fair", "--wait", "30s", "--", "sh", "-c",
+                        "echo " + std::to_string(i) + " >> " + out});
+    });
+    // The next one starts only once this one is queued.
+    const auto give_up = steady::now() + std::chrono::seconds(20);
+    while (waiters() < i + 1 && steady::now() < give_up)
+      std::this_thread::sleep_for(milliseconds(20));
+    REQUIRE(waiters() == i + 1);
+  }
+  auto st = cli(ctx, "status", {"--json"});
+  auto j = nlohmann::json::parse(st.out);
+  REQUIRE(j["locks"].size() == 1);
+  CHECK(j["locks"][0]["waiters"] == 3);
+  CHECK_FALSE(j["locks"][0]["head_waiter"].get<std::string>().empty());
+  CHECK(j["locks"][0]["oldest_wait_ms"].get<long long>() >= 0);
+  g->release();
+  for (auto& t : runs)
+    t.join();
+  for (const auto& r : results) {
+    INFO(r);
+    CHECK(r.status == 0);
+  }
+  std::ifstream in(out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  ::unlink(out.c_str());
+  CHECK(ss.str() == "0\n1\n2\n");
+  CHECK(waiters() <= 0);  // every queue entry is gone (or the row is free and unlisted)
 }

@@ -56,6 +56,9 @@ struct result {
   int rounds = 1;
   std::string first_error;
   std::optional<double> ratio;
+  /// Handoff rows: waiters woken per release, and the longest acquire wait over the mean one.
+  std::optional<double> woken_per_release, fairness;
+  double wait_mean_us = 0, wait_max_us = 0;  ///< handoff rows: acquire() waits
 };
 
 double percentile(std::vector<float>& v, double q) {
@@ -529,31 +532,65 @@ void wait_for_successor(const std::atomic<long long>& generation, long long rele
 
 // K = clients - 1 waiters on one lock. Each holder keeps it hold_us, notes when it starts
 // release(), and the next holder measures from that instant to the return of its acquire().
-result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us) {
-  std::atomic<long long> release_started{0}, generation{0};
+// With `own_handles` every client opens its own database handle, as separate processes would:
+// a release then reaches the waiters only through the database (PostgreSQL NOTIFY), the
+// doorbell (SQLite) or their polling (MySQL); otherwise all share the bench's handle and are
+// woken within the process.
+// Counts the wake-ups of waiting acquires (listener::woken).
+struct wake_counter : dblock::listener {
+  std::atomic<long long> n{0};
+  void woken(std::string_view) override { ++n; }
+};
+
+result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, bool own_handles,
+                      const dblock::lease_options& lo) {
+  std::atomic<long long> release_started{0}, generation{0}, releases{0};
   std::mutex mu;
-  std::vector<float> lat;
+  std::vector<float> lat, waits;
   auto now_ns = [] { return clk::now().time_since_epoch().count(); };
+  auto counter = std::make_shared<wake_counter>();
+  auto o = b.db.options();
+  o.events = counter;
+  o.pool_size = own_handles ? 2 : std::max<std::size_t>(o.pool_size, clients + 2);
+  dblock::database shared(b.url, o);
   auto r = measure(clients, seconds, [&](int) {
-    auto lk = std::make_shared<dblock::lease_lock>(b.db, "bench/handoff", b.wait_options);
-    return cycle_fn([&, lk] {
+    auto lk = std::make_shared<dblock::lease_lock>(
+        own_handles ? dblock::database(b.url, o) : shared, "bench/handoff", lo);
+    auto cycles = std::make_shared<int>(0);
+    return cycle_fn([&, lk, cycles] {
+      const long long asked = now_ns();
       auto g = lk->acquire(std::chrono::seconds(30));
       const long long got = now_ns(), rel = release_started.exchange(0);
       ++generation;
-      if (rel) {
+      {
         std::lock_guard<std::mutex> l(mu);
-        lat.push_back(static_cast<float>((got - rel) / 1000.0));
+        if (rel) lat.push_back(static_cast<float>((got - rel) / 1000.0));
+        // The first waits of a client include connecting its handle and joining the race.
+        if (++*cycles > 2) waits.push_back(static_cast<float>((got - asked) / 1000.0));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
       const long long gen = ++generation;
       release_started = now_ns();
       g.release();
+      ++releases;
       wait_for_successor(generation, gen);
       return true;
     });
   });
   r.p50_us = percentile(lat, 0.5);
   r.p99_us = percentile(lat, 0.99);
+  if (releases.load() > 0)
+    r.woken_per_release = static_cast<double>(counter->n.load()) / releases.load();
+  if (!waits.empty()) {
+    double sum = 0, top = 0;
+    for (float w : waits) {
+      sum += w;
+      top = std::max<double>(top, w);
+    }
+    r.wait_mean_us = sum / waits.size();
+    r.wait_max_us = top;
+    if (sum > 0) r.fairness = top / (sum / waits.size());
+  }
   return r;
 }
 
@@ -746,6 +783,12 @@ nlohmann::json to_json(const result& r) {
                       {"note", r.note}};
   if (!r.floor.empty()) j["floor"] = r.floor;
   if (r.ratio) j["ratio"] = *r.ratio;
+  if (r.woken_per_release) j["woken_per_release"] = *r.woken_per_release;
+  if (r.fairness) {
+    j["fairness_max_over_mean_wait"] = *r.fairness;
+    j["wait_mean_us"] = r.wait_mean_us;
+    j["wait_max_us"] = r.wait_max_us;
+  }
   if (r.errors) j["first_error"] = r.first_error;
   return j;
 }
@@ -904,16 +947,31 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
     for (auto& b : ctxs)
       for (int c : o.clients) {
         if (c < 2) continue;
-        result r = handoff_dblock(*b, c, o.seconds, o.hold_us);
-        r.backend = b->backend;
-        r.label = b->label;
-        r.operation = "dblock.handoff";
-        r.kind = "handoff";
-        r.note =
-            "K=clients-1 waiters; latency from release() start to the next acquire() "
-            "return (p50/p99); ops/s = handoffs/s; hold " +
-            std::to_string(o.hold_us) + " us";
-        report(std::move(r));
+        struct variant {
+          const char* op;
+          bool own, fair;
+        };
+        for (const variant v : {variant{"dblock.handoff", true, false},
+                                variant{"dblock.handoff_shared", false, false},
+                                variant{"dblock.handoff_fair", true, true}}) {
+          auto lo = b->wait_options;
+          lo.fair = v.fair;
+          result r = handoff_dblock(*b, c, o.seconds, o.hold_us, v.own, lo);
+          r.backend = b->backend;
+          r.label = b->label;
+          r.operation = v.op;
+          r.kind = "handoff";
+          char extra[96];
+          std::snprintf(extra, sizeof extra, "; woken per release %.2f; max/mean wait %.2f",
+                        r.woken_per_release.value_or(0), r.fairness.value_or(0));
+          r.note = std::string(v.own ? "one database handle per client (as processes)"
+                                     : "one database handle shared by the clients") +
+                   (v.fair ? ", fair" : "") +
+                   "; K=clients-1 waiters; latency from release() start to the next acquire() "
+                   "return (p50/p99); ops/s = handoffs/s; hold " +
+                   std::to_string(o.hold_us) + " us" + extra;
+          report(std::move(r));
+        }
         // LISTEN does not work through a transaction-mode pooler.
         if (b->backend == "postgresql" &&
             b->db.options().pooler != dblock::pooler_mode::transaction) {

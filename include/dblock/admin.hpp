@@ -29,6 +29,12 @@ struct lock_info {
   std::chrono::system_clock::time_point expires_at;   ///< when the lease ends (or ended)
   std::chrono::microseconds expires_in{0};  ///< expires_at minus the database's now (< 0: expired)
   bool held = false;                        ///< hold_count > 0 and not expired
+  /// Waiting acquires queued for this lease now (live entries of the waiter queue).
+  int waiters = 0;
+  /// "host:pid" of the waiter at the head of the queue (empty when nobody waits).
+  std::string head_waiter;
+  /// How long the longest waiting acquire has been queued (database clock).
+  std::chrono::microseconds oldest_wait{0};
 };
 
 /// Which rows list_locks() returns.

@@ -12,6 +12,7 @@ namespace dblock {
 
 namespace detail {
 struct cancel_state;
+struct cancel_access;
 }  // namespace detail
 
 /**
@@ -37,6 +38,7 @@ class cancellation {
   bool sleep_for(std::chrono::nanoseconds d) const;
 
  private:
+  friend struct detail::cancel_access;
   std::shared_ptr<detail::cancel_state> state_;
 };
 

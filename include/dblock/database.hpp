@@ -64,6 +64,12 @@ struct database_options {
   /// `pooler=none|session|transaction`, which overrides this field. Any other value than `none`
   /// on MySQL or SQLite is refused.
   pooler_mode pooler = pooler_mode::none;
+  /// PostgreSQL only: where waiters' wake-up listener connects (a `postgresql://` URL straight
+  /// to the server). Empty (the default): the database URL itself, except behind a
+  /// transaction-mode pooler, where LISTEN cannot work and waiters poll instead (see
+  /// docs/waiting.md). The listener is one connection outside the pool, opened when the first
+  /// acquire starts waiting.
+  std::string listen_url;
   /// Receives events and log messages of everything using this database (optional).
   std::shared_ptr<listener> events;
 };

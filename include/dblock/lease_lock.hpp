@@ -19,6 +19,7 @@ namespace dblock {
 
 namespace detail {
 struct lease_state;
+class waiting_acquire;
 }  // namespace detail
 
 /// Settings of a lease lock; lease_lock's constructor checks them.
@@ -49,6 +50,17 @@ struct lease_options {
   /// The cap of the polling delay (at least poll_initial); a poll also never sleeps past the
   /// holder's expiry or the end of the wait.
   std::chrono::milliseconds poll_max{std::chrono::seconds(1)};
+  /**
+   * Fair mode: acquire(wait) grants the lease in arrival order. Every waiting acquire has an
+   * entry in the database's waiter queue (ordered by a ticket the database assigns; the entry is
+   * itself a lease of `ttl`, refreshed while it waits, so a waiter that dies is skipped within
+   * its TTL); in fair mode only the head of the queue may take the lease, and a release wakes
+   * only the head. try_acquire() and the first try of acquire() then take a free lease only
+   * when nobody is queued (one more read). Holders that are not fair (other lock objects on the
+   * same name without this option) can still take a free lease first. Off by default: a release
+   * still wakes one waiter (the longest waiting), but anyone may take the lease first.
+   */
+  bool fair = false;
 };
 
 /// Sets the process-wide handler for release failures in guard destructors (default: ignore);
@@ -112,9 +124,15 @@ class lease_lock {
   [[nodiscard]] std::optional<lease_guard> try_acquire();
 
   /**
-   * @brief Waits up to `wait` for the lease, polling with jittered exponential backoff.
+   * @brief Waits up to `wait` for the lease: woken when it is released, polling as a safety net.
    *
-   * While the lease is held, polls read the row (no write) and sleep until at most its expiry.
+   * Tries once; when the lease is held, the call enters the waiter queue (one row, deleted when
+   * it acquires or gives up) and sleeps until a release wakes it (see docs/waiting.md: the
+   * same process at once; other processes through PostgreSQL LISTEN/NOTIFY or SQLite's
+   * doorbell directory; on MySQL by polling) or the holder's lease expires. Without a working
+   * wake-up channel it polls with jittered exponential backoff (poll_initial .. poll_max),
+   * reading the row (no write), never sleeping past the holder's expiry. A lost wake-up costs
+   * latency only. With lease_options::fair the grants follow the queue order.
    * @throws dblock::error errc::timeout when `wait` runs out (a pool wait past
    *         database_options::pool_wait is errc::timeout too), errc::cancelled when `cancel`
    *         fires, the errors of try_acquire(), and the @ref database_errors "database errors"
@@ -131,6 +149,7 @@ class lease_lock {
   const lease_options& options() const noexcept;
 
  private:
+  friend class detail::waiting_acquire;
   struct impl;
   std::unique_ptr<impl> impl_;
 };

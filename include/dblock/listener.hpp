@@ -64,6 +64,11 @@ class listener {
   /// The reaper deleted `rows` expired rows in `batches` delete transactions. Default: nothing.
   /// Must not throw.
   virtual void rows_reaped(std::uint64_t rows, std::uint64_t batches) { (void)rows, (void)batches; }
+  /// A waiting acquire of this process was woken because the lease `name` was freed (at most
+  /// one per release and process, see docs/waiting.md). Called on the releasing or the
+  /// listening thread, with the wake-up registry locked: must return quickly. Default: nothing.
+  /// Must not throw.
+  virtual void woken(std::string_view name) { (void)name; }
   /// A diagnostic message. Default: nothing. Must not throw.
   virtual void log(log_level level, std::string_view message) { (void)level, (void)message; }
 };

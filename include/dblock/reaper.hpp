@@ -23,6 +23,9 @@ struct reap_result {
   std::uint64_t batches = 0;             ///< delete transactions run
   std::chrono::microseconds elapsed{0};  ///< wall time of the call
   bool complete = false;                 ///< true when no reapable row was left
+  /// Waiter queue entries deleted (expired longer than min(retention, 1 minute) ago: their
+  /// waiters died or gave up without deleting them); not counted in rows_reaped.
+  std::uint64_t waiters_reaped = 0;
 };
 
 /// Settings of the reaper; reap_once() and reaper's constructor check them. Thread-safety: a

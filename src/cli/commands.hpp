@@ -62,6 +62,7 @@ struct exec_options {
   std::string ttl = "30s";
   std::string wait = "0s";
   std::string kill_after = "10s";
+  bool fair = false;
   std::vector<std::string> command;
 };
 CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x);

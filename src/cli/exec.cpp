@@ -38,6 +38,7 @@ dblock::lease_options lease_options_for(const exec_options& x, std::atomic<bool>
   dblock::lease_options lo;
   lo.ttl = parse_duration(x.ttl, "--ttl");
   lo.watchdog = true;
+  lo.fair = x.fair;
   lo.on_lost = [&lost](const dblock::error& e) {
     lost = true;
     std::cerr << "dblock exec: " << shown(e.what()) << "; sending SIGTERM to the command\n";
@@ -178,6 +179,9 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
   exec->add_option("--kill-after", x.kill_after,
                    "after the lease is lost and SIGTERM sent, SIGKILL after this long")
       ->capture_default_str();
+  exec->add_flag("--fair", x.fair,
+                 "wait in arrival order: waiters queued before this one get the lock first "
+                 "(see docs/waiting.md)");
   exec->add_option("command", x.command, "command and arguments (after --)")->required();
   exec->positionals_at_end();
   return exec;

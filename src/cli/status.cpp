@@ -29,7 +29,10 @@ void print_status_json(const dblock::database& db, const std::vector<dblock::loc
                           {"hold_count", l.hold_count},
                           {"acquired_at", iso_time(l.acquired_at)},
                           {"expires_at", iso_time(l.expires_at)},
-                          {"expires_in_ms", l.expires_in.count() / 1000}});
+                          {"expires_in_ms", l.expires_in.count() / 1000},
+                          {"waiters", l.waiters},
+                          {"head_waiter", l.head_waiter},
+                          {"oldest_wait_ms", l.oldest_wait.count() / 1000}});
   j["forced_releases"] = nlohmann::json::array();
   for (const auto& f : forced)
     j["forced_releases"].push_back({{"name", f.name},
@@ -52,15 +55,17 @@ void print_status_table(const dblock::database& db, const std::vector<dblock::lo
   std::cout << std::left << std::setw(static_cast<int>(w)) << "NAME"
             << "  " << std::setw(28) << "HOLDER" << std::right << std::setw(10) << "FENCE"
             << std::setw(12) << "ACQUIRED" << std::setw(12) << "EXPIRES IN" << std::setw(6)
-            << "HOLDS"
-            << "\n";
+            << "HOLDS" << std::setw(9) << "WAITERS" << std::setw(12) << "OLDEST WAIT"
+            << "  HEAD WAITER\n";
   for (const auto& l : locks) {
     auto ago = std::chrono::duration_cast<std::chrono::microseconds>(now - l.acquired_at);
     std::cout << std::left << std::setw(static_cast<int>(w)) << shown(l.name).substr(0, 60) << "  "
               << std::setw(28) << (l.holder_host + ":" + std::to_string(l.holder_pid)).substr(0, 28)
               << std::right << std::setw(10) << l.fence << std::setw(12) << (human(ago) + " ago")
               << std::setw(12) << (l.held ? human(l.expires_in) : std::string("free"))
-              << std::setw(6) << l.hold_count << "\n";
+              << std::setw(6) << l.hold_count << std::setw(9) << l.waiters << std::setw(12)
+              << (l.waiters ? human(l.oldest_wait) : std::string("-")) << "  "
+              << (l.waiters ? l.head_waiter : std::string("-")) << "\n";
   }
   std::cout << locks.size() << (s.all ? " lock row(s)" : " held lock(s)")
             << (s.pattern.empty() ? "" : " matching '" + shown(s.pattern) + "'") << " in "

@@ -88,6 +88,21 @@ void connector::begin(soci::session& sql, const connection_state&, const databas
   sql << "BEGIN";
 }
 
+std::uint64_t name_hash(const std::string& name) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+std::string doorbell::target(const parsed_url&, const database_options& o) const {
+  if (!o.listen_url.empty())
+    throw error(errc::invalid_argument, "database_options::listen_url is for PostgreSQL only");
+  return {};
+}
+
 table_names make_table_names(const std::string& prefix) {
   if (!prefix.empty()) {
     bool ok = prefix.size() <= 32 &&
@@ -108,6 +123,7 @@ table_names make_table_names(const std::string& prefix) {
   t.audit = prefix + "resource_lock_audit";
   t.stock = prefix + "stock_segment";
   t.ids = prefix + "id_block";
+  t.waiters = prefix + "lock_waiter";
   validate_identifier(t.floor, "table name");
   validate_identifier(t.migrations, "table name");
   return t;

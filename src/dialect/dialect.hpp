@@ -4,15 +4,17 @@
 //               timeouts, transaction state, ending a server session, catalog look-ups);
 //   classifier  native errors -> dblock::error;
 //   vocabulary  SQL text fragments (clock, quoting, FOR UPDATE forms, upserts);
+//   doorbell    wake-ups of waiters across processes (LISTEN/NOTIFY, a doorbell directory);
 //   executor    running a statement with bound values: prepared once per connection where the
 //               backend can (PostgreSQL PQprepare, SQLite cached sqlite3_stmt), one text round
 //               trip on MySQL (as its own client library does).
-// Each backend implements the four roles in src/dialect/<backend>/. Nothing outside
-// src/dialect/ branches on the backend.
+// Each backend implements these roles in src/dialect/<backend>/ (doorbell where it has one).
+// Nothing outside src/dialect/ branches on the backend.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +24,7 @@
 
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
+#include "dblock/listener.hpp"
 #include "dblock/value.hpp"
 
 namespace soci {
@@ -44,6 +47,7 @@ struct table_names {
   std::string audit;       // <prefix>resource_lock_audit
   std::string stock;       // <prefix>stock_segment
   std::string ids;         // <prefix>id_block
+  std::string waiters;     // <prefix>lock_waiter
 };
 
 /// One migration file, as embedded at build time.
@@ -233,6 +237,15 @@ class vocabulary {
    * MySQL: LAST_INSERT_ID() from the OK packet); the reserved IDs are [next_id - n, next_id).
    */
   virtual std::string id_reserve(const table_names&) const = 0;
+  /// Suffix of an INSERT that yields the generated `column` (MySQL: none; its value comes back
+  /// in the OK packet as the insert id).
+  virtual std::string returning(const std::string& column) const { return " RETURNING " + column; }
+  /**
+   * The lease acquire statement (parameters as lease_acquire, then `ticket`) that also deletes
+   * the fair-queue entry `ticket` when, and only when, it acquires: one round trip. Empty where
+   * one statement cannot do both; the queue entry is then deleted by a second statement.
+   */
+  virtual std::string lease_acquire_dequeue(const table_names&) const { return {}; }
 };
 
 /// Runs statements with bound values on a pooled connection.
@@ -253,13 +266,78 @@ class executor {
   virtual bool statement_in_transaction() const { return false; }
 };
 
-/// One backend: its name and its four roles.
+/// FNV-1a of a resource name: how a doorbell names a lock without carrying the name.
+std::uint64_t name_hash(const std::string& name);
+
+/// A release as a doorbell delivers it: the resource name (empty where only its hash travels),
+/// the hash (name_hash()), the fence of the freed lease (0: unknown) and the owner token of the
+/// head of the name's live fair queue (empty: unknown or none).
+struct ring_event {
+  std::string name;
+  std::uint64_t hash = 0;
+  std::int64_t fence = 0;
+  std::string head;
+};
+
+/// A backend's open wake-up channel: a thread that delivers rings from other processes until
+/// destroyed.
+class bell_channel {
+ public:
+  virtual ~bell_channel() = default;
+  /// True while rings are known to arrive (for example after LISTEN succeeded and until the
+  /// listening connection broke).
+  virtual bool live() const = 0;
+  /// True when rings are addressed to single waiters, which must subscribe (watch()) and are
+  /// reached only once the subscription is confirmed (bell_callbacks::confirmed).
+  virtual bool addressed() const { return false; }
+  /// Subscribes (`on`) or unsubscribes the waiter with owner token `token`.
+  virtual void watch(const std::string& token, bool on) { (void)token, (void)on; }
+};
+
+/// Callbacks of a bell_channel, called on its thread.
+struct bell_callbacks {
+  std::function<void(const ring_event&)> deliver;
+  /// Rings may have been lost (the channel reconnected): every waiter should look again.
+  std::function<void()> lost;
+  /// The subscription of waiter `token` is in place (addressed channels), or gone (`false`,
+  /// the connection broke).
+  std::function<void(const std::string& token, bool)> confirmed;
+  std::function<void(log_level, const std::string&)> log;
+};
+
+/// Wake-ups across processes. The default has none: waiters are woken by releases in their own
+/// process and otherwise poll (MySQL, which has no NOTIFY).
+class doorbell {
+ public:
+  virtual ~doorbell() = default;
+  /// Where the channel of a database handle connects (PostgreSQL: a libpq conninfo; SQLite: the
+  /// doorbell directory); empty when there is none.
+  /// Refuses database_options::listen_url where the backend has no listener.
+  virtual std::string target(const parsed_url&, const database_options& o) const;
+  /// Opens the channel (its thread connects and reconnects by itself); nullptr when none.
+  virtual std::unique_ptr<bell_channel> open(const std::string& /*target*/, const table_names&,
+                                             bell_callbacks) const {
+    return nullptr;
+  }
+  /// True when ring() should name the head of the queue (the releaser then reads it).
+  virtual bool rings_head() const { return false; }
+  /// Called by the releasing process after the lease of `name` (fence) was freed: rings the
+  /// other processes where the database does not do it in the release's own transaction;
+  /// `head` is the owner token of the head of the queue (empty: unknown or nobody).
+  virtual void ring(const std::string& target, const std::string& name, std::int64_t fence,
+                    const std::string& head) const {
+    (void)target, (void)name, (void)fence, (void)head;
+  }
+};
+
+/// One backend: its name and its five roles.
 struct dialect {
   const char* name;  ///< "postgresql", "mysql" or "sqlite"
   const connector& conn;
   const classifier& errors;
   const vocabulary& sql;
   const executor& exec;
+  const doorbell& bell;
   const std::vector<migration_file>& migrations;  ///< embedded files, in version order
   const migration_file& bootstrap;                ///< the migrations bookkeeping table
 };
@@ -269,16 +347,18 @@ std::vector<migration_file> load_migrations(const std::string& backend);
 /// The embedded bootstrap file (the migrations bookkeeping table) of one backend.
 migration_file load_bootstrap(const std::string& backend);
 
-/// The one dialect object of a backend, made of its four roles (one instance per backend).
-template <class Connector, class Classifier, class Vocabulary, class Executor>
+/// The one dialect object of a backend, made of its roles (one instance per backend).
+template <class Connector, class Classifier, class Vocabulary, class Executor,
+          class Doorbell = doorbell>
 const dialect& make_dialect(const char* name) {
   static const Connector conn;
   static const Classifier errors;
   static const Vocabulary sql;
   static const Executor exec;
+  static const Doorbell bell;
   static const std::vector<migration_file> files = load_migrations(name);
   static const migration_file boot = load_bootstrap(name);
-  static const dialect d{name, conn, errors, sql, exec, files, boot};
+  static const dialect d{name, conn, errors, sql, exec, bell, files, boot};
   return d;
 }
 

@@ -9,8 +9,10 @@
 
 #include "dblock/retry.hpp"
 #include "identifier.hpp"
+#include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
 #include "storage/lock_table.hpp"
+#include "storage/wait_queue.hpp"
 
 namespace dblock {
 
@@ -19,7 +21,6 @@ using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 
 namespace detail {
-namespace {
 
 std::string new_owner_token() {
   static thread_local std::random_device rd;
@@ -46,14 +47,6 @@ std::string thread_label() {
   return std::to_string(static_cast<long long>(::syscall(SYS_gettid)));
 }
 
-// The outcome of one acquire statement.
-struct sent_acquire {
-  enum kind_t { acquired, held, resend } kind;
-  std::int64_t fence = 0;
-};
-
-}  // namespace
-
 nanoseconds full_jitter(nanoseconds cap) {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   if (cap.count() <= 0) return nanoseconds(0);
@@ -62,22 +55,6 @@ nanoseconds full_jitter(nanoseconds cap) {
 }
 
 }  // namespace detail
-
-struct lease_lock::impl {
-  database db;
-  std::string name;
-  lease_options options;
-  std::shared_ptr<detail::lease_state> current;  // the acquisition reentry extends
-  retry_policy transient;  // deadlocks and busy errors of the upsert itself, built once
-
-  std::optional<lease_guard> attempt();
-  detail::sent_acquire send(const detail::acquire_params& p, int expected_holds,
-                            steady::time_point& sent);
-  detail::sent_acquire resolve_lost_reply(const detail::acquire_params& p, int expected_holds,
-                                          const detail::session_ref& server);
-  lease_guard granted(const detail::acquire_params& p, std::int64_t fence, steady::time_point sent,
-                      bool reentry);
-};
 
 lease_lock::lease_lock(database db, std::string name, lease_options options)
     : impl_(std::make_unique<impl>(
@@ -146,8 +123,8 @@ detail::sent_acquire lease_lock::impl::resolve_lost_reply(const detail::acquire_
   return {free ? detail::sent_acquire::resend : detail::sent_acquire::held, 0};
 }
 
-detail::sent_acquire lease_lock::impl::send(const detail::acquire_params& p, int expected,
-                                            steady::time_point& sent) {
+detail::sent_acquire lease_lock::impl::send(const detail::acquire_params& p, std::int64_t ticket,
+                                            int expected, steady::time_point& sent) {
   const auto& dbi = detail::access::impl(db);
   detail::session_ref server;
   sent = steady::now();
@@ -155,7 +132,8 @@ detail::sent_acquire lease_lock::impl::send(const detail::acquire_params& p, int
     auto fence =
         detail::with_session(dbi, "acquire lease '" + name + "'", [&](detail::session_scope& s) {
           server = s.server();
-          return detail::lock_table::acquire(s, p);
+          return ticket ? detail::wait_queue::acquire_dequeue(s, p, ticket)
+                        : detail::lock_table::acquire(s, p);
         });
     if (fence) return {detail::sent_acquire::acquired, *fence};
     return {detail::sent_acquire::held, 0};
@@ -165,13 +143,14 @@ detail::sent_acquire lease_lock::impl::send(const detail::acquire_params& p, int
   }
 }
 
-std::optional<lease_guard> lease_lock::impl::attempt() {
+std::optional<lease_guard> lease_lock::impl::attempt(const std::string& token,
+                                                     std::int64_t ticket) {
   const auto& dbi = detail::access::impl(db);
   auto cur = current;
   const bool reentry = cur && cur->holds.load() > 0 && cur->valid();
   detail::acquire_params p;
   p.name = name;
-  p.owner_token = reentry ? cur->token : detail::new_owner_token();
+  p.owner_token = reentry ? cur->token : !token.empty() ? token : detail::new_owner_token();
   p.ttl_us = std::chrono::duration_cast<std::chrono::microseconds>(options.ttl).count();
   p.holder_host = detail::host_name();
   p.holder_pid = static_cast<std::int64_t>(::getpid());
@@ -182,7 +161,7 @@ std::optional<lease_guard> lease_lock::impl::attempt() {
   detail::sent_acquire out = retry(transient, [&] {
     detail::sent_acquire r{detail::sent_acquire::resend, 0};
     for (int round = 0; round < 8 && r.kind == detail::sent_acquire::resend; ++round)
-      r = send(p, expected, sent);
+      r = send(p, reentry ? 0 : ticket, expected, sent);
     return r;
   });
   if (out.kind != detail::sent_acquire::acquired) {
@@ -226,60 +205,20 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
 }
 
 std::optional<lease_guard> lease_lock::try_acquire() {
-  return impl_->attempt();
-}
-
-namespace {
-
-// What a poll of a held lease decided.
-enum class poll_result { try_now, keep_polling };
-
-}  // namespace
-
-lease_guard lease_lock::acquire(milliseconds wait, const cancellation& cancel) {
-  const auto& dbi = detail::access::impl(impl_->db);
-  const auto& o = impl_->options;
-  const std::string what = "acquire lease '" + impl_->name + "'";
-  const auto deadline = steady::now() + wait;
-  auto cancelled = [&] { return error(errc::cancelled, what + ": cancelled"); };
-  bool lost_race = false;  // the last try followed a read that showed the lease free
-  int attempt = 0;
-  // Held by someone else: poll with reads, not upserts (a failed upsert still writes, and on
-  // PostgreSQL flushes, WAL; a read does not), sleeping no longer than the lease has left.
-  auto poll = [&]() -> poll_result {
-    auto now = steady::now();
-    if (now >= deadline)
-      throw error(errc::timeout,
-                  what + ": not acquired within " + std::to_string(wait.count()) + " ms");
-    nanoseconds cap =
-        std::min<nanoseconds>(o.poll_initial * (1LL << std::min(attempt, 20)), o.poll_max);
-    nanoseconds sleep = std::min<nanoseconds>(detail::full_jitter(cap), deadline - now);
-    auto row = detail::with_session(dbi, what, [&](detail::session_scope& s) {
-      return detail::lock_table::read(s, impl_->name);
-    });
-    const bool free = !row || row->hold_count == 0 || row->expires_at_us <= row->now_us;
-    if (free && !lost_race) {
-      lost_race = true;
-      return poll_result::try_now;
+  const auto& cur = impl_->current;
+  const bool reentry = cur && cur->holds.load() > 0 && cur->valid();
+  if (impl_->options.fair && !reentry) {
+    // Fair: a free lease is taken only when nobody is queued for it.
+    const auto& dbi = detail::access::impl(impl_->db);
+    auto st = detail::with_session(
+        dbi, "acquire lease '" + impl_->name + "'",
+        [&](detail::session_scope& s) { return detail::wait_queue::read(s, impl_->name); });
+    if (!st.free() || st.head) {
+      dbi->notify([&](listener& l) { l.contended(impl_->name); });
+      return std::nullopt;
     }
-    // Free, but the last try after a free read failed (another waiter won): back off before
-    // trying again, so that waiters never spin on try and read.
-    const bool backing_off = free;
-    lost_race = false;
-    auto until_expiry =
-        backing_off ? sleep
-                    : std::chrono::microseconds(row->expires_at_us - row->now_us) + milliseconds(1);
-    sleep = std::min<nanoseconds>(sleep, until_expiry);
-    if (cancel.sleep_for(sleep)) throw cancelled();
-    if (!backing_off && steady::now() - now >= until_expiry) return poll_result::try_now;
-    return poll_result::keep_polling;
-  };
-  for (;; ++attempt) {
-    if (cancel.cancelled()) throw cancelled();
-    if (auto g = impl_->attempt()) return std::move(*g);
-    while (poll() == poll_result::keep_polling)
-      ++attempt;
   }
+  return impl_->attempt();
 }
 
 }  // namespace dblock

@@ -5,7 +5,9 @@
 #include "dblock/retry.hpp"
 #include "lease/state.hpp"
 #include "storage/lock_table.hpp"
+#include "storage/wait_queue.hpp"
 #include "storage/write_scope.hpp"
+#include "wake/hub.hpp"
 
 namespace dblock {
 
@@ -33,7 +35,21 @@ retry_policy transient_conflict_policy(int max_attempts, milliseconds max_backof
   return p;
 }
 
-void lease_state::report_released() {
+// Where the doorbell names the head of the queue (SQLite), read it: one local read. A failure
+// only costs the wake-up.
+std::string lease_state::head_to_ring() const {
+  if (!db->hub->wants_head()) return std::string();
+  try {
+    return with_session(db, "read the waiter queue of '" + name + "'",
+                        [&](session_scope& s) { return wait_queue::head_token(s, name, token); });
+  } catch (const error&) {
+    return std::string();
+  }
+}
+
+void lease_state::report_released(int left) {
+  // The lease is free: wake a waiter now rather than at its next poll.
+  if (left == 0) db->hub->released(name, fence, head_to_ring());
   db->notify([&](listener& l) {
     l.released(name,
                std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - acquired_at));
@@ -85,20 +101,20 @@ void lease_state::release_one() {
   if (left == 0) stop_watchdog();
   bool in_doubt = false;
   if (release_sent(left, in_doubt)) {
-    report_released();
+    report_released(left);
     return;
   }
   // Not matched: already released by an earlier attempt whose reply was lost, or lost.
   auto row = with_session(db, "release lease '" + name + "'",
                           [&](session_scope& s) { return lock_table::read(s, name); });
   if (row && row->owner_token == token && row->fence == fence && row->hold_count == left) {
-    report_released();  // an earlier attempt whose reply was lost did it
+    report_released(left);  // an earlier attempt whose reply was lost did it
     return;
   }
   if (in_doubt && (!row || row->owner_token != token)) {
     // Our release may have gone through before someone else took the free lease; either way the
     // lease is no longer ours and the successor's row was not touched.
-    report_released();
+    report_released(left);
     return;
   }
   mark_lost(error(errc::lease_lost, "lease '" + name + "' was lost before release"));

@@ -66,7 +66,8 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   bool watchdog_step(std::chrono::milliseconds interval, std::chrono::milliseconds& wait);
   void watchdog_loop();
   bool release_sent(int left, bool& in_doubt);
-  void report_released();
+  void report_released(int left);
+  std::string head_to_ring() const;
 };
 
 /// Retries a lease statement that failed with a deadlock or a busy error of its own (for example

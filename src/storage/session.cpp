@@ -2,6 +2,7 @@
 // (write_scope).
 #include "storage/session.hpp"
 #include "storage/write_scope.hpp"
+#include "wake/hub.hpp"
 
 namespace dblock::detail {
 
@@ -58,7 +59,10 @@ std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<databa
   return s;
 }
 
+database_impl::database_impl(std::size_t size) : pool(size), slots(size) {}
+
 database_impl::~database_impl() {
+  hub.reset();  // stops the doorbell channel's thread first
   for (auto& sl : slots)
     sl.state.reset();
 }

@@ -19,6 +19,7 @@
 namespace dblock::detail {
 
 class session_scope;
+class wake_hub;
 
 struct database_impl {
   std::string backend;
@@ -30,6 +31,8 @@ struct database_impl {
   table_names tables;
   lock_statements statements;  // dblock's statements for these tables, built once
   soci::connection_pool pool;
+  /// Wake-ups of waiters (see wake/hub.hpp); its channel opens when the first waiter enlists.
+  std::unique_ptr<wake_hub> hub;
 
   /// Per pool slot; only the slot's lessee touches it.
   struct slot {
@@ -38,7 +41,7 @@ struct database_impl {
   };
   std::vector<slot> slots;
 
-  explicit database_impl(std::size_t size) : pool(size), slots(size) {}
+  explicit database_impl(std::size_t size);
   /// Drops the connection states before the pool closes its sessions.
   ~database_impl();
 

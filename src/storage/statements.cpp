@@ -48,6 +48,52 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
                         {"name", "token"});
 }
 
+void waiter_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  const std::string now = v.now();
+  const std::string dq = v.lease_acquire_dequeue(t);
+  s.acquire_dequeue = routine(dq.empty() ? "" : "lease_acquire_dequeue", dq,
+                              {"name", "token", "ttl", "host", "pid", "thread", "ticket"});
+  s.waiter_insert =
+      make("waiter_insert",
+           "INSERT INTO " + t.waiters +
+               " (resource_name, owner_token, enqueued_at, expires_at, holder_host,"
+               " holder_pid) VALUES (:name, :token, " +
+               now + ", " + v.plus_us(now, "ttl") + ", :host, :pid)" + v.returning("ticket"),
+           {"name", "token", "ttl", "host", "pid"});
+  s.waiter_refresh = make("waiter_refresh",
+                          "UPDATE " + t.waiters + " SET expires_at = " + v.plus_us(now, "ttl") +
+                              " WHERE ticket = :ticket AND owner_token = :token",
+                          {"ttl", "ticket", "token"});
+  s.waiter_delete =
+      make("waiter_delete",
+           "DELETE FROM " + t.waiters + " WHERE ticket = :ticket AND owner_token = :token",
+           {"ticket", "token"});
+  s.wait_read =
+      make("wait_read",
+           "SELECT hold_count, " + v.epoch_us("expires_at") + ", " + v.epoch_us(now) +
+               ", (SELECT MIN(w.ticket) FROM " + t.waiters +
+               " w WHERE w.resource_name = l.resource_name AND w.owner_token <> l.owner_token"
+               " AND w.expires_at > " +
+               now + "), fence FROM " + t.lock + " l WHERE l.resource_name = :name",
+           {"name"});
+  s.waiter_head = make("waiter_head",
+                       "SELECT owner_token FROM " + t.waiters +
+                           " WHERE resource_name = :name AND owner_token <> :token AND"
+                           " expires_at > " +
+                           now + " ORDER BY ticket LIMIT 1",
+                       {"name", "token"});
+  s.waiters_list =
+      make("waiters_list",
+           "SELECT resource_name, ticket, holder_host, holder_pid, " + v.epoch_us("enqueued_at") +
+               ", " + v.epoch_us(now) + " FROM " + t.waiters + " WHERE expires_at > " + now +
+               " ORDER BY resource_name, ticket",
+           {});
+  s.waiters_reap =
+      make("waiters_reap",
+           "DELETE FROM " + t.waiters + " WHERE expires_at < " + v.plus_us(now, "neg_retention"),
+           {"neg_retention"});
+}
+
 void row_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
   s.exists =
@@ -174,6 +220,7 @@ void migration_statements(lock_statements& s, const vocabulary& v, const table_n
 lock_statements build_lock_statements(const dialect& d, const table_names& t) {
   lock_statements s;
   lease_statements(s, d.sql, t);
+  waiter_statements(s, d.sql, t);
   row_statements(s, d.sql, t);
   admin_statements(s, d.sql, t);
   stock_statements(s, d.sql, t);

@@ -17,6 +17,19 @@ struct lock_statements {
   statement read;     ///< name -> the row and the database clock
   /// name, token -> fence, locking the row (inside a write transaction): the fenced-write check
   statement fenced_check;
+  // ---- waiting: the fair queue (lock_waiter) ---------------------------------------------------
+  /// acquire's parameters, then ticket -> fence; deletes the queue entry when acquired. Empty
+  /// text where the dialect cannot do both in one statement (see vocabulary).
+  statement acquire_dequeue;
+  statement waiter_insert;   ///< name, token, ttl, host, pid -> ticket (RETURNING or insert id)
+  statement waiter_refresh;  ///< ttl, ticket, token; one row affected while the entry lives
+  statement waiter_delete;   ///< ticket, token
+  /// name -> hold_count, expires (µs), now (µs), the lowest live ticket (NULL: none), fence
+  statement wait_read;
+  /// name, token (the releaser's) -> the owner token of the head of the live queue
+  statement waiter_head;
+  statement waiters_list;  ///< -> name, ticket, host, pid, enqueued (µs), now (µs): live entries
+  statement waiters_reap;  ///< neg_retention: deletes entries expired longer ago than that
   // ---- named lock rows ------------------------------------------------------------------------
   statement exists;            ///< name -> count (a plain read, takes no lock)
   statement insert_free;       ///< name; a free row above the floor unless it exists

@@ -72,6 +72,7 @@ class vocabulary final : public detail::vocabulary {
     return " ON DUPLICATE KEY UPDATE " + key + " = " + key;
   }
   std::string lease_acquire(const table_names& t) const override;
+  std::string returning(const std::string&) const override { return {}; }
   std::string id_reserve(const table_names& t) const override;
 };
 

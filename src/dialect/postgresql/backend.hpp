@@ -57,6 +57,14 @@ class connector final : public detail::connector {
   void unlock_migrations(soci::session&, const std::string& key) const override;
 };
 
+/// LISTEN/NOTIFY wake-ups (doorbell.cpp).
+class doorbell final : public detail::doorbell {
+ public:
+  std::string target(const parsed_url& u, const database_options& o) const override;
+  std::unique_ptr<bell_channel> open(const std::string& target, const table_names& t,
+                                     bell_callbacks cb) const override;
+};
+
 class classifier final : public detail::classifier {
  public:
   error classify_current(const std::string& what) const override;
@@ -72,6 +80,7 @@ class vocabulary final : public detail::vocabulary {
     return "CAST(floor(extract(epoch FROM " + ts + ") * 1000000) AS BIGINT)";
   }
   std::string lease_acquire(const table_names& t) const override;
+  std::string lease_acquire_dequeue(const table_names& t) const override;
   std::string id_reserve(const table_names& t) const override;
 };
 

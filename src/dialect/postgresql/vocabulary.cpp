@@ -28,6 +28,13 @@ std::string vocabulary::lease_acquire(const table_names& t) const {
          " RETURNING fence";
 }
 
+std::string vocabulary::lease_acquire_dequeue(const table_names& t) const {
+  // Data-modifying CTEs run once each, whatever the outer query reads; the DELETE's condition
+  // on the acquire's RETURNING keeps the queue entry when the lease was not acquired.
+  return "WITH acq AS (" + lease_acquire(t) + "), gone AS (DELETE FROM " + t.waiters +
+         " WHERE ticket = :ticket AND EXISTS (SELECT 1 FROM acq)) SELECT fence FROM acq";
+}
+
 std::string vocabulary::id_reserve(const table_names& t) const {
   return "UPDATE " + t.ids + " SET next_id = GREATEST(next_id, (" + epoch_us(now()) +
          " / 1000 - :epoch_ms) * :per_ms) + :n WHERE generator = :name RETURNING next_id";

@@ -64,6 +64,17 @@ class connector final : public detail::connector {
   void unlock_migrations(soci::session&, const std::string&) const override {}
 };
 
+/// Wake-ups through a doorbell directory beside the database file (doorbell.cpp).
+class doorbell final : public detail::doorbell {
+ public:
+  std::string target(const parsed_url& u, const database_options& o) const override;
+  std::unique_ptr<bell_channel> open(const std::string& target, const table_names& t,
+                                     bell_callbacks cb) const override;
+  bool rings_head() const override { return true; }
+  void ring(const std::string& target, const std::string& name, std::int64_t fence,
+            const std::string& head) const override;
+};
+
 class classifier final : public detail::classifier {
  public:
   error classify_current(const std::string& what) const override;

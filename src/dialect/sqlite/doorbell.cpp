@@ -1,0 +1,132 @@
+// SQLite wake-ups. All users of a SQLite file share a host, so the doorbell is a directory beside
+// the database file: a release creates (and at once removes) an entry named after the hash of
+// the resource name, the freed fence and the owner token of the head of the waiter queue (the
+// releaser reads it; no entry when nobody waits), and each process with waiters watches the
+// directory with inotify on one thread per database handle; only the process of the head
+// wakes it. A lost ring costs latency only.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "backend.hpp"
+#include "url.hpp"
+
+namespace dblock::detail::lite {
+namespace {
+
+class channel final : public bell_channel {
+ public:
+  channel(std::string dir, bell_callbacks cb) : dir_(std::move(dir)), cb_(std::move(cb)) {
+    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    in_fd_ = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (in_fd_ < 0) {
+      log(std::string("inotify is not available (") + std::strerror(errno) +
+          "); waiters poll instead");
+      return;
+    }
+    arm(true);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~channel() override {
+    const std::uint64_t one = 1;
+    if (::write(stop_fd_, &one, sizeof one) < 0) {
+    }
+    if (thread_.joinable()) thread_.join();
+    if (in_fd_ >= 0) ::close(in_fd_);
+    ::close(stop_fd_);
+  }
+  bool live() const override { return live_.load(); }
+
+ private:
+  void log(const std::string& m) {
+    if (cb_.log) cb_.log(log_level::warning, "wake-up doorbell: " + m);
+  }
+  /// Creates the directory if needed and watches it; live when that worked.
+  void arm(bool report) {
+    if ((::mkdir(dir_.c_str(), 0777) != 0 && errno != EEXIST) ||
+        ::inotify_add_watch(in_fd_, dir_.c_str(), IN_CREATE) < 0) {
+      if (report)
+        log("cannot watch " + dir_ + " (" + std::strerror(errno) + "); waiters poll instead");
+      return;
+    }
+    live_.store(true);
+    if (!report) cb_.lost();  // re-armed: rings meanwhile went unheard
+  }
+  void handle(const inotify_event& e) {
+    if (e.mask & IN_Q_OVERFLOW) cb_.lost();
+    if (e.mask & IN_IGNORED) {  // the directory was removed: poll until it is back
+      live_.store(false);
+      cb_.lost();
+    }
+    unsigned long long hash = 0;
+    long long fence = 0;
+    char head[65] = {0};
+    if (e.len && std::sscanf(e.name, "%16llx.%lld.%64s", &hash, &fence, head) == 3) {
+      ring_event ev;
+      ev.hash = hash;
+      ev.fence = fence;
+      ev.head = head;
+      cb_.deliver(ev);
+    }
+  }
+  void run() {
+    alignas(inotify_event) char buf[16384];
+    for (;;) {
+      pollfd p[2] = {{stop_fd_, POLLIN, 0}, {in_fd_, POLLIN, 0}};
+      ::poll(p, 2, live_.load() ? -1 : 100);
+      if (p[0].revents & POLLIN) return;
+      if (!live_.load()) arm(false);
+      const ssize_t n = ::read(in_fd_, buf, sizeof buf);
+      for (ssize_t off = 0; n > 0 && off < n;) {
+        const auto* e = reinterpret_cast<const inotify_event*>(buf + off);
+        off += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+        handle(*e);
+      }
+    }
+  }
+
+  const std::string dir_;
+  bell_callbacks cb_;
+  int stop_fd_ = -1, in_fd_ = -1;
+  std::atomic<bool> live_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::string doorbell::target(const parsed_url& u, const database_options& o) const {
+  detail::doorbell::target(u, o);  // refuses listen_url
+  if (u.path.empty() || u.path == ":memory:" || u.path.rfind("file:", 0) == 0) return {};
+  return u.path + ".dblock-wake";
+}
+
+std::unique_ptr<bell_channel> doorbell::open(const std::string& target, const table_names&,
+                                             bell_callbacks cb) const {
+  return std::make_unique<channel>(target, std::move(cb));
+}
+
+void doorbell::ring(const std::string& target, const std::string& name, std::int64_t fence,
+                    const std::string& head) const {
+  if (head.empty() || head.size() > 64) return;  // nobody waits
+  char entry[128];
+  std::snprintf(entry, sizeof entry, "/%016llx.%lld.%s",
+                static_cast<unsigned long long>(name_hash(name)), static_cast<long long>(fence),
+                head.c_str());
+  const std::string path = target + entry;
+  // No directory: no process has waited on this file yet, so nobody listens.
+  const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0666);
+  if (fd < 0) return;
+  ::close(fd);
+  ::unlink(path.c_str());
+}
+
+}  // namespace dblock::detail::lite

@@ -1,0 +1,50 @@
+// Internal: the state behind a lease_lock handle, shared by the single try (acquire.cpp) and the
+// waiting acquire (wait.cpp).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "dblock/lease_lock.hpp"
+#include "dblock/retry.hpp"
+#include "lease/state.hpp"
+#include "storage/lock_table.hpp"
+
+namespace dblock {
+
+namespace detail {
+
+/// The outcome of one acquire statement.
+struct sent_acquire {
+  enum kind_t { acquired, held, resend } kind;
+  std::int64_t fence = 0;
+};
+
+/// 32 random hex digits: a new owner token.
+std::string new_owner_token();
+/// This host's name and the calling thread's id, as recorded in the lock row.
+const std::string& host_name();
+std::string thread_label();
+
+}  // namespace detail
+
+struct lease_lock::impl {
+  database db;
+  std::string name;
+  lease_options options;
+  std::shared_ptr<detail::lease_state> current;  // the acquisition reentry extends
+  retry_policy transient;  // deadlocks and busy errors of the upsert itself, built once
+
+  /// One try. A waiting acquire passes its own owner token and its queue ticket (the entry is
+  /// deleted in the same statement when acquired); otherwise a new token is drawn.
+  std::optional<lease_guard> attempt(const std::string& token = std::string(),
+                                     std::int64_t ticket = 0);
+  detail::sent_acquire send(const detail::acquire_params& p, std::int64_t ticket,
+                            int expected_holds, detail::steady::time_point& sent);
+  detail::sent_acquire resolve_lost_reply(const detail::acquire_params& p, int expected_holds,
+                                          const detail::session_ref& server);
+  lease_guard granted(const detail::acquire_params& p, std::int64_t fence,
+                      detail::steady::time_point sent, bool reentry);
+};
+
+}  // namespace dblock

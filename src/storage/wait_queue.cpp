@@ -1,0 +1,101 @@
+#include "storage/wait_queue.hpp"
+
+#include "storage/write_scope.hpp"
+
+namespace dblock::detail::wait_queue {
+namespace {
+
+sql_result write_statement(session_scope& s, const statement& st, const std::vector<sql_param>& v) {
+  write_scope w(s, write_kind::statement);
+  sql_result r = s.run(st, v);
+  w.commit();
+  return r;
+}
+
+}  // namespace
+
+std::int64_t enqueue(session_scope& s, const std::string& name, const std::string& token,
+                     std::int64_t ttl_us, const std::string& host, std::int64_t pid) {
+  const sql_result r = write_statement(
+      s, s.statements().waiter_insert,
+      {name, token, static_cast<long long>(ttl_us), host, static_cast<long long>(pid)});
+  return r.empty() ? r.insert_id : r.integer(0, 0);
+}
+
+bool refresh(session_scope& s, std::int64_t ticket, const std::string& token, std::int64_t ttl_us) {
+  return write_statement(s, s.statements().waiter_refresh,
+                         {static_cast<long long>(ttl_us), static_cast<long long>(ticket), token})
+             .affected == 1;
+}
+
+void dequeue(session_scope& s, std::int64_t ticket, const std::string& token) {
+  write_statement(s, s.statements().waiter_delete, {static_cast<long long>(ticket), token});
+}
+
+wait_state read(session_scope& s, const std::string& name) {
+  const sql_result r = s.run(s.statements().wait_read, {name});
+  wait_state w;
+  if (r.empty()) return w;
+  w.exists = true;
+  w.hold_count = static_cast<int>(r.integer(0, 0));
+  w.expires_us = r.integer(0, 1);
+  w.now_us = r.integer(0, 2);
+  if (!r.is_null(0, 3)) w.head = r.integer(0, 3);
+  w.fence = r.integer(0, 4);
+  return w;
+}
+
+std::string head_token(session_scope& s, const std::string& name, const std::string& token) {
+  const sql_result r = s.run(s.statements().waiter_head, {name, token});
+  return r.empty() ? std::string() : r.text(0, 0);
+}
+
+std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_params& p,
+                                            std::int64_t ticket) {
+  const statement& st = s.statements().acquire_dequeue;
+  std::vector<sql_param> v;
+  v.reserve(7);
+  v.emplace_back(p.name);
+  v.emplace_back(p.owner_token);
+  v.emplace_back(static_cast<long long>(p.ttl_us));
+  v.emplace_back(p.holder_host);
+  v.emplace_back(static_cast<long long>(p.holder_pid));
+  v.emplace_back(p.holder_thread);
+  if (!st.text.empty()) {
+    v.emplace_back(std::in_place_type<long long>, static_cast<long long>(ticket));
+    const sql_result r = write_statement(s, st, v);
+    if (r.empty() || r.is_null(0, 0)) return std::nullopt;
+    return r.integer(0, 0);
+  }
+  // Two statements (in SQLite's one write transaction; MySQL: two round trips).
+  write_scope w(s, write_kind::statement);
+  const sql_result r = s.run(s.statements().acquire, v);
+  std::optional<std::int64_t> fence;
+  if (!r.empty() && !r.is_null(0, 0)) fence = r.integer(0, 0);
+  if (r.empty() && r.insert_id > 0) fence = r.insert_id;  // MySQL: LAST_INSERT_ID(fence)
+  if (fence) {
+    std::vector<sql_param> del;
+    del.emplace_back(static_cast<long long>(ticket));
+    del.emplace_back(p.owner_token);
+    s.run(s.statements().waiter_delete, del);
+  }
+  w.commit();
+  return fence;
+}
+
+std::vector<entry_info> list(session_scope& s) {
+  const sql_result r = s.run(s.statements().waiters_list, {});
+  std::vector<entry_info> out;
+  for (std::size_t i = 0; i < r.rows.size(); ++i)
+    out.push_back({r.text(i, 0), r.integer(i, 1), r.text(i, 2), r.integer(i, 3), r.integer(i, 4),
+                   r.integer(i, 5)});
+  return out;
+}
+
+std::uint64_t reap(session_scope& s, std::chrono::milliseconds retention) {
+  const long long neg = -std::chrono::duration_cast<std::chrono::microseconds>(retention).count();
+  return static_cast<std::uint64_t>(
+      write_statement(s, s.statements().waiters_reap, {neg}).affected);
+}
+
+}  // namespace dblock::detail::wait_queue

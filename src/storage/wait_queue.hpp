@@ -1,0 +1,58 @@
+// Internal: typed operations on the queue of waiters (<prefix>lock_waiter). Every waiting
+// acquire has an entry, itself a lease (refreshed while it waits, skipped once expired); the
+// ticket the database assigns orders the queue. Fair waiters take the lease only at the head;
+// wake-ups name the head (PostgreSQL's trigger) so that only that waiter is woken.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "storage/lock_table.hpp"
+#include "storage/session.hpp"
+
+namespace dblock::detail::wait_queue {
+
+/// The lock row as a waiter sees it, and the head of the live queue.
+struct wait_state {
+  bool exists = false;
+  int hold_count = 0;
+  std::int64_t expires_us = 0, now_us = 0;
+  std::optional<std::int64_t> head;  ///< lowest live ticket (the last holder's entry excluded)
+  std::int64_t fence = 0;            ///< the row's fence: a new holder has a new one
+  bool free() const { return !exists || hold_count == 0 || expires_us <= now_us; }
+};
+
+/// A live queue entry, for status.
+struct entry_info {
+  std::string name;
+  std::int64_t ticket = 0;
+  std::string host;
+  std::int64_t pid = 0;
+  std::int64_t enqueued_us = 0, now_us = 0;
+};
+
+/// Adds an entry expiring `ttl_us` from now on the database clock; returns its ticket.
+std::int64_t enqueue(session_scope&, const std::string& name, const std::string& token,
+                     std::int64_t ttl_us, const std::string& host, std::int64_t pid);
+/// Extends an entry; false when it is gone (reaped after expiring).
+bool refresh(session_scope&, std::int64_t ticket, const std::string& token, std::int64_t ttl_us);
+/// Deletes an entry (no error when already gone).
+void dequeue(session_scope&, std::int64_t ticket, const std::string& token);
+/// Reads the lock row of `name` and the head of its queue.
+wait_state read(session_scope&, const std::string& name);
+/// The owner token of the head of `name`'s live queue, the releaser's own entry (`token`)
+/// excluded; empty when nobody waits.
+std::string head_token(session_scope&, const std::string& name, const std::string& token);
+/// The lease acquire that also deletes entry `ticket` when it acquires (one statement where the
+/// dialect can, else two).
+std::optional<std::int64_t> acquire_dequeue(session_scope&, const acquire_params&,
+                                            std::int64_t ticket);
+/// Live entries, by name and ticket.
+std::vector<entry_info> list(session_scope&);
+/// Deletes entries expired longer than `retention` ago; returns how many.
+std::uint64_t reap(session_scope&, std::chrono::milliseconds retention);
+
+}  // namespace dblock::detail::wait_queue

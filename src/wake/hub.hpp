@@ -1,0 +1,121 @@
+// Internal: wake-ups for waiters of one database handle. A waiting acquire enlists here before it
+// reads the lock row; a release rings the name, and the hub wakes one waiter of that name in this
+// process (the head of the fair queue when known, else the longest waiting), never all of them.
+// Rings come from this process's own releases at once, and from other processes through the
+// dialect's doorbell channel (PostgreSQL LISTEN/NOTIFY, a doorbell directory beside a SQLite
+// file). Correctness never depends on a ring: waiters still poll, bounded by the holder's expiry.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "dblock/cancellation.hpp"
+#include "dialect/dialect.hpp"
+
+namespace dblock::detail {
+
+/// One waiting acquire, as the hub knows it.
+struct wake_waiter {
+  std::string name;
+  std::uint64_t name_hash = 0;
+  std::string token;        ///< owner token of its queue entry and of its acquire attempts
+  std::int64_t ticket = 0;  ///< its queue ticket (0 until enqueued); guarded by the hub's mutex
+  cancellation cancel;
+  std::atomic<bool> rung{false};
+  /// The last ring named this waiter as the head of the queue (it may try without looking).
+  std::atomic<bool> named_head{false};
+  /// Its subscription to an addressed channel is confirmed (see bell_channel::addressed()).
+  std::atomic<bool> subscribed{false};
+  /// Woken to look again (its subscription was confirmed), not by a release.
+  std::atomic<bool> relook{false};
+};
+
+/// The wake-ups of one database handle (see the file comment). Thread-safe.
+class wake_hub {
+ public:
+  /// `target` is the dialect's doorbell target (empty: wake-ups within this process only).
+  wake_hub(const dialect& d, std::string target, table_names tables,
+           std::shared_ptr<listener> events);
+  ~wake_hub();
+  wake_hub(const wake_hub&) = delete;
+  wake_hub& operator=(const wake_hub&) = delete;
+
+  /// Registers a waiter; the doorbell channel is opened on first use.
+  std::shared_ptr<wake_waiter> enlist(const std::string& name, const std::string& token,
+                                      const cancellation& cancel);
+  /// Records the waiter's queue ticket (the order among this process's waiters).
+  void set_ticket(wake_waiter& w, std::int64_t ticket);
+  /// Unregisters; a ring it received but did not use (it gives up without the lease) passes on
+  /// to the next waiter of the name.
+  void leave(const std::shared_ptr<wake_waiter>& w, bool acquired);
+  /// Sleeps up to `d`; true when rung (the ring is consumed), false when `d` passed or the wait
+  /// was cancelled (check the cancellation).
+  bool wait(wake_waiter& w, std::chrono::nanoseconds d);
+  /// The lease of `name` with fence `fence` was freed by this process: wakes a local waiter and
+  /// rings the other processes where the database does not (dialect doorbell).
+  void released(const std::string& name, std::int64_t fence, const std::string& head);
+  /// True when released() should be given the head of the queue (see doorbell::rings_head()).
+  bool wants_head() const { return !target_.empty() && dia_.bell.rings_head(); }
+  /// True while rings from other processes are known to reach `w`: it may then sleep until the
+  /// holder's expiry instead of polling.
+  bool live(const wake_waiter& w) const;
+  /// Waiters woken so far (each ring wakes at most one per process).
+  std::uint64_t woken() const { return woken_.load(); }
+
+ private:
+  void deliver(const ring_event& ev);
+  void wake_all();
+  void confirmed(const std::string& token, bool on);
+  /// With mu_ held: wakes the waiter of `hash`/`name` that should try now: the head of the
+  /// queue when `head` names it (nobody when it waits elsewhere), else the lowest ticket here.
+  bool wake_one(std::uint64_t hash, const std::string& name, const std::string& head);
+  bool duplicate(std::uint64_t hash, std::int64_t fence);
+  void ensure_channel();
+
+  const dialect& dia_;
+  const std::string target_;
+  const table_names tables_;
+  std::shared_ptr<listener> events_;
+  mutable std::mutex mu_;
+  std::list<std::shared_ptr<wake_waiter>> waiters_;            // in arrival order
+  std::unordered_map<std::uint64_t, std::int64_t> last_rung_;  // name hash -> fence rung last
+  std::mutex channel_mu_;
+  std::unique_ptr<bell_channel> channel_;
+  std::atomic<bool> channel_opened_{false};
+  std::atomic<std::uint64_t> woken_{0};
+};
+
+/// A waiter's enlistment for the length of one waiting acquire (leaves on destruction).
+class hub_entry {
+ public:
+  hub_entry(wake_hub& hub, const std::string& name, const std::string& token,
+            const cancellation& cancel)
+      : hub_(hub), w_(hub.enlist(name, token, cancel)) {}
+  ~hub_entry() { hub_.leave(w_, acquired_); }
+  hub_entry(const hub_entry&) = delete;
+  hub_entry& operator=(const hub_entry&) = delete;
+  /// Sleeps up to `d`; true when rung.
+  bool wait(std::chrono::nanoseconds d) { return hub_.wait(*w_, d); }
+  /// True while rings from other processes reach this waiter (wake_hub::live()).
+  bool live() const { return hub_.live(*w_); }
+  /// True (once) when it was woken only to look again, not by a release.
+  bool relook() { return w_->relook.exchange(false); }
+  /// True (once) when the ring that woke it named it the head of the queue.
+  bool named_head() { return w_->named_head.exchange(false); }
+  /// The acquire succeeded: a ring it holds is used up.
+  void acquired() { acquired_ = true; }
+  void set_ticket(std::int64_t t) { hub_.set_ticket(*w_, t); }
+
+ private:
+  wake_hub& hub_;
+  std::shared_ptr<wake_waiter> w_;
+  bool acquired_ = false;
+};
+
+}  // namespace dblock::detail
