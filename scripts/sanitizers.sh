@@ -25,7 +25,7 @@ TSAN_BUILD_DIR=${TSAN_BUILD_DIR:-build-tsan}
 JOBS=${JOBS:-$(nproc)}
 # Tests whose bodies run dblock code on several threads (watchdog and reaper threads, pools shared
 # by threads, concurrent acquirers); the multi-process variants add nothing for TSan.
-TSAN_TAGS=${TSAN_TAGS:-"[lease]~[process],[reaper]~[process],[rowlock]~[process],[optimistic]~[process],[admin],[database]"}
+TSAN_TAGS=${TSAN_TAGS:-"[lease]~[process],[waiting]~[process],[id_generator]~[process],[reaper]~[process],[rowlock]~[process],[optimistic]~[process],[admin],[database]"}
 
 msg() { printf '\n==> %s\n' "$*" >&2; }
 T0=$SECONDS

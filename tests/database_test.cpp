@@ -332,3 +332,63 @@ TEST_CASE("pooler: bad values and other backends are refused clearly", "[unit][d
   CHECK(dblock::database("postgresql://u@h/db?pooler=transaction").options().pooler ==
         dblock::pooler_mode::transaction);
 }
+
+TEST_CASE("listen_url: refused where there is no listener, and when not PostgreSQL",
+          "[unit][database][waiting]") {
+  dblock::database_options o;
+  o.listen_url = "postgresql://u@h/db";
+  for (const char* url : {"mysql://u@h/db", "sqlite:///tmp/dblock-listen-unit.db"}) {
+    INFO(url);
+    try {
+      dblock::database db(url, o);
+      FAIL("accepted");
+    } catch (const dblock::error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      CHECK(std::string(e.what()).find("PostgreSQL only") != std::string::npos);
+    }
+  }
+  o.listen_url = "mysql://u@h/db";
+  CHECK_THROWS_AS(dblock::database("postgresql://u@h/db?pooler=transaction", o), dblock::error);
+  o.listen_url = "postgresql://u@h/db";
+  CHECK_NOTHROW(dblock::database("postgresql://u@h/db?pooler=transaction", o));
+}
+
+namespace {
+
+struct wake_count : dblock::listener {
+  std::atomic<int> n{0};
+  void woken(std::string_view) override { ++n; }
+};
+
+// A waiter on its own handle (as another process would be) behind pooler=transaction: woken by
+// the release only when its handle has a direct listen_url. Returns its wake-ups.
+int pooled_waiter_wakeups(dblock::test::context& ctx, const std::string& listen_url) {
+  auto o = ctx.options();
+  dblock::database holder_db(with_pooler(ctx.url), o);
+  auto count = std::make_shared<wake_count>();
+  o.events = count;
+  o.listen_url = listen_url;
+  dblock::database waiter_db(with_pooler(ctx.url), o);
+  const std::string name = "listen-" + dblock::test::random_suffix();
+  dblock::lease_options lo;
+  lo.ttl = std::chrono::seconds(10);
+  dblock::lease_lock holder(holder_db, name, lo), waiter(waiter_db, name, lo);
+  auto g = holder.try_acquire().value();
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the waiter is queued
+    g.release();
+  });
+  auto w = waiter.acquire(std::chrono::seconds(20));
+  release.join();
+  CHECK(w.fence() > 0);
+  return count->n.load();
+}
+
+}  // namespace
+
+DBLOCK_TEST_ONLY("postgresql",
+                 "pooler=transaction: waiters are woken through listen_url, and poll without it",
+                 "[database][pooler][direct][waiting]") {
+  CHECK(pooled_waiter_wakeups(ctx, ctx.url) >= 1);
+  CHECK(pooled_waiter_wakeups(ctx, "") == 0);  // control: no listener behind the pooler
+}
