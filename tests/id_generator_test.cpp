@@ -31,6 +31,7 @@ using dblock::errc;
 using dblock::id_generator;
 using dblock::id_generator_options;
 using dblock::test::code_of;
+using dblock::test::full_run;
 using dblock::test::process_set;
 using dblock::test::temp_dir;
 using std::chrono::milliseconds;
@@ -38,11 +39,6 @@ using std::chrono::milliseconds;
 namespace {
 
 constexpr const char* faketime_lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
-bool full_run() {
-  const char* v = std::getenv("DBLOCK_TEST_FULL");
-  return v && std::string(v) == "1";
-}
 
 std::int64_t now_ms() {
   return std::chrono::duration_cast<milliseconds>(

@@ -33,6 +33,7 @@
 #include "internals.hpp"
 
 using dblock::errc;
+using dblock::test::full_run;
 using dblock::test::monotonic_ns;
 using dblock::test::open_db;
 using dblock::test::process_set;
@@ -48,11 +49,6 @@ namespace {
 constexpr long long ns_per_ms = 1000000LL;
 constexpr long long ns_per_s = 1000000000LL;
 constexpr const char* faketime_lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
-bool full_run() {
-  const char* v = std::getenv("DBLOCK_TEST_FULL");
-  return v && std::string(v) == "1";
-}
 
 long long realtime_ns() {
   timespec ts{};

@@ -13,14 +13,10 @@
 #include "internals.hpp"
 
 using dblock::errc;
+using dblock::test::full_run;
 using std::chrono::milliseconds;
 
 namespace {
-
-bool full_run() {
-  const char* f = std::getenv("DBLOCK_TEST_FULL");
-  return f && std::string(f) == "1";
-}
 
 // Inserts `n` rows named "<stem><i>" whose lease ends `offset_us` from now (database clock).
 void insert_rows(const dblock::database& db, const std::string& stem, int n, long long offset_us) {

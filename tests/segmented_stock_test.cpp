@@ -14,6 +14,7 @@
 
 using dblock::errc;
 using dblock::segmented_stock;
+using dblock::test::full_run;
 
 namespace {
 
@@ -36,11 +37,6 @@ long long sum(const std::vector<std::int64_t>& v) {
   for (auto x : v)
     s += x;
   return s;
-}
-
-bool full_run() {
-  const char* v = std::getenv("DBLOCK_TEST_FULL");
-  return v && std::string(v) == "1";
 }
 
 }  // namespace

@@ -319,8 +319,12 @@ class doorbell {
                                              bell_callbacks) const {
     return nullptr;
   }
-  /// True when ring() should name the head of the queue (the releaser then reads it).
-  virtual bool rings_head() const { return false; }
+  /// True when ring() should name the head of the queue (the releaser then reads it): the
+  /// doorbell at `target` has listeners to tell apart.
+  virtual bool rings_head(const std::string& target) const {
+    (void)target;
+    return false;
+  }
   /// Called by the releasing process after the lease of `name` (fence) was freed: rings the
   /// other processes where the database does not do it in the release's own transaction;
   /// `head` is the owner token of the head of the queue (empty: unknown or nobody).

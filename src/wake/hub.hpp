@@ -61,7 +61,7 @@ class wake_hub {
   /// rings the other processes where the database does not (dialect doorbell).
   void released(const std::string& name, std::int64_t fence, const std::string& head);
   /// True when released() should be given the head of the queue (see doorbell::rings_head()).
-  bool wants_head() const { return !target_.empty() && dia_.bell.rings_head(); }
+  bool wants_head() const { return !target_.empty() && dia_.bell.rings_head(target_); }
   /// True while rings from other processes are known to reach `w`: it may then sleep until the
   /// holder's expiry instead of polling.
   bool live(const wake_waiter& w) const;

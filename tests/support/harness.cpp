@@ -112,6 +112,9 @@ void run_on(const std::string& backend, const std::function<void(context&)>& bod
         std::string path = c.url.substr(std::string("sqlite://").size());
         for (const char* ext : {"", "-wal", "-shm"})
           ::unlink((path + ext).c_str());
+        // The wake-up doorbell beside the file (docs/waiting.md): empty but for entries that
+        // were removed as soon as they were made.
+        ::rmdir((path + ".dblock-wake").c_str());
         return;
       }
       // Best effort: servers from scripts/test-servers.sh are thrown away anyway, but users may
@@ -119,10 +122,13 @@ void run_on(const std::string& backend, const std::function<void(context&)>& bod
       try {
         auto conn = c.db.connect();
         for (const auto& p : c.prefixes)
-          for (const char* t :
-               {"resource_lock", "resource_lock_fence_floor", "dblock_schema_migrations",
-                "resource_lock_audit", "stock_segment", "id_block", "counter", "items"})
+          for (const char* t : {"resource_lock", "resource_lock_fence_floor",
+                                "dblock_schema_migrations", "resource_lock_audit", "stock_segment",
+                                "id_block", "lock_waiter", "counter", "items"})
             conn.session() << "DROP TABLE IF EXISTS " << p << t;
+        if (c.backend == "postgresql")
+          for (const auto& p : c.prefixes)
+            conn.session() << "DROP FUNCTION IF EXISTS " << p << "dblock_wake()";
       } catch (...) {
       }
     }

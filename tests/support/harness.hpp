@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
@@ -49,6 +50,12 @@ inline database_options with_prefix(const std::string& prefix) {
 
 /// A random lower-case identifier fragment (for names of tables and locks).
 std::string random_suffix(std::size_t n = 8);
+
+/// True under DBLOCK_TEST_FULL=1: the full trial counts instead of CI's reduced ones.
+inline bool full_run() {
+  const char* v = std::getenv("DBLOCK_TEST_FULL");
+  return v && std::string(v) == "1";
+}
 
 /// Runs `body` on `backend` (skipping loudly when it is not configured, failing under CI).
 void run_on(const std::string& backend, const std::function<void(context&)>& body);

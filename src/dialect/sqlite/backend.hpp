@@ -70,7 +70,7 @@ class doorbell final : public detail::doorbell {
   std::string target(const parsed_url& u, const database_options& o) const override;
   std::unique_ptr<bell_channel> open(const std::string& target, const table_names& t,
                                      bell_callbacks cb) const override;
-  bool rings_head() const override { return true; }
+  bool rings_head(const std::string& target) const override;
   void ring(const std::string& target, const std::string& name, std::int64_t fence,
             const std::string& head) const override;
 };

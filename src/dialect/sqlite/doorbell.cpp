@@ -114,6 +114,12 @@ std::unique_ptr<bell_channel> doorbell::open(const std::string& target, const ta
   return std::make_unique<channel>(target, std::move(cb));
 }
 
+// No doorbell directory: no process has waited on this file yet, so nobody listens and the
+// releaser need not read the head of the queue.
+bool doorbell::rings_head(const std::string& target) const {
+  return ::access(target.c_str(), F_OK) == 0;
+}
+
 void doorbell::ring(const std::string& target, const std::string& name, std::int64_t fence,
                     const std::string& head) const {
   if (head.empty() || head.size() > 64) return;  // nobody waits

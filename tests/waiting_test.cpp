@@ -1,0 +1,386 @@
+// Waiting acquires (lease_lock::acquire(wait) with the waiter queue and its wake-ups): the
+// wake-up channel cut while a waiter waits, a storm of cancelled waits that must leave no queue
+// entry behind, the number of wake-ups per release, and a queued waiter killed with SIGKILL.
+//
+// The other process tests (fair order, round-robin, counters) are in waiting_process_test.cpp.
+#include <signal.h>
+#include <soci/soci.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "harness.hpp"
+#include "waiting_support.hpp"
+
+using dblock::errc;
+using dblock::test::count_waiters;
+using dblock::test::full_run;
+using dblock::test::monotonic_ns;
+using dblock::test::process_set;
+using dblock::test::read_file;
+using dblock::test::temp_dir;
+using dblock::test::wait_for_waiters;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr long long ns_per_ms = 1000000LL;
+
+// Counts the wake-ups and releases a database handle reports.
+struct counting_listener : dblock::listener {
+  std::atomic<std::uint64_t> woken_n{0}, released_n{0};
+  void woken(std::string_view) override { woken_n.fetch_add(1); }
+  void released(std::string_view, std::chrono::microseconds) override { released_n.fetch_add(1); }
+};
+
+// ---- the wake-up channel cut
+// ---------------------------------------------------------------------
+
+const auto cut_ttl = std::chrono::seconds(2);
+
+// Cuts the wake-up channel of the handle whose PostgreSQL listener connection is named `tag`
+// (application_name): terminates that backend through the admin URL. SQLite: removes the
+// doorbell directory beside the database file. MySQL has no channel. Returns how many channels
+// were cut (-1 with `error` set when cutting failed).
+int cut_channel(const dblock::test::context& ctx, const std::string& tag, std::string& error) {
+  try {
+    if (ctx.backend == "postgresql") {
+      const char* admin = std::getenv("DBLOCK_TEST_POSTGRESQL_ADMIN_URL");
+      dblock::database adb = admin && *admin ? dblock::database(admin) : ctx.db;
+      auto c = adb.connect();
+      long long n = 0;
+      c.session() << "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                     "WHERE application_name = :a AND query LIKE 'LISTEN%'",
+          soci::use(tag), soci::into(n);
+      return static_cast<int>(n);
+    }
+    if (ctx.backend == "sqlite") {
+      const std::string bell = ctx.url.substr(std::string("sqlite://").size()) + ".dblock-wake";
+      std::error_code ec;
+      const auto removed = std::filesystem::remove_all(bell, ec);
+      if (ec) throw std::runtime_error("remove " + bell + ": " + ec.message());
+      return removed > 0 ? 1 : 0;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    error = e.what();
+    return -1;
+  }
+}
+
+struct handoff_result {
+  long long latency_ns = -1;  // from just before the release to the waiter's grant
+  int cut = 0;                // what `cut` returned
+  std::string error;
+};
+
+// Holds `name` on ctx.db (a long lease: only the release frees it) while a thread waits for it on
+// `wdb` (ttl 2 s, poll_max 200 ms); once its queue entry is visible and it had time to subscribe
+// to wake-ups, runs `cut` (when asked) and releases.
+handoff_result handoff(const dblock::test::context& ctx, const dblock::database& wdb,
+                       const std::string& name, const std::string& tag, bool cut) {
+  dblock::lease_options ho;
+  ho.ttl = std::chrono::seconds(60);
+  dblock::lease_lock holder(ctx.db, name, ho);
+  auto h = holder.try_acquire();
+  REQUIRE(h);
+  handoff_result r;
+  std::atomic<long long> granted{0};
+  std::thread t([&] {
+    try {
+      dblock::lease_options lo;
+      lo.ttl = cut_ttl;
+      lo.poll_max = milliseconds(200);
+      dblock::lease_lock lock(wdb, name, lo);
+      auto g = lock.acquire(std::chrono::seconds(30));
+      granted.store(monotonic_ns());
+      g.release();
+    } catch (const std::exception& e) {
+      r.error = e.what();
+    }
+  });
+  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
+  std::this_thread::sleep_for(milliseconds(500));  // LISTEN confirmed, doorbell watched
+  std::string cut_error;
+  if (cut) r.cut = cut_channel(ctx, tag, cut_error);
+  const long long released = monotonic_ns();
+  h->release();
+  t.join();
+  REQUIRE(queued);
+  INFO(cut_error);
+  REQUIRE(r.cut >= 0);
+  r.latency_ns = granted.load() - released;
+  return r;
+}
+
+}  // namespace
+
+DBLOCK_TEST("wake-up channel cut while a waiter waits: no lost grant, the channel comes back",
+            "[waiting]") {
+  const std::string tag = "dblock_cut_" + dblock::test::random_suffix();
+  auto events = std::make_shared<counting_listener>();
+  auto o = ctx.options();
+  o.events = events;
+  if (ctx.backend == "postgresql")
+    o.listen_url =
+        ctx.url + (ctx.url.find('?') == std::string::npos ? "?" : "&") + "application_name=" + tag;
+  auto wdb = ctx.open(o);
+  const std::string name = "cut-" + dblock::test::random_suffix();
+  const long long ttl_ns = std::chrono::nanoseconds(cut_ttl).count();
+
+  const auto r1 = handoff(ctx, wdb, name, tag, true);
+  INFO("round 1 (channel cut): " << r1.error << "; granted " << r1.latency_ns / ns_per_ms
+                                 << " ms after the release; channels cut " << r1.cut);
+  REQUIRE(r1.error.empty());
+  CHECK(r1.cut == (ctx.backend == "mysql" ? 0 : 1));
+  CHECK(r1.latency_ns >= 0);
+  CHECK(r1.latency_ns <= ttl_ns + 1000 * ns_per_ms);
+
+  // Same handles again: the channel is back, the release wakes the waiter.
+  const auto woken_before = events->woken_n.load();
+  const auto r2 = handoff(ctx, wdb, name, tag, false);
+  INFO("round 2: " << r2.error << "; granted " << r2.latency_ns / ns_per_ms
+                   << " ms after the release; wake-ups " << events->woken_n.load() - woken_before);
+  REQUIRE(r2.error.empty());
+  CHECK(r2.latency_ns >= 0);
+  CHECK(r2.latency_ns <= ttl_ns / 2);
+  if (ctx.backend != "mysql") CHECK(events->woken_n.load() > woken_before);
+}
+
+// ---- interrupt storm --------------------------------------------------------------------------
+
+namespace {
+
+// Cancels each registered cancellation at its instant (CLOCK_MONOTONIC).
+struct canceller {
+  std::mutex mu;
+  std::vector<std::pair<dblock::cancellation, long long>> due;
+  std::atomic<bool> stop{false};
+  void add(const dblock::cancellation& c, long long at_ns) {
+    std::lock_guard<std::mutex> l(mu);
+    due.emplace_back(c, at_ns);
+  }
+  void run() {
+    while (!stop.load()) {
+      const long long now = monotonic_ns();
+      {
+        std::lock_guard<std::mutex> l(mu);
+        for (auto it = due.begin(); it != due.end();) {
+          if (it->second > now) {
+            ++it;
+            continue;
+          }
+          it->first.cancel();
+          it = due.erase(it);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+    }
+  }
+};
+
+struct storm_outcome {
+  std::atomic<int> cancelled{0}, acquired{0};
+  std::mutex mu;
+  std::vector<std::string> errors;
+};
+
+// One storm thread: waits for the held lease again and again, each wait cancelled after 1..20 ms.
+void storm_thread(const dblock::database& db, const std::string& name, canceller& cc,
+                  const std::atomic<bool>& stop, storm_outcome& out) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_int_distribution<long long> after_ms(1, 20);
+  dblock::lease_options lo;
+  lo.ttl = milliseconds(500);
+  dblock::lease_lock lock(db, name, lo);
+  while (!stop.load()) {
+    dblock::cancellation c;
+    cc.add(c, monotonic_ns() + after_ms(rng) * ns_per_ms);
+    try {
+      auto g = lock.acquire(std::chrono::seconds(30), c);
+      out.acquired.fetch_add(1);
+    } catch (const dblock::error& e) {
+      if (e.code() == errc::cancelled) {
+        out.cancelled.fetch_add(1);
+        continue;
+      }
+      std::lock_guard<std::mutex> l(out.mu);
+      out.errors.push_back(e.what());
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> l(out.mu);
+      out.errors.push_back(e.what());
+    }
+  }
+}
+
+}  // namespace
+
+DBLOCK_TEST("interrupt storm: cancelled waits leave no live queue entry behind", "[waiting]") {
+  const int threads = 8;
+  const auto storm_for = milliseconds(full_run() ? 10000 : 2000);
+  const auto ttl = milliseconds(500);
+  auto o = ctx.options();
+  o.pool_size = threads + 4;
+  auto db = ctx.open(o);
+  const std::string name = "storm-" + dblock::test::random_suffix();
+  dblock::lease_options ho;
+  ho.ttl = std::chrono::seconds(60);
+  dblock::lease_lock holder(ctx.db, name, ho);
+  auto h = holder.try_acquire();
+  REQUIRE(h);
+  canceller cc;
+  storm_outcome out;
+  std::atomic<bool> stop{false};
+  std::thread cancel_thread([&] { cc.run(); });
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&] { storm_thread(db, name, cc, stop, out); });
+  long long most_queued = 0;  // the storm really queues waiters (not vacuous)
+  for (const long long end = monotonic_ns() + storm_for.count() * ns_per_ms;
+       monotonic_ns() < end;) {
+    std::this_thread::sleep_for(milliseconds(10));
+    try {
+      most_queued = std::max(most_queued, count_waiters(ctx, name));
+    } catch (const std::exception&) {  // a busy SQLite file: sample again
+    }
+  }
+  stop.store(true);
+  for (auto& t : ts)
+    t.join();
+  cc.stop.store(true);
+  cancel_thread.join();
+  INFO(out.cancelled.load() << " waits cancelled, at most " << most_queued
+                            << " queued at once; first error: "
+                            << (out.errors.empty() ? "" : out.errors.front()));
+  CHECK(out.errors.empty());
+  CHECK(out.acquired.load() == 0);
+  CHECK(out.cancelled.load() >= threads);
+  CHECK(most_queued > 0);
+
+  std::this_thread::sleep_for(3 * ttl);  // every entry left behind has expired by now
+  const long long before = count_waiters(ctx);
+  dblock::reaper_options ro;
+  ro.retention = milliseconds(0);
+  ro.floor_grace = milliseconds(0);
+  const auto r = dblock::reap_once(ctx.db, ro);
+  INFO(before << " queue entries left before reaping");
+  CHECK(r.waiters_reaped == static_cast<std::uint64_t>(before));
+  CHECK(count_waiters(ctx) == 0);
+  h->release();
+}
+
+// ---- wake-ups counted
+// -----------------------------------------------------------------------------
+
+// Fair, 8 waiter threads of one process on one handle, each with its own lease_lock: a release
+// wakes about one waiter (never a thundering herd), and wake-ups really happen.
+DBLOCK_TEST("fair waiters in one process: each release wakes about one waiter", "[waiting]") {
+  const int threads = 8, handoffs = full_run() ? 200 : 40;
+  auto events = std::make_shared<counting_listener>();
+  auto o = ctx.options();
+  o.events = events;
+  o.pool_size = threads + 4;
+  auto db = ctx.open(o);
+  const std::string name = "woken-" + dblock::test::random_suffix();
+  std::atomic<int> grants{0};
+  std::mutex mu;
+  std::vector<std::string> errors;
+  const long long start = monotonic_ns() + 200 * ns_per_ms;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&] {
+      try {
+        dblock::lease_options lo;
+        lo.fair = true;
+        lo.ttl = std::chrono::seconds(10);
+        dblock::lease_lock lock(db, name, lo);
+        dblock::test::sleep_until_monotonic(start);
+        for (;;) {
+          auto g = lock.acquire(std::chrono::seconds(60));
+          const bool last = grants.fetch_add(1) >= handoffs;  // each thread stops after one more
+          if (!last) std::this_thread::sleep_for(milliseconds(2));
+          g.release();
+          if (last) break;
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> l(mu);
+        errors.push_back(e.what());
+      }
+    });
+  for (auto& t : ts)
+    t.join();
+  INFO("first error: " << (errors.empty() ? "" : errors.front()));
+  REQUIRE(errors.empty());
+  const auto released = events->released_n.load(), woken = events->woken_n.load();
+  WARN(ctx.backend << ": " << woken << " wake-ups for " << released << " releases");
+  CHECK(released == static_cast<std::uint64_t>(handoffs + threads));
+  CHECK(woken <= 2 * released);
+  CHECK(2 * woken >= released);
+}
+
+// ---- a queued waiter killed ---------------------------------------------------------------------
+
+// Fair, waiter ttl 1 s: A queues first, B second; A is killed while queued. B must get the lease
+// once A's entry has expired (A's last refresh was before the kill, so by kill + ttl), within
+// 2 s of that, and not while A's entry could still be live (at least ttl/3 after the kill: A
+// refreshed it at most ttl/3 before). Afterwards only A's expired entry may be left. The waiters
+// are queued_worker processes (waiting_process_test.cpp).
+DBLOCK_TEST(
+    "queued waiter killed with SIGKILL: the next waiter gets the lease after its entry expires",
+    "[waiting][process]") {
+  const long long ttl_ns = 1000 * ns_per_ms;
+  temp_dir dir("wait");
+  process_set ps;
+  const std::string name = "killq-" + dblock::test::random_suffix();
+  dblock::lease_options ho;
+  ho.fair = true;
+  ho.ttl = std::chrono::seconds(60);
+  dblock::lease_lock holder(ctx.db, name, ho);
+  auto h = holder.try_acquire();
+  REQUIRE(h);
+  const long long holder_fence = h->fence();
+  auto waiter = [&](int i) {
+    return ps.spawn("queued_worker", {ctx.url, ctx.prefix, name, std::to_string(i), "1000", "1000",
+                                      "0", dir.file("w" + std::to_string(i))});
+  };
+  const int a = waiter(0);
+  REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(30000)));
+  const int b = waiter(1);
+  REQUIRE(wait_for_waiters(ctx, name, 2, milliseconds(30000)));
+  REQUIRE(::kill(a, SIGKILL) == 0);
+  const long long killed_ns = monotonic_ns();
+  CHECK(ps.wait(a, milliseconds(5000)) == 128 + SIGKILL);
+  const long long released_ns = monotonic_ns();
+  h->release();
+  REQUIRE(ps.wait(b, milliseconds(30000)) == 0);
+  std::istringstream report(read_file(dir.file("w1")));  // queued_worker's grant line
+  long long proc = -1, fence = 0, request_ns = 0, enter_ns = 0;
+  REQUIRE(report >> proc >> fence >> request_ns >> enter_ns);
+  INFO("B granted " << (enter_ns - killed_ns) / ns_per_ms << " ms after A was killed, "
+                    << (enter_ns - released_ns) / ns_per_ms << " ms after the release");
+  CHECK(fence > holder_fence);
+  CHECK(enter_ns <= std::max(released_ns, killed_ns + ttl_ns) + 2000 * ns_per_ms);
+  CHECK(enter_ns >= killed_ns + ttl_ns / 3);
+  // No live entry of A: whatever is left of it is expired, so reaping removes it all.
+  const long long a_pid = a;
+  const long long left = count_waiters(ctx, name);
+  CHECK(count_waiters(ctx, name, a_pid) == left);
+  dblock::reaper_options ro;
+  ro.retention = milliseconds(0);
+  ro.floor_grace = milliseconds(0);
+  const auto r = dblock::reap_once(ctx.db, ro);
+  CHECK(r.waiters_reaped == static_cast<std::uint64_t>(left));
+  CHECK(count_waiters(ctx, name) == 0);
+}
