@@ -127,8 +127,10 @@ handoff_result handoff(const dblock::test::context& ctx, const dblock::database&
 
 }  // namespace
 
+// [direct]: LISTEN needs a server session of its own, so not through PgBouncer's transaction mode
+// (there waiters poll; the pooler tests in database_test.cpp cover listen_url).
 DBLOCK_TEST("wake-up channel cut while a waiter waits: no lost grant, the channel comes back",
-            "[waiting]") {
+            "[waiting][direct]") {
   const std::string tag = "dblock_cut_" + dblock::test::random_suffix();
   auto events = std::make_shared<counting_listener>();
   auto o = ctx.options();
