@@ -197,7 +197,9 @@ class lease_guard {
    *
    * Safe to repeat, also after a lost reply, and alongside the watchdog.
    * @throws dblock::error errc::lease_lost when the lease expired or was taken over (the guard
-   *         becomes invalid); errc::not_owner when the guard is disarmed; errc::invalid_argument
+   *         becomes invalid); errc::not_owner when the guard is disarmed; errc::deadlock,
+   *         errc::serialization_failure or errc::lock_not_available when 3 attempts all met one
+   *         (attempts() > 0); errc::invalid_argument
    *         for a ttl under 10 ms or not above the safety margin; the @ref database_errors
    *         "database errors", which leave validity unchanged (after errc::connection_lost the
    *         renewal may or may not have been applied).

@@ -25,11 +25,16 @@ bool lease_state::renew_sql(milliseconds lease) {
   const std::string what = "renew lease '" + name + "'";
   // A lost reply leaves the extension unknown: in_doubt (the watchdog retries it like any
   // failure; renewing again is harmless).
+  // A deadlock or busy error of the UPDATE itself (MariaDB meets them beside a reaper's batch)
+  // changed nothing: try again, briefly.
+  static const retry_policy transient = transient_conflict_policy(3, milliseconds(8));
   bool ok = unknown_outcome_is_in_doubt(what, [&] {
-    return with_session(db, what, [&](session_scope& s) {
-      return lock_table::renew(
-          s, name, token, fence,
-          std::chrono::duration_cast<std::chrono::microseconds>(lease).count());
+    return retry(transient, [&] {
+      return with_session(db, what, [&](session_scope& s) {
+        return lock_table::renew(
+            s, name, token, fence,
+            std::chrono::duration_cast<std::chrono::microseconds>(lease).count());
+      });
     });
   });
   if (ok) set_deadline(sent, lease);
