@@ -534,8 +534,8 @@ void wait_for_successor(const std::atomic<long long>& generation, long long rele
 // release(), and the next holder measures from that instant to the return of its acquire().
 // With `own_handles` every client opens its own database handle, as separate processes would:
 // a release then reaches the waiters only through the database (PostgreSQL NOTIFY), the
-// doorbell (SQLite) or their polling (MySQL); otherwise all share the bench's handle and are
-// woken within the process.
+// doorbell (SQLite) or the interrupted sleep of their wake-up connection (MySQL); otherwise all
+// share the bench's handle and are woken within the process.
 // Counts the wake-ups of waiting acquires (listener::woken).
 struct wake_counter : dblock::listener {
   std::atomic<long long> n{0};

@@ -1,3 +1,8 @@
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include "common.hpp"
 
 #include <algorithm>
@@ -56,6 +61,27 @@ bool contains_nocase(const std::string& s, const std::string& needle) {
            std::tolower(static_cast<unsigned char>(b));
   });
   return it != s.end();
+}
+
+poke_fd::poke_fd() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+poke_fd::~poke_fd() {
+  ::close(fd_);
+}
+
+void poke_fd::poke() {
+  const std::uint64_t one = 1;
+  if (::write(fd_, &one, sizeof one) < 0) {
+  }
+}
+
+bool poke_fd::wait(int fd, int ms) {
+  pollfd p[2] = {{fd_, POLLIN, 0}, {fd, POLLIN, 0}};
+  ::poll(p, fd >= 0 ? 2 : 1, ms);
+  std::uint64_t v;
+  if (p[0].revents & POLLIN && ::read(fd_, &v, sizeof v) < 0) {
+  }
+  return fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR));
 }
 
 }  // namespace dblock::detail

@@ -29,4 +29,21 @@ std::string one_line(std::string message);
 /// True when `s` contains `needle` (ASCII case-insensitive).
 bool contains_nocase(const std::string& s, const std::string& needle);
 
+/// How other threads wake a wake-up channel's thread (an eventfd): poke() from anywhere; the
+/// channel's thread waits on it together with its connection's socket.
+class poke_fd {
+ public:
+  poke_fd();
+  ~poke_fd();
+  poke_fd(const poke_fd&) = delete;
+  poke_fd& operator=(const poke_fd&) = delete;
+  void poke();
+  /// Waits up to `ms` (-1: forever) for a poke or for socket `fd` (-1: none) to be readable
+  /// (or broken); consumes the poke. True when the socket is.
+  bool wait(int fd, int ms);
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace dblock::detail

@@ -246,6 +246,12 @@ class vocabulary {
    * one statement cannot do both; the queue entry is then deleted by a second statement.
    */
   virtual std::string lease_acquire_dequeue(const table_names&) const { return {}; }
+  /// Where a release rings a sleeping connection (MySQL): a SET clause for the release that
+  /// returns, through the reply's insert id, the server session id of the connection sleeping
+  /// for the handle of the head of the live queue, 0 when none (:name, :token bound); and the
+  /// statement that interrupts that sleep (:id). Empty elsewhere.
+  virtual std::string release_head(const table_names&) const { return {}; }
+  virtual std::string bell_ring() const { return {}; }
 };
 
 /// Runs statements with bound values on a pooled connection.
@@ -292,6 +298,14 @@ class bell_channel {
   virtual bool addressed() const { return false; }
   /// Subscribes (`on`) or unsubscribes the waiter with owner token `token`.
   virtual void watch(const std::string& token, bool on) { (void)token, (void)on; }
+  /// The address a waiter's queue entry carries so that a release can ring this channel
+  /// (MySQL: the mark of its sleeping connection); empty where rings find waiters otherwise.
+  virtual std::string address() const { return {}; }
+  /// True when server session `id` is this channel's own connection (MySQL).
+  virtual bool is_self(std::int64_t id) const {
+    (void)id;
+    return false;
+  }
 };
 
 /// Callbacks of a bell_channel, called on its thread.

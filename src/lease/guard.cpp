@@ -47,9 +47,23 @@ std::string lease_state::head_to_ring() const {
   }
 }
 
-void lease_state::report_released(int left) {
+// Where the release named the sleeping connection of the head waiter's handle (MySQL) and that
+// is another handle: interrupt its sleep. A failure only costs the wake-up.
+void lease_state::ring_head(std::int64_t ring_id) const {
+  if (ring_id <= 0 || db->hub->is_own_bell(ring_id)) return;  // this handle: woken above
+  try {
+    with_session(db, "ring the head waiter of '" + name + "'",
+                 [&](session_scope& s) { return wait_queue::ring(s, ring_id); });
+  } catch (const error&) {
+  }
+}
+
+void lease_state::report_released(int left, std::int64_t ring_id) {
   // The lease is free: wake a waiter now rather than at its next poll.
-  if (left == 0) db->hub->released(name, fence, head_to_ring());
+  if (left == 0) {
+    db->hub->released(name, fence, head_to_ring());
+    ring_head(ring_id);
+  }
   db->notify([&](listener& l) {
     l.released(name,
                std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - acquired_at));
@@ -59,7 +73,7 @@ void lease_state::report_released(int left) {
 // Sends the release (transient conflicts retried). True when it matched. A lost reply: the
 // server session is ended, then the row decides: applied (true), not applied (sent again), or
 // no longer ours (false, with in_doubt set).
-bool lease_state::release_sent(int left, bool& in_doubt) {
+bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id) {
   const std::string what = "release lease '" + name + "'";
   for (int round = 0; round < 3; ++round) {
     session_ref server;
@@ -68,7 +82,7 @@ bool lease_state::release_sent(int left, bool& in_doubt) {
       return retry(policy, [&] {
         return with_session(db, what, [&](session_scope& s) {
           server = s.server();
-          return lock_table::release(s, name, token, fence);
+          return lock_table::release(s, name, token, fence, &ring_id);
         });
       });
     } catch (const error& e) {
@@ -100,8 +114,9 @@ void lease_state::release_one() {
   const int left = holds.fetch_sub(1) - 1;
   if (left == 0) stop_watchdog();
   bool in_doubt = false;
-  if (release_sent(left, in_doubt)) {
-    report_released(left);
+  std::int64_t ring_id = 0;
+  if (release_sent(left, in_doubt, ring_id)) {
+    report_released(left, ring_id);
     return;
   }
   // Not matched: already released by an earlier attempt whose reply was lost, or lost.

@@ -65,9 +65,10 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   std::optional<bool> renew_bounded(std::optional<error>& failure);
   bool watchdog_step(std::chrono::milliseconds interval, std::chrono::milliseconds& wait);
   void watchdog_loop();
-  bool release_sent(int left, bool& in_doubt);
-  void report_released(int left);
+  bool release_sent(int left, bool& in_doubt, std::int64_t& ring_id);
+  void report_released(int left, std::int64_t ring_id = 0);
   std::string head_to_ring() const;
+  void ring_head(std::int64_t ring_id) const;
 };
 
 /// Retries a lease statement that failed with a deadlock or a busy error of its own (for example

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "lease/lock_impl.hpp"
 #include "storage/wait_queue.hpp"
@@ -26,13 +27,15 @@ class waiting_acquire {
         what_("acquire lease '" + lk.name + "'"),
         wait_(wait),
         deadline_(steady::now() + wait),
-        token_(new_owner_token()),
-        entry_(*dbi_->hub, lk.name, token_, cancel) {}
+        token_(new_owner_token()) {}
   ~waiting_acquire() { leave_queue(); }
 
   lease_guard run() {
     if (cancel_.cancelled()) throw error(errc::cancelled, what_ + ": cancelled");
     if (auto g = first_try()) return done(std::move(*g));  // even with a zero wait
+    // Enlisted only now, so an acquire that needs no wait never subscribes to wake-ups, and
+    // still before the first read below: a release after that read rings this waiter.
+    entry_.emplace(*dbi_->hub, lk_.name, token_, cancel_);
     enqueue();
     bool rung = false;
     std::int64_t seen_fence = -1;
@@ -40,10 +43,10 @@ class waiting_acquire {
       check();
       // Rung: the lease was just freed. Unfair waiters, and a fair one named the head by the
       // ring, try at once without reading first.
-      if (rung && !entry_.relook() && (!lk_.options.fair || entry_.named_head())) {
+      if (rung && !entry_->relook() && (!lk_.options.fair || entry_->named_head())) {
         if (auto g = lk_.attempt(token_, ticket_)) return done(std::move(*g));
       }
-      const bool live = entry_.live();  // before the read: a later release will ring
+      const bool live = entry_->live();  // before the read: a later release will ring
       const wait_queue::wait_state st = read();
       if (st.fence != seen_fence) round = 0;  // a new holder: poll briskly again
       seen_fence = st.fence;
@@ -59,7 +62,7 @@ class waiting_acquire {
         const nanoseconds left = microseconds(st.expires_us - st.now_us) + milliseconds(1);
         sleep = live ? std::min<nanoseconds>(left, lk_.options.poll_max) : std::min(sleep, left);
       }
-      rung = entry_.wait(bounded(sleep));
+      rung = entry_->wait(bounded(sleep));
       if (steady::now() >= refresh_at_) refresh();
     }
   }
@@ -72,7 +75,7 @@ class waiting_acquire {
                   what_ + ": not acquired within " + std::to_string(wait_.count()) + " ms");
   }
   lease_guard done(lease_guard g) {
-    entry_.acquired();
+    if (entry_) entry_->acquired();
     ticket_ = 0;  // the acquire deleted the queue entry
     return g;
   }
@@ -92,9 +95,9 @@ class waiting_acquire {
   void enqueue() {
     ticket_ = with_session(dbi_, what_ + " (joining the queue)", [&](session_scope& s) {
       return wait_queue::enqueue(s, lk_.name, token_, ttl_us(), host_name(),
-                                 static_cast<std::int64_t>(::getpid()));
+                                 static_cast<std::int64_t>(::getpid()), entry_->address());
     });
-    entry_.set_ticket(ticket_);
+    entry_->set_ticket(ticket_);
     refresh_at_ = steady::now() + lk_.options.ttl / 3;
   }
   // The queue entry is a lease too: extend it while waiting; re-enter at the back when it was
@@ -137,7 +140,7 @@ class waiting_acquire {
   const milliseconds wait_;
   const steady::time_point deadline_;
   const std::string token_;
-  hub_entry entry_;
+  std::optional<hub_entry> entry_;  // enlisted once the first try failed
   std::int64_t ticket_ = 0;
   steady::time_point refresh_at_ = steady::time_point::max();
 };

@@ -77,9 +77,12 @@ bool renew(session_scope& s, const std::string& name, const std::string& token, 
 }
 
 bool release(session_scope& s, const std::string& name, const std::string& token,
-             std::int64_t fence) {
-  return write_statement(s, s.statements().release, {name, token, static_cast<long long>(fence)})
-             .affected == 1;
+             std::int64_t fence, std::int64_t* ring_id) {
+  const sql_result r =
+      write_statement(s, s.statements().release, {name, token, static_cast<long long>(fence)});
+  const bool returns_id = !s.statements().bell_ring.text.empty();  // release_head()
+  if (ring_id) *ring_id = returns_id && r.affected == 1 ? r.insert_id : 0;
+  return r.affected == 1;
 }
 
 std::optional<lease_row> read(session_scope& s, const std::string& name) {

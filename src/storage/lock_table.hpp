@@ -53,8 +53,12 @@ std::optional<std::int64_t> acquire(session_scope&, const acquire_params&);
 /// Extends an unexpired lease owned by `token`; false when no longer ours or expired.
 bool renew(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
            std::int64_t ttl_us);
-/// Drops one hold of an unexpired lease owned by `token`; false when no longer ours.
-bool release(session_scope&, const std::string& name, const std::string& token, std::int64_t fence);
+/// Drops one hold of an unexpired lease owned by `token`; false when no longer ours. Where the
+/// dialect returns it with the release (vocabulary::release_head()), `ring_id` receives the
+/// server session id of the connection to ring for the head of the live waiter queue when this
+/// release freed the lease (else 0; see wait_queue::ring()).
+bool release(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
+             std::int64_t* ring_id = nullptr);
 /// Reads a lease row and the database clock; nothing when the row does not exist.
 std::optional<lease_row> read(session_scope&, const std::string& name);
 /// Inside a write transaction: locks the row and returns its fence when the lease is held by

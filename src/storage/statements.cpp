@@ -29,11 +29,11 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
   // expires_at is assigned before hold_count so that MySQL, which evaluates SET left to right,
   // sees the old hold_count like the other backends. A freed lease is also an expired one,
   // which is all that acquire checks.
-  s.release =
-      routine("lease_release",
-              "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " + now +
-                  " ELSE expires_at END, hold_count = hold_count - 1" + ours_and_held + now,
-              {"name", "token", "fence"});
+  s.release = routine("lease_release",
+                      "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " +
+                          now + " ELSE expires_at END, hold_count = hold_count - 1" +
+                          v.release_head(t) + ours_and_held + now,
+                      {"name", "token", "fence"});
   s.read = make("read",
                 "SELECT resource_name, owner_token, fence, hold_count, " +
                     v.epoch_us("acquired_at") + ", " + v.epoch_us("expires_at") + ", " +
@@ -57,9 +57,9 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
       make("waiter_insert",
            "INSERT INTO " + t.waiters +
                " (resource_name, owner_token, enqueued_at, expires_at, holder_host,"
-               " holder_pid) VALUES (:name, :token, " +
-               now + ", " + v.plus_us(now, "ttl") + ", :host, :pid)" + v.returning("ticket"),
-           {"name", "token", "ttl", "host", "pid"});
+               " holder_pid, bell) VALUES (:name, :token, " +
+               now + ", " + v.plus_us(now, "ttl") + ", :host, :pid, :bell)" + v.returning("ticket"),
+           {"name", "token", "ttl", "host", "pid", "bell"});
   s.waiter_refresh = make("waiter_refresh",
                           "UPDATE " + t.waiters + " SET expires_at = " + v.plus_us(now, "ttl") +
                               " WHERE ticket = :ticket AND owner_token = :token",
@@ -82,6 +82,7 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
                            " expires_at > " +
                            now + " ORDER BY ticket LIMIT 1",
                        {"name", "token"});
+  if (!v.bell_ring().empty()) s.bell_ring = make("bell_ring", v.bell_ring(), {"id"});
   s.waiters_list =
       make("waiters_list",
            "SELECT resource_name, ticket, holder_host, holder_pid, " + v.epoch_us("enqueued_at") +

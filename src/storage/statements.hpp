@@ -28,6 +28,9 @@ struct lock_statements {
   statement wait_read;
   /// name, token (the releaser's) -> the owner token of the head of the live queue
   statement waiter_head;
+  /// Where the release names the sleeping connection to ring (MySQL): id -> interrupt its
+  /// sleep. Empty text elsewhere.
+  statement bell_ring;
   statement waiters_list;  ///< -> name, ticket, host, pid, enqueued (µs), now (µs): live entries
   statement waiters_reap;  ///< neg_retention: deletes entries expired longer ago than that
   // ---- named lock rows ------------------------------------------------------------------------

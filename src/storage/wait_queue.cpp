@@ -15,10 +15,11 @@ sql_result write_statement(session_scope& s, const statement& st, const std::vec
 }  // namespace
 
 std::int64_t enqueue(session_scope& s, const std::string& name, const std::string& token,
-                     std::int64_t ttl_us, const std::string& host, std::int64_t pid) {
+                     std::int64_t ttl_us, const std::string& host, std::int64_t pid,
+                     const std::string& bell) {
   const sql_result r = write_statement(
       s, s.statements().waiter_insert,
-      {name, token, static_cast<long long>(ttl_us), host, static_cast<long long>(pid)});
+      {name, token, static_cast<long long>(ttl_us), host, static_cast<long long>(pid), bell});
   return r.empty() ? r.insert_id : r.integer(0, 0);
 }
 
@@ -48,6 +49,13 @@ wait_state read(session_scope& s, const std::string& name) {
 std::string head_token(session_scope& s, const std::string& name, const std::string& token) {
   const sql_result r = s.run(s.statements().waiter_head, {name, token});
   return r.empty() ? std::string() : r.text(0, 0);
+}
+
+bool ring(session_scope& s, std::int64_t id) {
+  const auto& st = s.statements();
+  if (st.bell_ring.text.empty() || id <= 0) return false;
+  s.run(st.bell_ring, {static_cast<long long>(id)});
+  return true;
 }
 
 std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_params& p,

@@ -34,9 +34,12 @@ struct entry_info {
   std::int64_t enqueued_us = 0, now_us = 0;
 };
 
-/// Adds an entry expiring `ttl_us` from now on the database clock; returns its ticket.
+/// Adds an entry expiring `ttl_us` from now on the database clock; returns its ticket. `bell`
+/// is the wake-up address of the waiter's database handle where the backend rings one
+/// (bell_channel::address(); empty elsewhere).
 std::int64_t enqueue(session_scope&, const std::string& name, const std::string& token,
-                     std::int64_t ttl_us, const std::string& host, std::int64_t pid);
+                     std::int64_t ttl_us, const std::string& host, std::int64_t pid,
+                     const std::string& bell);
 /// Extends an entry; false when it is gone (reaped after expiring).
 bool refresh(session_scope&, std::int64_t ticket, const std::string& token, std::int64_t ttl_us);
 /// Deletes an entry (no error when already gone).
@@ -46,6 +49,10 @@ wait_state read(session_scope&, const std::string& name);
 /// The owner token of the head of `name`'s live queue, the releaser's own entry (`token`)
 /// excluded; empty when nobody waits.
 std::string head_token(session_scope&, const std::string& name, const std::string& token);
+/// Where a release rings a sleeping connection (MySQL, statement bell_ring): interrupts the
+/// sleep of server session `id` (from lock_table::release()). False where the dialect rings
+/// otherwise.
+bool ring(session_scope&, std::int64_t id);
 /// The lease acquire that also deletes entry `ticket` when it acquires (one statement where the
 /// dialect can, else two).
 std::optional<std::int64_t> acquire_dequeue(session_scope&, const acquire_params&,

@@ -45,6 +45,15 @@ bool wake_hub::live(const wake_waiter& w) const {
   return !channel_->addressed() || w.subscribed.load();
 }
 
+bool wake_hub::is_own_bell(std::int64_t id) const {
+  return channel_opened_.load() && channel_ && channel_->is_self(id);
+}
+
+std::string wake_hub::address() {
+  ensure_channel();
+  return channel_ ? channel_->address() : std::string();
+}
+
 void wake_hub::confirmed(const std::string& token, bool on) {
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& w : waiters_) {

@@ -65,6 +65,11 @@ class wake_hub {
   /// True while rings from other processes are known to reach `w`: it may then sleep until the
   /// holder's expiry instead of polling.
   bool live(const wake_waiter& w) const;
+  /// True when server session `id` is this handle's own wake-up connection
+  /// (bell_channel::is_self(); a release then wakes the waiter here without ringing it).
+  bool is_own_bell(std::int64_t id) const;
+  /// The wake-up address for this handle's queue entries (bell_channel::address()).
+  std::string address();
   /// Waiters woken so far (each ring wakes at most one per process).
   std::uint64_t woken() const { return woken_.load(); }
 
@@ -111,6 +116,8 @@ class hub_entry {
   /// The acquire succeeded: a ring it holds is used up.
   void acquired() { acquired_ = true; }
   void set_ticket(std::int64_t t) { hub_.set_ticket(*w_, t); }
+  /// The wake-up address for its queue entry.
+  std::string address() { return hub_.address(); }
 
  private:
   wake_hub& hub_;

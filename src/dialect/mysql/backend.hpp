@@ -44,6 +44,14 @@ class connector final : public detail::connector {
   void unlock_migrations(soci::session&, const std::string& key) const override;
 };
 
+/// Wake-ups through a sleeping connection that the release's trigger interrupts (doorbell.cpp).
+class doorbell final : public detail::doorbell {
+ public:
+  std::string target(const parsed_url& u, const database_options& o) const override;
+  std::unique_ptr<bell_channel> open(const std::string& target, const table_names& t,
+                                     bell_callbacks cb) const override;
+};
+
 class classifier final : public detail::classifier {
  public:
   error classify_current(const std::string& what) const override;
@@ -74,7 +82,15 @@ class vocabulary final : public detail::vocabulary {
   std::string lease_acquire(const table_names& t) const override;
   std::string returning(const std::string&) const override { return {}; }
   std::string id_reserve(const table_names& t) const override;
+  std::string release_head(const table_names& t) const override;
+  std::string bell_ring() const override { return "KILL QUERY :id"; }
 };
+
+/// What a handle's wake-up connection runs while its waiters wait (doorbell.cpp):
+/// bell_sleep_prefix + its 32-character bell + bell_sleep_suffix. vocabulary::release_head()
+/// finds the connection by this exact text, so it never interrupts anything else.
+inline const std::string bell_sleep_prefix = "SELECT SLEEP(2) /* dblock-bell ";
+inline const std::string bell_sleep_suffix = " */";
 
 class executor final : public detail::executor {
  public:

@@ -3,7 +3,8 @@
 namespace dblock::detail {
 
 const dialect& mysql_dialect() {
-  return make_dialect<my::connector, my::classifier, my::vocabulary, my::executor>("mysql");
+  return make_dialect<my::connector, my::classifier, my::vocabulary, my::executor, my::doorbell>(
+      "mysql");
 }
 
 }  // namespace dblock::detail

@@ -38,4 +38,19 @@ std::string vocabulary::id_reserve(const table_names& t) const {
          " DIV 1000 - :epoch_ms) * :per_ms) + :n) WHERE generator = :name";
 }
 
+// When this release frees the lease and the head of the live queue (other than the releaser)
+// waits in a handle whose wake-up connection sleeps on this server: that connection's session
+// id, else 0, through LAST_INSERT_ID(expr), so the reply's insert id carries it without another
+// round trip. The connection is found by the exact text of its sleep, so nothing else is ever
+// named; PROCESSLIST is read only when somebody waits. SET runs left to right: hold_count is
+// already the new count here; holder_pid keeps its value.
+std::string vocabulary::release_head(const table_names& t) const {
+  return ", holder_pid = holder_pid + 0 * LAST_INSERT_ID(IF(hold_count = 0, COALESCE((SELECT "
+         "(SELECT p.ID FROM information_schema.PROCESSLIST p WHERE p.COMMAND = 'Query' AND "
+         "p.INFO = CONCAT('" +
+         bell_sleep_prefix + "', w.bell, '" + bell_sleep_suffix + "') LIMIT 1) FROM " + t.waiters +
+         " w WHERE w.resource_name = :name AND w.owner_token <> :token AND " + "w.expires_at > " +
+         now() + " ORDER BY w.ticket LIMIT 1), 0), 0))";
+}
+
 }  // namespace dblock::detail::my

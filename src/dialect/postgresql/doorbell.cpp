@@ -5,9 +5,6 @@
 // and asynchronous), delivers their notifications to the wake hub and reconnects when the
 // connection breaks (a lost ring costs latency only).
 #include <libpq-fe.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <mutex>
@@ -16,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "../common.hpp"
 #include "backend.hpp"
 #include "url.hpp"
 
@@ -28,14 +26,12 @@ class channel final : public bell_channel {
  public:
   channel(std::string conninfo, bell_callbacks cb)
       : conninfo_(std::move(conninfo)), cb_(std::move(cb)) {
-    event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     thread_ = std::thread([this] { run(); });
   }
   ~channel() override {
     stop_.store(true);
     poke();
     thread_.join();
-    ::close(event_fd_);
   }
   bool live() const override { return live_.load(); }
   bool addressed() const override { return true; }
@@ -54,21 +50,13 @@ class channel final : public bell_channel {
  private:
   using change = std::pair<std::string, bool>;
 
-  void poke() {
-    const std::uint64_t one = 1;
-    if (::write(event_fd_, &one, sizeof one) < 0) {
-    }
-  }
+  void poke() { poke_.poke(); }
   void log(const std::string& m) {
     if (cb_.log) cb_.log(log_level::warning, "wake-up listener: " + m);
   }
   /// Waits for the socket or a poke up to `ms` (-1: forever); false when stopping.
   bool wait(int fd, int ms) {
-    pollfd p[2] = {{event_fd_, POLLIN, 0}, {fd, POLLIN, 0}};
-    ::poll(p, fd >= 0 ? 2 : 1, ms);
-    std::uint64_t v;
-    if (p[0].revents & POLLIN && ::read(event_fd_, &v, sizeof v) < 0) {
-    }
+    poke_.wait(fd, ms);
     return !stop_.load();
   }
   PGconn* connect() {
@@ -172,7 +160,7 @@ class channel final : public bell_channel {
 
   const std::string conninfo_;
   bell_callbacks cb_;
-  int event_fd_ = -1;
+  poke_fd poke_;
   std::atomic<bool> stop_{false}, live_{false};
   std::mutex mu_;
   std::set<std::string> wanted_;  // tokens of this handle's waiters

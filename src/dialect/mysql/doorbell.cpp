@@ -1,0 +1,301 @@
+// MySQL/MariaDB wake-ups (migration 0005). MySQL has no NOTIFY, so a release rings a connection:
+// each database handle with waiters keeps one connection outside its pool asleep in
+// "SELECT SLEEP(2) /* dblock-bell <mark> */", and its waiters' queue entries carry the mark.
+// The release statement finds the sleep that carries the mark of the head of the freed lease's
+// queue and returns its session id; the releasing process then interrupts it (KILL QUERY;
+// storage/wait_queue ring()). The interrupted sleeper reads which of its handle's
+// waiters now head their queue and delivers one ring to each; then it sleeps again. A sleep is
+// only in flight while the handle has waiters and lasts at most 2 s, so a closed handle leaves
+// no long sleep behind on the server. A lost ring costs latency only (waiters still poll,
+// bounded by the holder's expiry).
+
+#include <atomic>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../common.hpp"
+#include "backend.hpp"
+#include "url.hpp"
+
+namespace dblock::detail::my {
+namespace {
+
+constexpr unsigned er_query_interrupted = 1317;
+constexpr char field_sep = '\x1f';
+
+/// One server of the URL, as the sleeping connection connects to it.
+struct endpoint {
+  std::string host, user, password, db, unix_socket, sslca, sslcert, sslkey;
+  unsigned port = 0, timeout_s = 5;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out(1);
+  for (char c : s) {
+    if (c == sep)
+      out.emplace_back();
+    else
+      out.back() += c;
+  }
+  return out;
+}
+
+std::vector<endpoint> parse_target(const std::string& target) {
+  std::vector<endpoint> out;
+  for (const auto& line : split(target, '\n')) {
+    const auto f = split(line, field_sep);
+    if (f.size() != 10) continue;
+    endpoint e{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};
+    e.port = static_cast<unsigned>(std::stoul(f[8]));
+    e.timeout_s = static_cast<unsigned>(std::stoul(f[9]));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::string random_mark() {
+  std::random_device rd;
+  std::mt19937_64 g((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
+  static const char* hex = "0123456789abcdef";
+  std::string m;
+  for (int i = 0; i < 32; ++i)
+    m += hex[g() & 15];
+  return m;
+}
+
+class channel final : public bell_channel {
+ public:
+  channel(std::vector<endpoint> eps, std::string waiters, bell_callbacks cb)
+      : eps_(std::move(eps)),
+        waiters_(std::move(waiters)),
+        cb_(std::move(cb)),
+        mark_(random_mark()) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~channel() override {
+    stop_.store(true);
+    poke();
+    thread_.join();
+  }
+  bool live() const override { return live_.load(); }
+  bool addressed() const override { return true; }
+  std::string address() const override { return mark_; }
+  bool is_self(std::int64_t id) const override { return id > 0 && id == session_.load(); }
+  void watch(const std::string& token, bool on) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (on) {
+        wanted_.insert(token);
+        unconfirmed_.insert(token);
+      } else {
+        wanted_.erase(token);
+        unconfirmed_.erase(token);
+      }
+    }
+    poke();
+  }
+
+ private:
+  void poke() { poke_.poke(); }
+  void log(const std::string& m) {
+    if (cb_.log) cb_.log(log_level::warning, "wake-up sleeper: " + m);
+  }
+  /// Waits for the socket or a poke up to `ms` (-1: forever); true when the socket is readable.
+  bool wait(int fd, int ms) { return poke_.wait(fd, ms); }
+  MYSQL* connect_one(const endpoint& e) {
+    MYSQL* m = mysql_init(nullptr);
+    if (!m) return nullptr;
+    unsigned t = e.timeout_s, io = 10;
+    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &t);
+    mysql_options(m, MYSQL_OPT_READ_TIMEOUT, &io);
+    mysql_options(m, MYSQL_OPT_WRITE_TIMEOUT, &io);
+    mysql_options(m, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+    auto opt = [](const std::string& s) { return s.empty() ? nullptr : s.c_str(); };
+    if (!e.sslca.empty() || !e.sslcert.empty() || !e.sslkey.empty())
+      mysql_ssl_set(m, opt(e.sslkey), opt(e.sslcert), opt(e.sslca), nullptr, nullptr);
+    if (mysql_real_connect(m, opt(e.host), e.user.c_str(), opt(e.password), e.db.c_str(), e.port,
+                           opt(e.unix_socket), 0))
+      return m;
+    log(std::string("cannot connect (waiters poll meanwhile): ") + mysql_error(m));
+    mysql_close(m);
+    return nullptr;
+  }
+  MYSQL* connect() {
+    for (const auto& e : eps_)
+      if (MYSQL* m = connect_one(e)) return m;
+    return nullptr;
+  }
+  /// Runs `sql` and returns its rows as (column 0, column 1); false when it failed.
+  static bool query(MYSQL* m, const std::string& sql,
+                    std::vector<std::pair<std::string, std::string>>& rows) {
+    if (mysql_real_query(m, sql.c_str(), sql.size()) != 0) return false;
+    MYSQL_RES* res = mysql_store_result(m);
+    if (!res) return mysql_field_count(m) == 0;
+    while (MYSQL_ROW row = mysql_fetch_row(res)) {
+      const unsigned long* len = mysql_fetch_lengths(res);
+      const unsigned n = mysql_num_fields(res);
+      rows.emplace_back(row[0] ? std::string(row[0], len[0]) : std::string(),
+                        n > 1 && row[1] ? std::string(row[1], len[1]) : std::string());
+    }
+    mysql_free_result(res);
+    return true;
+  }
+  /// On Galera, a release rings only sleepers on the node it ran on (KILL QUERY is per node).
+  static bool galera(MYSQL* m) {
+    std::vector<std::pair<std::string, std::string>> rows;
+    return query(m,
+                 "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE "
+                 "VARIABLE_NAME = 'WSREP_ON'",
+                 rows) &&
+           !rows.empty() && rows[0].first == "ON";
+  }
+  /// Rung: delivers one ring to each waiter of this handle that heads its queue.
+  bool ring(MYSQL* m) {
+    const std::string now = "UTC_TIMESTAMP(6)";
+    const std::string sql = "SELECT w.resource_name, w.owner_token FROM " + waiters_ +
+                            " w WHERE w.bell = '" + mark_ + "' AND w.expires_at > " + now +
+                            " AND NOT EXISTS (SELECT 1 FROM " + waiters_ +
+                            " h WHERE h.resource_name = w.resource_name AND h.expires_at > " + now +
+                            " AND h.ticket < w.ticket)";
+    std::vector<std::pair<std::string, std::string>> rows;
+    // A KILL QUERY that arrived just after a sleep ended can interrupt this read: once more.
+    if (!query(m, sql, rows) && (mysql_errno(m) != er_query_interrupted || !query(m, sql, rows)))
+      return false;
+    for (const auto& r : rows) {
+      ring_event ev;
+      ev.name = r.first;
+      ev.head = r.second;
+      cb_.deliver(ev);
+    }
+    return true;
+  }
+  /// Tells the hub that the waiters watched so far are reachable (a sleep is in flight).
+  void confirm() {
+    std::set<std::string> now;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      now.swap(unconfirmed_);
+    }
+    for (const auto& t : now)
+      cb_.confirmed(t, true);
+  }
+  bool wanted() {
+    std::lock_guard<std::mutex> l(mu_);
+    return !wanted_.empty();
+  }
+  /// One sleep: true when it ended normally or by a ring, false when the connection broke.
+  bool sleep_once(MYSQL* m) {
+    const std::string q = bell_sleep_prefix + mark_ + bell_sleep_suffix;
+    if (mysql_send_query(m, q.c_str(), q.size()) != 0) return false;
+    confirm();
+    while (!wait(static_cast<int>(mysql_get_socket(m)), -1)) {
+      if (stop_.load()) return false;
+      confirm();  // waiters that arrived during the sleep are reachable at once
+    }
+    // Interrupted: an error instead of the result, or in the middle of it (MariaDB sends the
+    // column and then the error), or SLEEP's own 1 where the server returns that.
+    if (mysql_read_query_result(m) != 0) return mysql_errno(m) == er_query_interrupted && ring(m);
+    MYSQL_RES* res = mysql_store_result(m);
+    if (!res) return mysql_errno(m) == er_query_interrupted && ring(m);
+    MYSQL_ROW row = mysql_fetch_row(res);
+    const bool interrupted = row && row[0] && std::string(row[0]) == "1";
+    mysql_free_result(res);
+    return !interrupted || ring(m);
+  }
+  /// One connection's life: sleep while the handle has waiters, until the connection breaks.
+  void serve(MYSQL* m) {
+    live_.store(!galera(m));
+    session_.store(static_cast<std::int64_t>(mysql_thread_id(m)));
+    while (!stop_.load()) {
+      if (!wanted()) {
+        wait(-1, -1);
+        continue;
+      }
+      if (!sleep_once(m)) {
+        if (!stop_.load()) log(std::string("connection lost, reconnecting: ") + mysql_error(m));
+        break;
+      }
+    }
+    live_.store(false);
+    session_.store(0);
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& t : wanted_)
+      cb_.confirmed(t, false);
+    unconfirmed_ = wanted_;  // confirmed again after the next connection's first sleep
+  }
+  void run() {
+    int backoff_ms = 10;
+    while (!stop_.load()) {
+      if (!wanted()) {
+        wait(-1, -1);  // connect only once the handle has a waiter
+        continue;
+      }
+      MYSQL* m = connect();
+      if (!m) {
+        wait(-1, backoff_ms);
+        backoff_ms = std::min(backoff_ms * 2, 1000);
+        continue;
+      }
+      backoff_ms = 10;
+      serve(m);
+      mysql_close(m);
+      if (!stop_.load()) cb_.lost();
+    }
+  }
+
+  const std::vector<endpoint> eps_;
+  const std::string waiters_;
+  bell_callbacks cb_;
+  const std::string mark_;
+  poke_fd poke_;
+  std::atomic<bool> stop_{false}, live_{false};
+  std::atomic<std::int64_t> session_{0};  // the server session id of the connection
+  std::mutex mu_;
+  std::set<std::string> wanted_;       // tokens of this handle's waiters
+  std::set<std::string> unconfirmed_;  // of those, not yet known to be reachable
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::string doorbell::target(const parsed_url& u, const database_options& o) const {
+  detail::doorbell::target(u, o);  // refuses listen_url
+  auto q = [&u](const char* k) {
+    const auto it = u.query.find(k);
+    return it == u.query.end() ? std::string() : it->second;
+  };
+  std::string out;
+  for (const auto& h : u.hosts) {
+    const std::vector<std::string> f = {h.host.empty() ? std::string("localhost") : h.host,
+                                        u.user,
+                                        u.password.value_or(""),
+                                        u.path,
+                                        q("unix_socket"),
+                                        q("sslca"),
+                                        q("sslcert"),
+                                        q("sslkey"),
+                                        std::to_string(h.port.value_or(0)),
+                                        std::to_string(ceil_seconds(o.connect_timeout, 1))};
+    std::string line;
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      // A value the target cannot carry: no sleeping connection, the handle's waiters poll.
+      if (f[i].find(field_sep) != std::string::npos || f[i].find('\n') != std::string::npos)
+        return {};
+      if (i) line += field_sep;
+      line += f[i];
+    }
+    out += (out.empty() ? "" : "\n") + line;
+  }
+  return out;
+}
+
+std::unique_ptr<bell_channel> doorbell::open(const std::string& target, const table_names& t,
+                                             bell_callbacks cb) const {
+  return std::make_unique<channel>(parse_target(target), t.waiters, std::move(cb));
+}
+
+}  // namespace dblock::detail::my
