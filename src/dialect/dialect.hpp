@@ -277,7 +277,8 @@ std::uint64_t name_hash(const std::string& name);
 
 /// A release as a doorbell delivers it: the resource name (empty where only its hash travels),
 /// the hash (name_hash()), the fence of the freed lease (0: unknown) and the owner token of the
-/// head of the name's live fair queue (empty: unknown or none).
+/// head of the name's live fair queue (empty: unknown or none). With neither name nor hash, the
+/// ring is for the waiter `head`, whatever its name.
 struct ring_event {
   std::string name;
   std::uint64_t hash = 0;

@@ -104,8 +104,9 @@ bool wake_hub::wait(wake_waiter& w, std::chrono::nanoseconds d) {
 
 bool wake_hub::wake_one(std::uint64_t hash, const std::string& name, const std::string& head) {
   std::shared_ptr<wake_waiter> pick;
+  const bool any_name = hash == 0 && name.empty() && !head.empty();  // a ring for `head` only
   for (const auto& w : waiters_) {
-    if (w->name_hash != hash || (!name.empty() && w->name != name)) continue;
+    if (!any_name && (w->name_hash != hash || (!name.empty() && w->name != name))) continue;
     if (!head.empty()) {  // the head of the queue is known: exactly that waiter, if it is here
       if (w->token != head) continue;
       if (w->rung.load()) return false;

@@ -155,6 +155,16 @@ class channel final : public bell_channel {
   }
   /// Rung: delivers one ring to each waiter of this handle that heads its queue.
   bool ring(MYSQL* m) {
+    {
+      // One waiter in this handle: the ring is for it (the release found its bell), no read.
+      std::lock_guard<std::mutex> l(mu_);
+      if (wanted_.size() == 1) {
+        ring_event ev;
+        ev.head = *wanted_.begin();
+        cb_.deliver(ev);
+        return true;
+      }
+    }
     const std::string now = "UTC_TIMESTAMP(6)";
     const std::string sql = "SELECT w.resource_name, w.owner_token FROM " + waiters_ +
                             " w WHERE w.bell = '" + mark_ + "' AND w.expires_at > " + now +
