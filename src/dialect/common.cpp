@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <random>
 #include "common.hpp"
 
 #include <algorithm>
@@ -61,6 +62,16 @@ bool contains_nocase(const std::string& s, const std::string& needle) {
            std::tolower(static_cast<unsigned char>(b));
   });
   return it != s.end();
+}
+
+std::string random_hex32() {
+  std::random_device rd;
+  std::mt19937_64 g((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
+  static const char* hex = "0123456789abcdef";
+  std::string m;
+  for (int i = 0; i < 32; ++i)
+    m += hex[g() & 15];
+  return m;
 }
 
 poke_fd::poke_fd() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}

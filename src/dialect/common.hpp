@@ -29,6 +29,9 @@ std::string one_line(std::string message);
 /// True when `s` contains `needle` (ASCII case-insensitive).
 bool contains_nocase(const std::string& s, const std::string& needle);
 
+/// 32 random lower-case hex digits (a wake-up channel's bell).
+std::string random_hex32();
+
 /// How other threads wake a wake-up channel's thread (an eventfd): poke() from anywhere; the
 /// channel's thread waits on it together with its connection's socket.
 class poke_fd {

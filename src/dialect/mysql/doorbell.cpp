@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <mutex>
-#include <random>
 #include <set>
 #include <thread>
 #include <utility>
@@ -57,23 +56,13 @@ std::vector<endpoint> parse_target(const std::string& target) {
   return out;
 }
 
-std::string random_mark() {
-  std::random_device rd;
-  std::mt19937_64 g((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
-  static const char* hex = "0123456789abcdef";
-  std::string m;
-  for (int i = 0; i < 32; ++i)
-    m += hex[g() & 15];
-  return m;
-}
-
 class channel final : public bell_channel {
  public:
   channel(std::vector<endpoint> eps, std::string waiters, bell_callbacks cb)
       : eps_(std::move(eps)),
         waiters_(std::move(waiters)),
         cb_(std::move(cb)),
-        mark_(random_mark()) {
+        mark_(random_hex32()) {
     thread_ = std::thread([this] { run(); });
   }
   ~channel() override {

@@ -1,17 +1,15 @@
-// PostgreSQL wake-ups: the lock table's trigger (migration 0004) notifies the head of a freed
-// lease's waiter queue in the release's own transaction, on a channel named after that waiter's
-// owner token. Each database handle keeps one listening connection outside its pool, on a
-// thread that subscribes to the channels of the handle's waiters (LISTEN / UNLISTEN, batched
-// and asynchronous), delivers their notifications to the wake hub and reconnects when the
-// connection breaks (a lost ring costs latency only).
+// PostgreSQL wake-ups: the lock table's trigger (migrations 0004, 0005) notifies the head of a
+// freed lease's waiter queue in the release's own transaction, on the channel of the handle that
+// holds that waiter: dblock_w_<bell>, the bell its queue entry carries. Each database handle
+// keeps one connection outside its pool that LISTENs on its own channel only (once, when it
+// connects: no subscription per waiter), delivers the notifications to the wake hub, which wakes
+// the waiter the payload names, and reconnects when the connection breaks (a lost ring costs
+// latency only).
 #include <libpq-fe.h>
 
 #include <atomic>
-#include <mutex>
-#include <set>
 #include <thread>
 #include <utility>
-#include <vector>
 
 #include "../common.hpp"
 #include "backend.hpp"
@@ -25,32 +23,18 @@ const std::string channel_prefix = "dblock_w_";
 class channel final : public bell_channel {
  public:
   channel(std::string conninfo, bell_callbacks cb)
-      : conninfo_(std::move(conninfo)), cb_(std::move(cb)) {
+      : conninfo_(std::move(conninfo)), cb_(std::move(cb)), bell_(random_hex32()) {
     thread_ = std::thread([this] { run(); });
   }
   ~channel() override {
     stop_.store(true);
-    poke();
+    poke_.poke();
     thread_.join();
   }
   bool live() const override { return live_.load(); }
-  bool addressed() const override { return true; }
-  void watch(const std::string& token, bool on) override {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (on)
-        wanted_.insert(token);
-      else
-        wanted_.erase(token);
-      pending_.emplace_back(token, on);
-    }
-    poke();
-  }
+  std::string address() const override { return bell_; }
 
  private:
-  using change = std::pair<std::string, bool>;
-
-  void poke() { poke_.poke(); }
   void log(const std::string& m) {
     if (cb_.log) cb_.log(log_level::warning, "wake-up listener: " + m);
   }
@@ -66,37 +50,13 @@ class channel final : public bell_channel {
     PQfinish(c);
     return nullptr;
   }
-  /// Sends the pending subscription changes as one query; false when the connection broke.
-  bool send(PGconn* c) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      inflight_.swap(pending_);
-      pending_.clear();
-    }
-    if (inflight_.empty()) return true;
-    std::string sql;
-    for (const auto& ch : inflight_)
-      sql +=
-          std::string(ch.second ? "LISTEN \"" : "UNLISTEN \"") + channel_prefix + ch.first + "\";";
-    busy_ = true;
-    return PQsendQuery(c, sql.c_str()) == 1;
-  }
-  /// Reads the results of the query in flight; false when it failed.
-  bool collect(PGconn* c) {
-    while (busy_ && !PQisBusy(c)) {
-      PGresult* r = PQgetResult(c);
-      if (!r) {
-        busy_ = false;
-        for (const auto& ch : inflight_)
-          if (ch.second) cb_.confirmed(ch.first, true);
-        inflight_.clear();
-        return true;
-      }
-      const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-      PQclear(r);
-      if (!ok) return false;
-    }
-    return true;
+  bool listen(PGconn* c) {
+    const std::string sql = "LISTEN \"" + channel_prefix + bell_ + "\"";
+    PGresult* r = PQexec(c, sql.c_str());
+    const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    if (!ok) log(std::string("LISTEN failed (waiters poll meanwhile): ") + PQerrorMessage(c));
+    return ok;
   }
   void drain(PGconn* c) {
     while (PGnotify* n = PQnotifies(c)) {
@@ -113,33 +73,19 @@ class channel final : public bell_channel {
       cb_.deliver(ev);
     }
   }
-  /// One connection's life: subscribe every wanted channel, then serve until it breaks.
+  /// One connection's life: listen on this handle's channel, then serve until it breaks.
   void serve(PGconn* c) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      pending_.clear();
-      for (const auto& t : wanted_)
-        pending_.emplace_back(t, true);
-    }
+    if (!listen(c)) return;
     live_.store(true);
-    bool resubscribed = false;
+    cb_.lost();  // releases while we were not listening went unheard: every waiter looks again
     while (wait(PQsocket(c), -1)) {
-      if (!PQconsumeInput(c) || !collect(c) || (!busy_ && !send(c))) {
+      if (!PQconsumeInput(c)) {
         log(std::string("connection lost, reconnecting: ") + PQerrorMessage(c));
         break;
-      }
-      if (!busy_ && !resubscribed) {
-        resubscribed = true;
-        cb_.lost();  // releases while we were not listening went unheard
       }
       drain(c);
     }
     live_.store(false);
-    busy_ = false;
-    inflight_.clear();
-    std::lock_guard<std::mutex> l(mu_);
-    for (const auto& t : wanted_)
-      cb_.confirmed(t, false);
   }
   void run() {
     int backoff_ms = 10;
@@ -151,22 +97,17 @@ class channel final : public bell_channel {
         continue;
       }
       backoff_ms = 10;
-      poke();  // the first round sends the subscriptions
       serve(c);
       PQfinish(c);
-      if (!stop_.load()) cb_.lost();
+      if (!stop_.load() && !wait(-1, backoff_ms)) return;
     }
   }
 
   const std::string conninfo_;
   bell_callbacks cb_;
+  const std::string bell_;  // this handle's channel: dblock_w_<bell>
   poke_fd poke_;
   std::atomic<bool> stop_{false}, live_{false};
-  std::mutex mu_;
-  std::set<std::string> wanted_;  // tokens of this handle's waiters
-  std::vector<change> pending_;   // changes not yet sent
-  std::vector<change> inflight_;  // changes of the query in flight (listener thread only)
-  bool busy_ = false;             // listener thread only
   std::thread thread_;
 };
 
