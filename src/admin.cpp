@@ -6,7 +6,6 @@
 #include "storage/lock_table.hpp"
 #include "storage/wait_queue.hpp"
 #include "storage/write_scope.hpp"
-#include "wake/hub.hpp"
 
 namespace dblock {
 
@@ -52,7 +51,9 @@ forced_release force_release(const database& db, const std::string& name, const 
   auto f = detail::write_transaction(
       access::impl(db), "force release of '" + name + "'", std::chrono::seconds(10),
       [&](session_scope& s) { return detail::lock_table::force(s, name, reason, forced_by); });
-  if (f.was_held) access::impl(db)->hub->released(name, f.new_fence, std::string());
+  if (f.was_held) {  // the lease is free: wake a waiter now rather than at its next poll
+    detail::wait_queue::ring_freed(access::impl(db), name, f.new_fence, std::string(), -1);
+  }
   return f;
 }
 

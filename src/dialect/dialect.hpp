@@ -252,6 +252,9 @@ class vocabulary {
   /// statement that interrupts that sleep (:id). Empty elsewhere.
   virtual std::string release_head(const table_names&) const { return {}; }
   virtual std::string bell_ring() const { return {}; }
+  /// The same session id as a query (:name, :token bound), for a release that did not go
+  /// through the lease release statement (a forced release). Empty elsewhere.
+  virtual std::string head_sleeper(const table_names&) const { return {}; }
 };
 
 /// Runs statements with bound values on a pooled connection.

@@ -7,7 +7,7 @@
 #include "storage/lock_table.hpp"
 #include "storage/wait_queue.hpp"
 #include "storage/write_scope.hpp"
-#include "wake/hub.hpp"
+#include "wake/gate.hpp"
 
 namespace dblock {
 
@@ -35,34 +35,31 @@ retry_policy transient_conflict_policy(int max_attempts, milliseconds max_backof
   return p;
 }
 
-// Where the doorbell names the head of the queue (SQLite), read it: one local read. A failure
-// only costs the wake-up.
-std::string lease_state::head_to_ring() const {
-  if (!db->hub->wants_head()) return std::string();
-  try {
-    return with_session(db, "read the waiter queue of '" + name + "'",
-                        [&](session_scope& s) { return wait_queue::head_token(s, name, token); });
-  } catch (const error&) {
-    return std::string();
-  }
+lease_state::~lease_state() {
+  open_gate();
 }
 
-// Where the release named the sleeping connection of the head waiter's handle (MySQL) and that
-// is another handle: interrupt its sleep. A failure only costs the wake-up.
-void lease_state::ring_head(std::int64_t ring_id) const {
-  if (ring_id <= 0 || db->hub->is_own_bell(ring_id)) return;  // this handle: woken above
-  try {
-    with_session(db, "ring the head waiter of '" + name + "'",
-                 [&](session_scope& s) { return wait_queue::ring(s, ring_id); });
-  } catch (const error&) {
+void lease_state::hold_gate(std::shared_ptr<gate_pass> pass) {
+  // The gate times this holder: its local validity, nothing once lost. The state outlives the
+  // binding: its destructor leaves the gate, which drops the binding first.
+  pass->bind([this] { return lost.load() ? steady::time_point::min() : deadline_tp(); });
+  std::lock_guard<std::mutex> l(gate_mu_);
+  gate_ = std::move(pass);
+}
+
+void lease_state::open_gate() {
+  std::shared_ptr<gate_pass> p;
+  {
+    std::lock_guard<std::mutex> l(gate_mu_);
+    p = gate_;
   }
+  if (p) p->leave();
 }
 
 void lease_state::report_released(int left, std::int64_t ring_id) {
   // The lease is free: wake a waiter now rather than at its next poll.
   if (left == 0) {
-    db->hub->released(name, fence, head_to_ring());
-    ring_head(ring_id);
+    wait_queue::ring_freed(db, name, fence, token, ring_id);
   }
   db->notify([&](listener& l) {
     l.released(name,
@@ -113,6 +110,13 @@ bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id) 
 void lease_state::release_one() {
   const int left = holds.fetch_sub(1) - 1;
   if (left == 0) stop_watchdog();
+  // The last hold: whatever the outcome, the next local waiter goes to the database after it.
+  struct gate_opener {
+    lease_state* s;
+    ~gate_opener() {
+      if (s) s->open_gate();
+    }
+  } opener{left == 0 ? this : nullptr};
   bool in_doubt = false;
   std::int64_t ring_id = 0;
   if (release_sent(left, in_doubt, ring_id)) {

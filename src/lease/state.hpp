@@ -18,6 +18,7 @@
 namespace dblock::detail {
 
 using steady = std::chrono::steady_clock;
+class gate_pass;
 
 struct lease_state : std::enable_shared_from_this<lease_state> {
   std::shared_ptr<database_impl> db;
@@ -48,6 +49,13 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   }
   bool valid() const { return !lost.load() && steady::now() < deadline_tp(); }
 
+  ~lease_state();
+  /// Keeps the local gate this acquisition came through (wake/gate.hpp) until the lease is
+  /// released (or runs out: the gate times the holder's validity).
+  void hold_gate(std::shared_ptr<gate_pass> pass);
+  /// Passes the local gate on, if it holds one (idempotent).
+  void open_gate();
+
   /// Reports the loss once (listener, on_lost).
   void mark_lost(const error& why);
   /// One renewal statement; true when renewed, false when the lease is gone.
@@ -67,8 +75,9 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   void watchdog_loop();
   bool release_sent(int left, bool& in_doubt, std::int64_t& ring_id);
   void report_released(int left, std::int64_t ring_id = 0);
-  std::string head_to_ring() const;
-  void ring_head(std::int64_t ring_id) const;
+
+  std::mutex gate_mu_;
+  std::shared_ptr<gate_pass> gate_;
 };
 
 /// Retries a lease statement that failed with a deadlock or a busy error of its own (for example

@@ -32,6 +32,15 @@ class waiting_acquire {
 
   lease_guard run() {
     if (cancel_.cancelled()) throw error(errc::cancelled, what_ + ": cancelled");
+    if (!lk_.options.fair && !reentry()) {
+      // Behind this process's other contenders for the name first (wake/gate.hpp).
+      pass_ = dbi_->hub->gates().enter(lk_.name, cancel_, deadline_);
+      if (!pass_) {
+        check();
+        throw error(errc::timeout,
+                    what_ + ": not acquired within " + std::to_string(wait_.count()) + " ms");
+      }
+    }
     if (auto g = first_try()) return done(std::move(*g));  // even with a zero wait
     // Enlisted only now, so an acquire that needs no wait never subscribes to wake-ups, and
     // still before the first read below: a release after that read rings this waiter.
@@ -77,12 +86,17 @@ class waiting_acquire {
   lease_guard done(lease_guard g) {
     if (entry_) entry_->acquired();
     ticket_ = 0;  // the acquire deleted the queue entry
+    // The holder keeps the gate until it releases (a reentrant hold came through none).
+    if (pass_ && lk_.current && lk_.current->holds.load() == 1) lk_.current->hold_gate(pass_);
+    pass_.reset();
     return g;
   }
-  std::optional<lease_guard> first_try() {
+  bool reentry() const {
     const auto& cur = lk_.current;
-    const bool reentry = cur && cur->holds.load() > 0 && cur->valid();
-    if (!lk_.options.fair || reentry) return lk_.attempt(token_);
+    return cur && cur->holds.load() > 0 && cur->valid();
+  }
+  std::optional<lease_guard> first_try() {
+    if (!lk_.options.fair || reentry()) return lk_.attempt(token_);
     const wait_queue::wait_state st = read();  // fair: only when nobody is queued
     if (st.free() && !st.head) return lk_.attempt(token_);
     return std::nullopt;
@@ -140,7 +154,8 @@ class waiting_acquire {
   const milliseconds wait_;
   const steady::time_point deadline_;
   const std::string token_;
-  std::optional<hub_entry> entry_;  // enlisted once the first try failed
+  std::shared_ptr<gate_pass> pass_;  // the local gate (not fair, not reentrant)
+  std::optional<hub_entry> entry_;   // enlisted once the first try failed
   std::int64_t ticket_ = 0;
   steady::time_point refresh_at_ = steady::time_point::max();
 };

@@ -82,7 +82,10 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
                            " expires_at > " +
                            now + " ORDER BY ticket LIMIT 1",
                        {"name", "token"});
-  if (!v.bell_ring().empty()) s.bell_ring = make("bell_ring", v.bell_ring(), {"id"});
+  if (!v.bell_ring().empty()) {
+    s.bell_ring = make("bell_ring", v.bell_ring(), {"id"});
+    s.head_sleeper = make("head_sleeper", v.head_sleeper(t), {"name", "token"});
+  }
   s.waiters_list =
       make("waiters_list",
            "SELECT resource_name, ticket, holder_host, holder_pid, " + v.epoch_us("enqueued_at") +

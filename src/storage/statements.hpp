@@ -31,6 +31,9 @@ struct lock_statements {
   /// Where the release names the sleeping connection to ring (MySQL): id -> interrupt its
   /// sleep. Empty text elsewhere.
   statement bell_ring;
+  /// name, token -> the session id bell_ring would interrupt for the head of the queue (0:
+  /// none). Empty text where bell_ring is.
+  statement head_sleeper;
   statement waiters_list;  ///< -> name, ticket, host, pid, enqueued (µs), now (µs): live entries
   statement waiters_reap;  ///< neg_retention: deletes entries expired longer ago than that
   // ---- named lock rows ------------------------------------------------------------------------

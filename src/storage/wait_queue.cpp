@@ -1,6 +1,7 @@
 #include "storage/wait_queue.hpp"
 
 #include "storage/write_scope.hpp"
+#include "wake/hub.hpp"
 
 namespace dblock::detail::wait_queue {
 namespace {
@@ -56,6 +57,30 @@ bool ring(session_scope& s, std::int64_t id) {
   if (st.bell_ring.text.empty() || id <= 0) return false;
   s.run(st.bell_ring, {static_cast<long long>(id)});
   return true;
+}
+
+void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
+                std::int64_t fence, const std::string& token, std::int64_t sleeper) {
+  const std::string what = "ring the head waiter of '" + name + "'";
+  std::string head;
+  if (db->hub->wants_head()) {
+    try {
+      head = with_session(db, what, [&](session_scope& s) { return head_token(s, name, token); });
+    } catch (const error&) {
+    }
+  }
+  db->hub->released(name, fence, head);
+  if (sleeper == 0 || db->statements.bell_ring.text.empty()) return;
+  try {
+    with_session(db, what, [&](session_scope& s) {
+      if (sleeper < 0) {
+        const sql_result r = s.run(s.statements().head_sleeper, {name, token});
+        sleeper = r.empty() || r.is_null(0, 0) ? 0 : r.integer(0, 0);
+      }
+      if (sleeper > 0 && !db->hub->is_own_bell(sleeper)) ring(s, sleeper);  // own: woken above
+    });
+  } catch (const error&) {
+  }
 }
 
 std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_params& p,

@@ -53,6 +53,14 @@ std::string head_token(session_scope&, const std::string& name, const std::strin
 /// sleep of server session `id` (from lock_table::release()). False where the dialect rings
 /// otherwise.
 bool ring(session_scope&, std::int64_t id);
+/// After this handle freed the lease of `name` at `fence` (the releaser's entries, `token`, are
+/// not the head): wakes a local waiter through the hub and rings the head waiter's process where
+/// the database does not: the doorbell with the head of the queue (SQLite; one local read), or
+/// an interrupt of the sleeping connection of the head waiter's handle (MySQL), `sleeper` being
+/// the session id the release returned (0: nobody waits; -1: look it up, for a forced release).
+/// A failure only costs the wake-up.
+void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
+                std::int64_t fence, const std::string& token, std::int64_t sleeper);
 /// The lease acquire that also deletes entry `ticket` when it acquires (one statement where the
 /// dialect can, else two).
 std::optional<std::int64_t> acquire_dequeue(session_scope&, const acquire_params&,

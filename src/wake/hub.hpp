@@ -17,6 +17,7 @@
 
 #include "dblock/cancellation.hpp"
 #include "dialect/dialect.hpp"
+#include "wake/gate.hpp"
 
 namespace dblock::detail {
 
@@ -70,6 +71,8 @@ class wake_hub {
   bool is_own_bell(std::int64_t id) const;
   /// The wake-up address for this handle's queue entries (bell_channel::address()).
   std::string address();
+  /// The local gates of this handle's waiting acquires that are not fair (wake/gate.hpp).
+  local_gates& gates() { return gates_; }
   /// Waiters woken so far (each ring wakes at most one per process).
   std::uint64_t woken() const { return woken_.load(); }
 
@@ -94,6 +97,7 @@ class wake_hub {
   std::unique_ptr<bell_channel> channel_;
   std::atomic<bool> channel_opened_{false};
   std::atomic<std::uint64_t> woken_{0};
+  local_gates gates_;
 };
 
 /// A waiter's enlistment for the length of one waiting acquire (leaves on destruction).

@@ -44,13 +44,27 @@ std::string vocabulary::id_reserve(const table_names& t) const {
 // round trip. The connection is found by the exact text of its sleep, so nothing else is ever
 // named; PROCESSLIST is read only when somebody waits. SET runs left to right: hold_count is
 // already the new count here; holder_pid keeps its value.
+namespace {
+
+// The session id of the connection asleep for the handle of the head of :name's live queue
+// (entries of :token excluded), NULL when none.
+std::string head_sleeper_of(const table_names& t, const std::string& now) {
+  return "(SELECT (SELECT p.ID FROM information_schema.PROCESSLIST p WHERE p.COMMAND = 'Query' "
+         "AND p.INFO = CONCAT('" +
+         std::string(bell_sleep_prefix) + "', w.bell, '" + bell_sleep_suffix + "') LIMIT 1) FROM " +
+         t.waiters + " w WHERE w.resource_name = :name AND w.owner_token <> :token AND " +
+         "w.expires_at > " + now + " ORDER BY w.ticket LIMIT 1)";
+}
+
+}  // namespace
+
 std::string vocabulary::release_head(const table_names& t) const {
-  return ", holder_pid = holder_pid + 0 * LAST_INSERT_ID(IF(hold_count = 0, COALESCE((SELECT "
-         "(SELECT p.ID FROM information_schema.PROCESSLIST p WHERE p.COMMAND = 'Query' AND "
-         "p.INFO = CONCAT('" +
-         bell_sleep_prefix + "', w.bell, '" + bell_sleep_suffix + "') LIMIT 1) FROM " + t.waiters +
-         " w WHERE w.resource_name = :name AND w.owner_token <> :token AND " + "w.expires_at > " +
-         now() + " ORDER BY w.ticket LIMIT 1), 0), 0))";
+  return ", holder_pid = holder_pid + 0 * LAST_INSERT_ID(IF(hold_count = 0, COALESCE(" +
+         head_sleeper_of(t, now()) + ", 0), 0))";
+}
+
+std::string vocabulary::head_sleeper(const table_names& t) const {
+  return "SELECT COALESCE(" + head_sleeper_of(t, now()) + ", 0)";
 }
 
 }  // namespace dblock::detail::my
