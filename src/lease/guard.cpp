@@ -57,8 +57,10 @@ void lease_state::open_gate() {
 }
 
 void lease_state::report_released(int left, std::int64_t ring_id) {
-  // The lease is free: wake a waiter now rather than at its next poll.
+  // The lease is free: the next local contender goes first (it needs no ring), then a waiter
+  // is woken now rather than at its next poll.
   if (left == 0) {
+    open_gate();
     wait_queue::ring_freed(db, name, fence, token, ring_id);
   }
   db->notify([&](listener& l) {
