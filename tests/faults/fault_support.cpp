@@ -86,9 +86,22 @@ void stop_workers(const workload& w) {
 
 bool run_env_cmd(const char* var, const std::string& arg) {
   const char* cmd = std::getenv(var);
-  if (!cmd || !*cmd) return false;
-  std::string c = std::string(cmd) + " " + arg + " >/dev/null 2>&1";
-  return std::system(c.c_str()) == 0;
+  if (!cmd || !*cmd) {
+    std::cerr << var << " is not set: cannot run '" << arg << "'" << std::endl;
+    return false;
+  }
+  // The command's output is kept and shown only when it fails, so that a failed restart in CI
+  // says why (a server log, a timeout) instead of a bare "false".
+  temp_dir dir("env-cmd");
+  const std::string out = dir.file("out");
+  std::string c = std::string(cmd) + " " + arg + " >" + out + " 2>&1";
+  const int rc = std::system(c.c_str());
+  if (rc == 0) return true;
+  std::string text = read_file(out);
+  if (text.size() > 6000) text = "[...]\n" + text.substr(text.size() - 6000);
+  std::cerr << "command failed (status " << rc << "): " << var << " " << arg << "\n"
+            << text << std::endl;
+  return false;
 }
 
 void report(const std::string& scenario, const std::string& backend, long long trials,

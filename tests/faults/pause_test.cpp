@@ -53,10 +53,15 @@ pause_result run_pauses(context& ctx, bool fenced, int trials) {
   std::set<long long> paused_fences;
   const long long deadline = monotonic_ns() + 240LL * 1000000000LL;
   while (r.trials < trials && monotonic_ns() < deadline) {
+    // A holder already paused once is not paused again before its write: right after SIGCONT
+    // its slot still shows the same fence, and a second pause of that one acquire would count
+    // two trials for the one lease_lost it can report.
     int victim = -1;
     for (int spin = 0; spin < 2000 && victim < 0; ++spin) {
-      for (int i = 0; i < 4; ++i)
-        if (__atomic_load_n(&slots.v[i], __ATOMIC_SEQ_CST) > 0) victim = i;
+      for (int i = 0; i < 4; ++i) {
+        const long long f = __atomic_load_n(&slots.v[i], __ATOMIC_SEQ_CST);
+        if (f > 0 && !paused_fences.count(f)) victim = i;
+      }
       if (victim < 0) std::this_thread::sleep_for(milliseconds(1));
     }
     if (victim < 0) continue;
@@ -66,7 +71,8 @@ pause_result run_pauses(context& ctx, bool fenced, int trials) {
       continue;
     }
     long long fence = __atomic_load_n(&slots.v[victim], __ATOMIC_SEQ_CST);
-    bool counts = fence > 0;  // still between acquire and write while stopped
+    // Still between acquire and write while stopped, and an acquire not paused before.
+    bool counts = fence > 0 && !paused_fences.count(fence);
     std::this_thread::sleep_for(milliseconds(r.trials % 2 == 0 ? ttl_ms * 3 / 2 : ttl_ms * 3));
     ::kill(pids[victim], SIGCONT);
     if (counts) {
