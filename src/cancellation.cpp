@@ -2,29 +2,45 @@
 
 #include "wake/cancel_access.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <vector>
 
 namespace dblock {
 namespace detail {
 
 struct cancel_state {
   mutable std::mutex mu;
-  mutable std::condition_variable cv;
+  mutable std::condition_variable cv;  // sleep_for()
   std::atomic<bool> cancelled{false};
+  std::vector<wake_slot*> slots;  // guarded by mu: the slots sleeping in cancel_access::wait()
 };
 
+// Lock order: cancel_state::mu before wake_slot::mu; a sleeper never holds its slot's mutex while
+// it takes the state's, and a slot stays registered (alive) while cancel() notifies it.
 bool cancel_access::wait(const cancellation& c, std::chrono::nanoseconds d,
-                         const std::atomic<bool>& flag) {
-  std::unique_lock<std::mutex> lk(c.state_->mu);
-  return c.state_->cv.wait_for(lk, d, [&] { return flag.load() || c.state_->cancelled.load(); }) &&
-         flag.load();
+                         const std::atomic<bool>& flag, wake_slot& slot) {
+  cancel_state& st = *c.state_;
+  {
+    std::lock_guard<std::mutex> l(st.mu);
+    st.slots.push_back(&slot);
+  }
+  bool woken = false;
+  {
+    std::unique_lock<std::mutex> lk(slot.mu);
+    woken =
+        slot.cv.wait_for(lk, d, [&] { return flag.load() || st.cancelled.load(); }) && flag.load();
+  }
+  std::lock_guard<std::mutex> l(st.mu);
+  st.slots.erase(std::find(st.slots.begin(), st.slots.end(), &slot));
+  return woken;
 }
 
-void cancel_access::poke(const cancellation& c) {
-  { std::lock_guard<std::mutex> lk(c.state_->mu); }
-  c.state_->cv.notify_all();
+void cancel_access::poke(wake_slot& slot) {
+  { std::lock_guard<std::mutex> lk(slot.mu); }
+  slot.cv.notify_all();
 }
 
 }  // namespace detail
@@ -32,11 +48,11 @@ void cancel_access::poke(const cancellation& c) {
 cancellation::cancellation() : state_(std::make_shared<detail::cancel_state>()) {}
 
 void cancellation::cancel() noexcept {
-  {
-    std::lock_guard<std::mutex> lk(state_->mu);
-    state_->cancelled = true;
-  }
+  std::lock_guard<std::mutex> lk(state_->mu);
+  state_->cancelled = true;
   state_->cv.notify_all();
+  for (detail::wake_slot* s : state_->slots)
+    detail::cancel_access::poke(*s);
 }
 
 bool cancellation::cancelled() const noexcept {

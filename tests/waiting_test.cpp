@@ -541,6 +541,63 @@ DBLOCK_TEST("local gate: waits there end on their timeout or cancellation; reent
   CHECK(ms3 < 1000);
 }
 
+// One cancellation shared by every wait (a service's shutdown flag): each waiter still sleeps on a
+// wake-up of its own, so a release hands the lease to one waiter while the others keep waiting,
+// and the one cancel() ends every wait, at the local gate (threads of one handle behind the
+// first) and in the hub (the first of each handle, queued in the database).
+DBLOCK_TEST("one cancellation shared by many waits: a release grants one, cancel ends the rest",
+            "[waiting][gate]") {
+  const std::string name = "shared-cancel-" + dblock::test::random_suffix();
+  dblock::lease_options lo;
+  lo.ttl = std::chrono::seconds(10);
+  auto o = ctx.options();
+  o.pool_size = 8;
+  auto other = ctx.open(o);
+  dblock::lease_lock holder(ctx.db, name, lo);
+  auto h = holder.acquire(std::chrono::seconds(5));
+  dblock::cancellation shutdown;
+  const int threads = 6;
+  std::atomic<int> granted{0}, cancelled{0}, other_errors{0};
+  std::atomic<bool> release_granted{false};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      try {
+        dblock::lease_lock lock(t % 2 ? other : ctx.db, name, lo);
+        auto g = lock.acquire(std::chrono::seconds(30), shutdown);
+        granted.fetch_add(1);
+        while (!release_granted.load())
+          std::this_thread::sleep_for(milliseconds(5));
+        g.release();
+      } catch (const dblock::error& e) {
+        (e.code() == errc::cancelled ? cancelled : other_errors).fetch_add(1);
+      }
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(500));  // all waiting: at the gate or queued
+  CHECK(granted.load() == 0);
+  h.release();
+  const long long t0 = monotonic_ns();
+  while (granted.load() == 0 && monotonic_ns() - t0 < 5000 * ns_per_ms)
+    std::this_thread::sleep_for(milliseconds(2));
+  std::this_thread::sleep_for(milliseconds(300));
+  CHECK(granted.load() == 1);  // exactly one got the lease; the rest still wait
+  CHECK(cancelled.load() == 0);
+  const long long t1 = monotonic_ns();
+  shutdown.cancel();
+  while (cancelled.load() < threads - 1 && monotonic_ns() - t1 < 5000 * ns_per_ms)
+    std::this_thread::sleep_for(milliseconds(2));
+  const long long cancel_ms = (monotonic_ns() - t1) / ns_per_ms;
+  release_granted.store(true);
+  for (auto& t : ts)
+    t.join();
+  INFO("every other wait cancelled within " << cancel_ms << " ms");
+  CHECK(cancelled.load() == threads - 1);
+  CHECK(other_errors.load() == 0);
+  CHECK(cancel_ms < 3000);
+  CHECK(count_waiters(ctx, name) == 0);  // the cancelled waits left the queue
+}
+
 // ---- a queued waiter killed ---------------------------------------------------------------------
 
 // Fair, waiter ttl 1 s: A queues first, B second; A is killed while queued. B must get the lease

@@ -35,10 +35,9 @@ class waiting_acquire {
     if (!lk_.options.fair && !reentry()) {
       // Behind this process's other contenders for the name first (wake/gate.hpp).
       pass_ = dbi_->hub->gates().enter(lk_.name, cancel_, deadline_);
-      if (!pass_) {
+      if (!pass_) {  // its deadline passed, or it was cancelled
         check();
-        throw error(errc::timeout,
-                    what_ + ": not acquired within " + std::to_string(wait_.count()) + " ms");
+        throw timed_out();
       }
     }
     if (auto g = first_try()) return done(std::move(*g));  // even with a zero wait
@@ -79,9 +78,11 @@ class waiting_acquire {
  private:
   void check() {
     if (cancel_.cancelled()) throw error(errc::cancelled, what_ + ": cancelled");
-    if (steady::now() >= deadline_)
-      throw error(errc::timeout,
-                  what_ + ": not acquired within " + std::to_string(wait_.count()) + " ms");
+    if (steady::now() >= deadline_) throw timed_out();
+  }
+  error timed_out() const {
+    return error(errc::timeout,
+                 what_ + ": not acquired within " + std::to_string(wait_.count()) + " ms");
   }
   lease_guard done(lease_guard g) {
     if (entry_) entry_->acquired();

@@ -7,29 +7,27 @@
 namespace dblock::detail {
 
 void gate_pass::bind(std::function<std::chrono::steady_clock::time_point()> valid_until) {
-  if (!left_.load()) gates_.bind(name_, gen_, std::move(valid_until));
+  gates_.bind(name_, gen_, std::move(valid_until));
 }
 
 void gate_pass::leave() {
-  if (!left_.exchange(true)) gates_.leave(name_, gen_);
+  gates_.leave(name_, gen_);
 }
 
 std::shared_ptr<gate_pass> local_gates::enter(const std::string& name, const cancellation& cancel,
                                               steady::time_point deadline) {
   std::unique_lock<std::mutex> l(mu_);
-  {
-    gate& g = gates_[name];
-    if (g.gen == 0 && g.queue.empty()) {
-      g.gen = next_gen_++;
-      return std::make_shared<gate_pass>(*this, name, g.gen);
-    }
+  // The gate stays in the map while it is held or w waits in its queue: `g` stays valid.
+  gate& g = gates_[name];
+  if (g.gen == 0 && g.queue.empty()) {
+    g.gen = next_gen_++;
+    return std::make_shared<gate_pass>(*this, name, g.gen);
   }
   auto w = std::make_shared<waiter>();
   w->cancel = cancel;
-  gates_[name].queue.push_back(w);
+  g.queue.push_back(w);
   for (;;) {
     if (w->gen != 0) return std::make_shared<gate_pass>(*this, name, w->gen);
-    gate& g = gates_[name];  // still there: w is in its queue
     const auto now = steady::now();
     if (now >= deadline || cancel.cancelled()) {
       g.queue.erase(std::find(g.queue.begin(), g.queue.end(), w));
@@ -51,15 +49,9 @@ std::shared_ptr<gate_pass> local_gates::enter(const std::string& name, const can
     w->poked.store(false);
     w->until = until;
     l.unlock();
-    cancel_access::wait(cancel, until - now, w->poked);
+    cancel_access::wait(cancel, until - now, w->poked, w->slot);
     l.lock();
   }
-}
-
-std::size_t local_gates::queued(const std::string& name) const {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = gates_.find(name);
-  return it == gates_.end() ? 0 : it->second.queue.size();
 }
 
 void local_gates::bind(const std::string& name, std::uint64_t gen,
@@ -73,7 +65,7 @@ void local_gates::bind(const std::string& name, std::uint64_t gen,
   if (!g.queue.empty() && g.queue.front()->until > g.holder_until()) {
     auto& first = *g.queue.front();
     first.poked.store(true);
-    cancel_access::poke(first.cancel);
+    cancel_access::poke(first.slot);
   }
 }
 
@@ -96,7 +88,7 @@ void local_gates::pass_on(std::unordered_map<std::string, gate>::iterator it) {
   w->gen = next_gen_++;
   g.gen = w->gen;
   w->poked.store(true);
-  cancel_access::poke(w->cancel);
+  cancel_access::poke(w->slot);
 }
 
 }  // namespace dblock::detail

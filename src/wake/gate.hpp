@@ -19,14 +19,15 @@
 #include <string>
 #include <unordered_map>
 
-#include "dblock/cancellation.hpp"
+#include "wake/cancel_access.hpp"
 
 namespace dblock::detail {
 
 class local_gates;
 
-/// The gate of one name, held (see local_gates::enter()). Leaving is idempotent and thread-safe;
-/// the destructor leaves.
+/// The gate of one name, held (see local_gates::enter()). Leaving is idempotent and thread-safe
+/// (each pass has its own generation, which only the holding pass matches); the destructor
+/// leaves.
 class gate_pass {
  public:
   gate_pass(local_gates& gates, std::string name, std::uint64_t gen)
@@ -45,7 +46,6 @@ class gate_pass {
   local_gates& gates_;
   const std::string name_;
   const std::uint64_t gen_;
-  std::atomic<bool> left_{false};
 };
 
 /// See the file comment. Thread-safe.
@@ -56,13 +56,12 @@ class local_gates {
   /// fired first.
   std::shared_ptr<gate_pass> enter(const std::string& name, const cancellation& cancel,
                                    steady::time_point deadline);
-  /// Local waiters currently lined up behind a gate of `name` (for tests and status).
-  std::size_t queued(const std::string& name) const;
 
  private:
   friend class gate_pass;
   struct waiter {
     cancellation cancel;
+    wake_slot slot;                  // a poke wakes this waiter alone
     std::atomic<bool> poked{false};  // ends its sleep: granted, or a holder to time
     std::uint64_t gen = 0;           // guarded by mu_; non-zero once granted
     steady::time_point until;        // guarded by mu_; when its sleep ends
@@ -78,7 +77,7 @@ class local_gates {
   /// With mu_ held: passes the gate to the first waiter in line, or opens (and forgets) it.
   void pass_on(std::unordered_map<std::string, gate>::iterator it);
 
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::unordered_map<std::string, gate> gates_;
   std::uint64_t next_gen_ = 1;
 };

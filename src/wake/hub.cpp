@@ -62,7 +62,7 @@ void wake_hub::confirmed(const std::string& token, bool on) {
     // Now reachable: let it look again at once and then sleep relying on rings.
     w->relook.store(true);
     w->rung.store(true);
-    cancel_access::poke(w->cancel);
+    cancel_access::poke(w->slot);
   }
 }
 
@@ -98,7 +98,7 @@ void wake_hub::leave(const std::shared_ptr<wake_waiter>& w, bool acquired) {
 bool wake_hub::wait(wake_waiter& w, std::chrono::nanoseconds d) {
   if (w.rung.exchange(false)) return true;
   if (d.count() <= 0) return false;
-  const bool rung = cancel_access::wait(w.cancel, d, w.rung);
+  const bool rung = cancel_access::wait(w.cancel, d, w.rung, w.slot);
   return rung && w.rung.exchange(false);
 }
 
@@ -123,7 +123,7 @@ bool wake_hub::wake_one(std::uint64_t hash, const std::string& name, const std::
   if (!pick) return false;
   pick->named_head.store(!head.empty());
   pick->rung.store(true);
-  cancel_access::poke(pick->cancel);
+  cancel_access::poke(pick->slot);
   woken_.fetch_add(1);
   if (events_) {
     try {
@@ -166,7 +166,7 @@ void wake_hub::wake_all() {
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& w : waiters_) {
     w->rung.store(true);
-    cancel_access::poke(w->cancel);
+    cancel_access::poke(w->slot);
   }
 }
 

@@ -28,6 +28,7 @@ struct wake_waiter {
   std::string token;        ///< owner token of its queue entry and of its acquire attempts
   std::int64_t ticket = 0;  ///< its queue ticket (0 until enqueued); guarded by the hub's mutex
   cancellation cancel;
+  wake_slot slot;  ///< wakes this waiter alone (a shared cancellation wakes all on cancel only)
   std::atomic<bool> rung{false};
   /// The last ring named this waiter as the head of the queue (it may try without looking).
   std::atomic<bool> named_head{false};
