@@ -39,7 +39,7 @@ std::vector<lock_info> list_locks(const database& db, const list_options& o) {
 
 forced_release force_release(const database& db, const std::string& name, const std::string& reason,
                              const std::string& forced_by) {
-  detail::validate_resource_name(name);
+  detail::validate_lease_name(name);  // a semaphore permit's lease too
   if (reason.size() > 1000)
     throw error(errc::invalid_argument, "force_release: the reason is over 1000 bytes");
   if (forced_by.size() > 255)

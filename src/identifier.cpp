@@ -73,6 +73,21 @@ void validate_identifier(std::string_view ident, const char* what) {
 }
 
 void validate_resource_name(std::string_view name) {
+  validate_lease_name(name);
+  if (name.find(internal_separator) != std::string_view::npos)
+    throw error(errc::invalid_argument,
+                "invalid resource name '" + printable(name) +
+                    "': contains U+FFFF, which dblock reserves for its internal names");
+}
+
+std::string permit_lease_name(std::string_view name, int slot) {
+  std::string out(name);
+  out += internal_separator;
+  out += std::to_string(slot);
+  return out;
+}
+
+void validate_lease_name(std::string_view name) {
   if (name.empty()) throw error(errc::invalid_argument, "invalid resource name: it is empty");
   if (name.size() > max_resource_name_bytes)
     throw error(errc::invalid_argument,

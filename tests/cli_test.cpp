@@ -12,9 +12,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -209,6 +211,120 @@ DBLOCK_TEST("cli exec: 4 processes x 15 execs on one lock keep a counter exact",
   CHECK(seen.size() == 60);
   CHECK(std::adjacent_find(seen.begin(), seen.end(), std::greater_equal<long long>()) ==
         seen.end());  // strictly increasing in the order the sections ran
+}
+
+// Operators limiting a job to N concurrent runs across hosts: 6 processes x 5 execs on a
+// semaphore of 2 permits. Each command marks itself running in a directory shared by all (one
+// file per run) and records how many it saw running: never more than 2, and at some point 2.
+DBLOCK_TEST("cli exec --semaphore: 6 processes x 5 execs, never more than 2 at once",
+            "[cli][semaphore]") {
+  const std::string name = lock_name();
+  dblock::test::temp_dir dir("cli-semaphore");
+  const std::string running = dir.file("running"), seen = dir.file("seen");
+  std::filesystem::create_directory(running);
+  const std::string body =
+      "f='" + running + "/'$$; touch \"$f\"; ls '" + running + "' | wc -l >> '" + seen +
+      "'; echo \"$DBLOCK_LOCK $DBLOCK_PERMIT\" >> '" + seen + ".env'; sleep 0.15; rm -f \"$f\"";
+  std::vector<int> failures(6, 0);
+  std::vector<std::string> first_error(6);
+  std::vector<std::thread> hosts;
+  for (int h = 0; h < 6; ++h)
+    hosts.emplace_back([&, h] {
+      for (int i = 0; i < 5; ++i) {
+        auto r = run_cli(exec_args(ctx, {"--semaphore", name, "--permits", "2", "--wait", "60s",
+                                         "--", "sh", "-c", body}),
+                         std::chrono::seconds(90));
+        if (r.status != 0 && failures[h]++ == 0)
+          first_error[h] = "exit " + std::to_string(r.status) + ": " + r.output;
+      }
+    });
+  for (auto& t : hosts)
+    t.join();
+  for (int h = 0; h < 6; ++h) {
+    INFO("process " << h << ": " << first_error[h]);
+    CHECK(failures[h] == 0);
+  }
+  std::ifstream in(seen);
+  std::vector<int> counts;
+  for (int n; in >> n;)
+    counts.push_back(n);
+  CHECK(counts.size() == 30);
+  REQUIRE_FALSE(counts.empty());
+  CHECK(*std::max_element(counts.begin(), counts.end()) <= 2);
+  CHECK(*std::max_element(counts.begin(), counts.end()) == 2);  // really two at once
+  std::ifstream env(seen + ".env");
+  std::set<std::string> lines;
+  for (std::string l; std::getline(env, l);)
+    lines.insert(l);
+  CHECK(lines == std::set<std::string>{name + " 0", name + " 1"});
+}
+
+DBLOCK_TEST("cli exec --semaphore: all permits held exits 75; another count exits 2",
+            "[cli][semaphore]") {
+  const std::string name = lock_name();
+  dblock::semaphore sem(ctx.db, name, 1);
+  auto g = sem.try_acquire();
+  REQUIRE(g);
+  auto held = run_cli(
+      exec_args(ctx, {"--semaphore", name, "--permits", "1", "--wait", "0s", "--", "true"}));
+  {
+    INFO(held.output);
+    CHECK(held.status == exit_not_acquired);
+    CHECK(contains(held.output, "all 1 permits of semaphore '" + name + "' are held"));
+  }
+  auto other = run_cli(
+      exec_args(ctx, {"--semaphore", name, "--permits", "3", "--wait", "0s", "--", "true"}));
+  {
+    INFO(other.output);
+    CHECK(other.status == 2);
+    CHECK(contains(other.output, "declared with 1 permits, not 3"));
+  }
+  auto both = run_cli(
+      exec_args(ctx, {"--lock", name, "--semaphore", name, "--permits", "1", "--", "true"}));
+  {
+    INFO(both.output);
+    CHECK(both.status == 2);
+  }
+  auto no_count = run_cli(exec_args(ctx, {"--semaphore", name, "--", "true"}));
+  {
+    INFO(no_count.output);
+    CHECK(no_count.status == 2);
+  }
+  // status names the permit; release --force --permit frees it (the holder then lost it).
+  const std::vector<std::string> where = {"--url", ctx.url, "--table-prefix", ctx.prefix};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), where.begin(), where.end());
+    return a;
+  };
+  auto st = run_cli(with({"status"}));
+  {
+    INFO(st.output);
+    CHECK(st.status == 0);
+    CHECK(contains(st.output, name + " [permit 0]"));
+  }
+  auto js = run_cli(with({"status", "--json"}));
+  {
+    INFO(js.output);
+    CHECK(contains(js.output, "\"semaphore\": \"" + name + "\""));
+    CHECK(contains(js.output, "\"permit\": 0"));
+  }
+  auto none = run_cli(with({"release", "--force", "--permit", "5", name}));
+  {
+    INFO(none.output);
+    CHECK(none.status == 1);
+    CHECK(contains(none.output, "has no permit 5"));
+  }
+  auto forced = run_cli(with({"release", "--force", "--permit", "0", "--reason", "stuck", name}));
+  {
+    INFO(forced.output);
+    CHECK(forced.status == 0);
+    CHECK(contains(forced.output, "released '" + name + " [permit 0]'"));
+  }
+  CHECK(dblock::test::code_of([&] { g->release(); }) == dblock::errc::lease_lost);
+  auto free =
+      run_cli(exec_args(ctx, {"--semaphore", name, "--permits", "1", "--", "sh", "-c", "exit 4"}));
+  INFO(free.output);
+  CHECK(free.status == 4);
 }
 
 DBLOCK_TEST("cli exec: passes the command's exit status through", "[cli]") {

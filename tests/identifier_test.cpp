@@ -65,6 +65,17 @@ TEST_CASE("resource names: 1..255 bytes of UTF-8, never truncated", "[unit][iden
   for (int i = 0; i < 128; ++i)
     two_byte += "é";
   CHECK(code_of([&] { validate_resource_name(two_byte); }) == errc::invalid_argument);
+  // U+FFFF is reserved for dblock's internal names (semaphore permits); its neighbours are not.
+  CHECK(code_of([] {
+          validate_resource_name(
+              "sem\xEF\xBF\xBF"
+              "0");
+        }) == errc::invalid_argument);
+  CHECK_NOTHROW(validate_resource_name("\xEF\xBF\xBE"));  // U+FFFE
+  CHECK_NOTHROW(validate_resource_name("\xEF\xBF\xBD"));  // U+FFFD
+  CHECK_NOTHROW(
+      dblock::detail::validate_lease_name("sem\xEF\xBF\xBF"
+                                          "0"));
 }
 
 TEST_CASE("errc composes with std::error_code and says how to retry", "[unit][error]") {

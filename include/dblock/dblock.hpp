@@ -49,5 +49,6 @@
 #include "dblock/reaper.hpp"
 #include "dblock/retry.hpp"
 #include "dblock/segmented_stock.hpp"
+#include "dblock/semaphore.hpp"
 #include "dblock/transaction.hpp"
 #include "dblock/value.hpp"

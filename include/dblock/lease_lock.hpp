@@ -20,7 +20,10 @@ namespace dblock {
 namespace detail {
 struct lease_state;
 class waiting_acquire;
+struct internal_name_t;
 }  // namespace detail
+
+class semaphore;
 
 /// Settings of a lease lock; lease_lock's constructor checks them.
 /// Thread-safety: a plain value.
@@ -150,6 +153,10 @@ class lease_lock {
 
  private:
   friend class detail::waiting_acquire;
+  friend class semaphore;
+  /// A lock on one of dblock's internal lease names (a semaphore permit's, which users cannot
+  /// name); otherwise as the public constructor.
+  lease_lock(database db, std::string name, lease_options options, const detail::internal_name_t&);
   struct impl;
   std::unique_ptr<impl> impl_;
 };

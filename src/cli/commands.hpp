@@ -43,6 +43,7 @@ int run_status(const common_options& c, const status_options& s);
 struct release_options {
   bool force = false;
   std::string name;
+  int permit = -1;  // >= 0: NAME is a semaphore, release this permit
   std::string reason;
 };
 CLI::App* add_release(CLI::App& app, common_options& common, release_options& r);
@@ -59,6 +60,8 @@ int run_bench(const common_options& c, const bench_options& b);
 // exec.cpp: dblock exec --lock NAME [--ttl D] [--wait D] [--kill-after D] -- command...
 struct exec_options {
   std::string lock;
+  std::string semaphore;  // instead of --lock: a permit of this semaphore
+  int permits = 0;        // its declared permits (required with --semaphore)
   std::string ttl = "30s";
   std::string wait = "0s";
   std::string kill_after = "10s";

@@ -1,6 +1,7 @@
-// dblock exec: run a command while holding a lease lock. The command runs as a child process
-// with DBLOCK_FENCE, DBLOCK_OWNER and DBLOCK_LOCK set; the signals dblock gets are passed on to
-// it; when the lease is lost it is sent SIGTERM (SIGKILL after --kill-after) and dblock exits 76.
+// dblock exec: run a command while holding a lease lock, or a permit of a semaphore (itself a
+// lease). The command runs as a child process with DBLOCK_FENCE, DBLOCK_OWNER and DBLOCK_LOCK set
+// (and DBLOCK_PERMIT for a permit); the signals dblock gets are passed on to it; when the lease
+// is lost it is sent SIGTERM (SIGKILL after --kill-after) and dblock exits 76.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,8 +49,9 @@ dblock::lease_options lease_options_for(const exec_options& x, std::atomic<bool>
   return lo;
 }
 
-// One try (wait 0) or waiting up to `wait`; nothing when the lock stayed busy.
-std::optional<dblock::lease_guard> acquire(dblock::lease_lock& lock, milliseconds wait) {
+// One try (wait 0) or waiting up to `wait`; nothing when the lock (or every permit) stayed busy.
+template <class Lock>
+std::optional<dblock::lease_guard> acquire(Lock& lock, milliseconds wait) {
   std::optional<dblock::lease_guard> guard;
   try {
     if (wait.count() > 0)
@@ -73,7 +75,7 @@ struct command_image {
 command_image make_image(const exec_options& x, const dblock::lease_guard& guard,
                          const std::string& fence) {
   command_image im;
-  const std::string ours[] = {"DBLOCK_FENCE=", "DBLOCK_OWNER=", "DBLOCK_LOCK="};
+  const std::string ours[] = {"DBLOCK_FENCE=", "DBLOCK_OWNER=", "DBLOCK_LOCK=", "DBLOCK_PERMIT="};
   for (char** e = environ; *e; ++e) {
     bool replaced = false;
     for (const auto& o : ours)
@@ -82,7 +84,12 @@ command_image make_image(const exec_options& x, const dblock::lease_guard& guard
   }
   im.env_text.push_back("DBLOCK_FENCE=" + fence);
   im.env_text.push_back("DBLOCK_OWNER=" + guard.owner_token());
-  im.env_text.push_back("DBLOCK_LOCK=" + x.lock);
+  if (x.semaphore.empty()) {
+    im.env_text.push_back("DBLOCK_LOCK=" + x.lock);
+  } else {
+    im.env_text.push_back("DBLOCK_LOCK=" + x.semaphore);
+    im.env_text.push_back("DBLOCK_PERMIT=" + std::to_string(dblock::semaphore::permit_slot(guard)));
+  }
   for (auto& e : im.env_text)
     im.envp.push_back(e.data());
   im.envp.push_back(nullptr);
@@ -141,10 +148,15 @@ int wait_command(pid_t pid, const std::atomic<bool>& lost, milliseconds kill_aft
   return status;
 }
 
+// What the command runs under, for messages: the lock, or "NAME (permit of N)".
+std::string what(const exec_options& x) {
+  return x.semaphore.empty() ? x.lock : x.semaphore;
+}
+
 // After the command: dblock's exit status (`code` is the command's own).
 int finish(const exec_options& x, std::optional<dblock::lease_guard>& guard, bool lost, int code) {
   if (lost) {
-    std::cerr << "dblock exec: the lease on '" << shown(x.lock)
+    std::cerr << "dblock exec: the lease on '" << shown(what(x))
               << "' was lost while the command ran (it was sent SIGTERM); exit " << exit_lease_lost
               << "\n";
     guard.reset();
@@ -160,7 +172,7 @@ int finish(const exec_options& x, std::optional<dblock::lease_guard>& guard, boo
     // The command ran to its end under the lease; only the release failed (for example the
     // connection broke). The lease expires by itself within --ttl, nobody renews it. Report
     // and keep the command's status, which is what the caller scripts on.
-    std::cerr << "dblock exec: warning: could not release '" << shown(x.lock) << "' ("
+    std::cerr << "dblock exec: warning: could not release '" << shown(what(x)) << "' ("
               << shown(e.what()) << "); it expires within " << x.ttl << "\n";
   }
   return code;
@@ -169,9 +181,19 @@ int finish(const exec_options& x, std::optional<dblock::lease_guard>& guard, boo
 }  // namespace
 
 CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
-  auto* exec = app.add_subcommand("exec", "run a command while holding a lease lock");
+  auto* exec =
+      app.add_subcommand("exec", "run a command while holding a lease lock or a semaphore permit");
   add_common(exec, common);
-  exec->add_option("--lock", x.lock, "lock (resource) name")->required();
+  auto* lock = exec->add_option("--lock", x.lock, "lock (resource) name");
+  auto* sem = exec->add_option("--semaphore", x.semaphore,
+                               "instead of --lock: take one permit of this semaphore (with "
+                               "--permits; see the README)");
+  auto* permits = exec->add_option("--permits", x.permits,
+                                   "the semaphore's number of permits: every user of the name "
+                                   "must give the same (1..1000)");
+  lock->excludes(sem);
+  sem->needs(permits);
+  permits->needs(sem);
   exec->add_option("--ttl", x.ttl, "lease length, renewed at ttl/3 while the command runs")
       ->capture_default_str();
   exec->add_option("--wait", x.wait, "how long to wait for the lock (0s: try once)")
@@ -181,7 +203,8 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
       ->capture_default_str();
   exec->add_flag("--fair", x.fair,
                  "wait in arrival order: waiters queued before this one get the lock first "
-                 "(see docs/waiting.md)");
+                 "(see docs/waiting.md)")
+      ->excludes(sem);
   exec->add_option("command", x.command, "command and arguments (after --)")->required();
   exec->positionals_at_end();
   return exec;
@@ -193,17 +216,36 @@ int run_exec(const common_options& c, const exec_options& x) {
   dblock::lease_options lo = lease_options_for(x, lost);
   milliseconds wait = parse_duration(x.wait, "--wait");
   milliseconds kill_after = parse_duration(x.kill_after, "--kill-after");
-  dblock::lease_lock lock(db, x.lock, lo);
+  if (x.lock.empty() && x.semaphore.empty())
+    throw dblock::error(dblock::errc::invalid_argument,
+                        "dblock exec: give --lock NAME, or --semaphore NAME --permits N");
 
-  std::optional<dblock::lease_guard> guard = acquire(lock, wait);
+  std::optional<dblock::lease_guard> guard;
+  if (x.semaphore.empty()) {
+    dblock::lease_lock lock(db, x.lock, lo);
+    guard = acquire(lock, wait);
+  } else {
+    dblock::semaphore sem(db, x.semaphore, x.permits, lo);
+    guard = acquire(sem, wait);
+  }
   if (!guard) {
-    std::cerr << "dblock exec: lock '" << shown(x.lock) << "' is held by another owner";
-    if (wait.count() > 0) std::cerr << " and was not freed within " << x.wait;
+    if (x.semaphore.empty())
+      std::cerr << "dblock exec: lock '" << shown(x.lock) << "' is held by another owner";
+    else
+      std::cerr << "dblock exec: all " << x.permits << " permits of semaphore '"
+                << shown(x.semaphore) << "' are held";
+    if (wait.count() > 0)
+      std::cerr << (x.semaphore.empty() ? " and was not freed within "
+                                        : " and none was freed within ")
+                << x.wait;
     std::cerr << "; not running the command\n";
     return exit_not_acquired;
   }
-  if (c.verbose)
-    std::cerr << "dblock exec: acquired '" << shown(x.lock) << "' fence " << guard->fence() << "\n";
+  if (c.verbose) {
+    std::cerr << "dblock exec: acquired '" << shown(what(x)) << "'";
+    if (!x.semaphore.empty()) std::cerr << " permit " << dblock::semaphore::permit_slot(*guard);
+    std::cerr << " fence " << guard->fence() << "\n";
+  }
 
   pid_t pid = start_command(x, *guard);
   child_pid = pid;

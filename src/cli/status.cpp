@@ -14,12 +14,19 @@ namespace dblock::cli {
 
 namespace {
 
+// A lock's name as shown: a semaphore permit's as "NAME [permit K]".
+std::string display_name(const std::string& name) {
+  if (auto p = dblock::semaphore::permit_of(name))
+    return shown(p->first) + " [permit " + std::to_string(p->second) + "]";
+  return shown(name);
+}
+
 void print_status_json(const dblock::database& db, const std::vector<dblock::lock_info>& locks,
                        const std::vector<dblock::forced_release>& forced) {
   nlohmann::json j;
   j["database"] = db.redacted_url();
   j["locks"] = nlohmann::json::array();
-  for (const auto& l : locks)
+  for (const auto& l : locks) {
     j["locks"].push_back({{"name", l.name},
                           {"held", l.held},
                           {"holder", l.holder_host + ":" + std::to_string(l.holder_pid)},
@@ -33,6 +40,11 @@ void print_status_json(const dblock::database& db, const std::vector<dblock::loc
                           {"waiters", l.waiters},
                           {"head_waiter", l.head_waiter},
                           {"oldest_wait_ms", l.oldest_wait.count() / 1000}});
+    if (auto p = dblock::semaphore::permit_of(l.name)) {
+      j["locks"].back()["semaphore"] = p->first;
+      j["locks"].back()["permit"] = p->second;
+    }
+  }
   j["forced_releases"] = nlohmann::json::array();
   for (const auto& f : forced)
     j["forced_releases"].push_back({{"name", f.name},
@@ -51,7 +63,7 @@ void print_status_table(const dblock::database& db, const std::vector<dblock::lo
                         std::chrono::system_clock::time_point now, const status_options& s) {
   std::size_t w = 4;
   for (const auto& l : locks)
-    w = std::max(w, std::min<std::size_t>(shown(l.name).size(), 60));
+    w = std::max(w, std::min<std::size_t>(display_name(l.name).size(), 60));
   std::cout << std::left << std::setw(static_cast<int>(w)) << "NAME"
             << "  " << std::setw(28) << "HOLDER" << std::right << std::setw(10) << "FENCE"
             << std::setw(12) << "ACQUIRED" << std::setw(12) << "EXPIRES IN" << std::setw(6)
@@ -59,11 +71,12 @@ void print_status_table(const dblock::database& db, const std::vector<dblock::lo
             << "  HEAD WAITER\n";
   for (const auto& l : locks) {
     auto ago = std::chrono::duration_cast<std::chrono::microseconds>(now - l.acquired_at);
-    std::cout << std::left << std::setw(static_cast<int>(w)) << shown(l.name).substr(0, 60) << "  "
-              << std::setw(28) << (l.holder_host + ":" + std::to_string(l.holder_pid)).substr(0, 28)
-              << std::right << std::setw(10) << l.fence << std::setw(12) << (human(ago) + " ago")
-              << std::setw(12) << (l.held ? human(l.expires_in) : std::string("free"))
-              << std::setw(6) << l.hold_count << std::setw(9) << l.waiters << std::setw(12)
+    std::cout << std::left << std::setw(static_cast<int>(w)) << display_name(l.name).substr(0, 60)
+              << "  " << std::setw(28)
+              << (l.holder_host + ":" + std::to_string(l.holder_pid)).substr(0, 28) << std::right
+              << std::setw(10) << l.fence << std::setw(12) << (human(ago) + " ago") << std::setw(12)
+              << (l.held ? human(l.expires_in) : std::string("free")) << std::setw(6)
+              << l.hold_count << std::setw(9) << l.waiters << std::setw(12)
               << (l.waiters ? human(l.oldest_wait) : std::string("-")) << "  "
               << (l.waiters ? l.head_waiter : std::string("-")) << "\n";
   }
@@ -73,10 +86,10 @@ void print_status_table(const dblock::database& db, const std::vector<dblock::lo
   if (!forced.empty()) {
     std::cout << "\nlast forced releases:\n";
     for (const auto& f : forced)
-      std::cout << "  " << iso_time(f.at) << "  " << shown(f.name) << "  fence " << f.previous_fence
-                << " -> " << f.new_fence << "  was " << (f.was_held ? "held" : "free") << " by "
-                << f.previous_holder << "  forced by " << shown(f.forced_by) << ": "
-                << shown(f.reason) << "\n";
+      std::cout << "  " << iso_time(f.at) << "  " << display_name(f.name) << "  fence "
+                << f.previous_fence << " -> " << f.new_fence << "  was "
+                << (f.was_held ? "held" : "free") << " by " << f.previous_holder << "  forced by "
+                << shown(f.forced_by) << ": " << shown(f.reason) << "\n";
   }
 }
 
@@ -119,6 +132,8 @@ CLI::App* add_release(CLI::App& app, common_options& common, release_options& r)
   add_common(release, common);
   release->add_flag("--force", r.force, "required: take the lease from its holder");
   release->add_option("--reason", r.reason, "why (recorded in the audit table)");
+  release->add_option("--permit", r.permit,
+                      "NAME is a semaphore: release its permit K (as status shows it)");
   release->add_option("name", r.name, "lock name")->required();
   return release;
 }
@@ -131,14 +146,21 @@ int run_release(const common_options& c, const release_options& r) {
   }
   auto db = open_db(c);
   try {
-    auto f = dblock::force_release(db, r.name, r.reason, who_am_i());
-    std::cout << "released '" << shown(f.name) << "' (it was " << (f.was_held ? "held" : "free")
-              << ", last holder " << f.previous_holder << "); fence " << f.previous_fence << " -> "
-              << f.new_fence << ", recorded in the audit table\n";
+    const std::string name =
+        r.permit < 0 ? r.name : dblock::semaphore::permit_lease_name(r.name, r.permit);
+    auto f = dblock::force_release(db, name, r.reason, who_am_i());
+    std::cout << "released '" << display_name(f.name) << "' (it was "
+              << (f.was_held ? "held" : "free") << ", last holder " << f.previous_holder
+              << "); fence " << f.previous_fence << " -> " << f.new_fence
+              << ", recorded in the audit table\n";
     return exit_ok;
   } catch (const dblock::error& e) {
     if (e.code() != dblock::errc::not_found) throw;
-    std::cerr << "dblock release: " << shown(e.what()) << "\n";
+    if (r.permit >= 0)
+      std::cerr << "dblock release: semaphore '" << shown(r.name) << "' has no permit " << r.permit
+                << " in the lock table (never taken, or reaped)\n";
+    else
+      std::cerr << "dblock release: " << shown(e.what()) << "\n";
     return exit_not_found;
   }
 }

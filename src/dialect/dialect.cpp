@@ -124,6 +124,7 @@ table_names make_table_names(const std::string& prefix) {
   t.stock = prefix + "stock_segment";
   t.ids = prefix + "id_block";
   t.waiters = prefix + "lock_waiter";
+  t.semaphores = prefix + "semaphore";
   validate_identifier(t.floor, "table name");
   validate_identifier(t.migrations, "table name");
   return t;

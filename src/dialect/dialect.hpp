@@ -48,6 +48,7 @@ struct table_names {
   std::string stock;       // <prefix>stock_segment
   std::string ids;         // <prefix>id_block
   std::string waiters;     // <prefix>lock_waiter
+  std::string semaphores;  // <prefix>semaphore
 };
 
 /// One migration file, as embedded at build time.

@@ -57,13 +57,19 @@ nanoseconds full_jitter(nanoseconds cap) {
 }  // namespace detail
 
 lease_lock::lease_lock(database db, std::string name, lease_options options)
+    : lease_lock(std::move(db), std::move(name), std::move(options), detail::internal_name_t{}) {
+  detail::validate_resource_name(impl_->name);
+}
+
+lease_lock::lease_lock(database db, std::string name, lease_options options,
+                       const detail::internal_name_t&)
     : impl_(std::make_unique<impl>(
           impl{std::move(db), std::move(name), std::move(options), {}, {}})) {
   impl_->transient = detail::transient_conflict_policy(9, milliseconds(256));
   impl_->transient.on_retry = [dbi = detail::access::impl(impl_->db)](const retry_event& ev) {
     dbi->notify([&](listener& l) { l.retried("acquire lease", ev.cause); });
   };
-  detail::validate_resource_name(impl_->name);
+  detail::validate_lease_name(impl_->name);
   auto& o = impl_->options;
   if (o.ttl < milliseconds(10))
     throw error(errc::invalid_argument, "lease ttl must be at least 10 ms");

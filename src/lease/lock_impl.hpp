@@ -20,6 +20,9 @@ struct sent_acquire {
   std::int64_t fence = 0;
 };
 
+/// Tags lease_lock's constructor for dblock's internal lease names.
+struct internal_name_t {};
+
 /// 32 random hex digits: a new owner token.
 std::string new_owner_token();
 /// This host's name and the calling thread's id, as recorded in the lock row.

@@ -1,5 +1,6 @@
 // Internal: typed operations on dblock's tables (the lock table, the fence floor, the audit
-// table, the migrations bookkeeping). The only place besides the dialects that runs SQL on them.
+// table, the migrations bookkeeping, the semaphore declarations). With wait_queue and
+// counter_tables, the only place besides the dialects that runs SQL on them.
 #pragma once
 
 #include <chrono>
@@ -102,4 +103,21 @@ std::map<int, applied_migration> applied(session_scope&);
 bool apply(session_scope&, const migration_file& file, const std::string& checksum);
 
 }  // namespace lock_table
+
+/// Semaphores (semaphore.hpp): the declared counts, and which permit rows are held.
+namespace semaphore_table {
+
+/// Declares `name` with `permits` unless it is declared already (one write), then returns the
+/// declared count (a read); std::nullopt when the row is missing even so.
+std::optional<std::int64_t> declare(session_scope&, const std::string& name, int permits);
+
+/// A held permit row: its lease name, and microseconds until it expires (database clock).
+struct held_permit {
+  std::string lease_name;
+  std::int64_t expires_in_us = 0;
+};
+/// Which of the lease rows `lease_names` are held now (one statement).
+std::vector<held_permit> held(session_scope&, const std::vector<std::string>& lease_names);
+
+}  // namespace semaphore_table
 }  // namespace dblock::detail

@@ -207,6 +207,21 @@ void id_statements(lock_statements& s, const vocabulary& v, const table_names& t
   s.id_reserve = make("id_reserve", v.id_reserve(t), {"epoch_ms", "per_ms", "n", "name"});
 }
 
+void semaphore_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  s.semaphore_declare =
+      make("semaphore_declare",
+           "INSERT INTO " + t.semaphores +
+               " (semaphore_name, permits, declared_at) VALUES (:name, :permits, " + v.now() + ")" +
+               v.insert_if_absent("semaphore_name"),
+           {"name", "permits"});
+  s.semaphore_permits =
+      make("semaphore_permits",
+           "SELECT permits FROM " + t.semaphores + " WHERE semaphore_name = :name", {"name"});
+  s.permits_held = "SELECT resource_name, " + v.epoch_us("expires_at") + ", " +
+                   v.epoch_us(v.now()) + " FROM " + t.lock +
+                   " WHERE hold_count > 0 AND expires_at > " + v.now() + " AND resource_name IN (";
+}
+
 void migration_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   s.migrations_read =
       make("", "SELECT version, name, checksum FROM " + t.migrations + " ORDER BY version", {});
@@ -229,6 +244,7 @@ lock_statements build_lock_statements(const dialect& d, const table_names& t) {
   admin_statements(s, d.sql, t);
   stock_statements(s, d.sql, t);
   id_statements(s, d.sql, t);
+  semaphore_statements(s, d.sql, t);
   reaper_statements(s, d.sql, t);
   migration_statements(s, d.sql, t);
   return s;

@@ -63,6 +63,9 @@ struct lock_statements {
   // ---- ID generator ---------------------------------------------------------------------------
   statement id_insert;   ///< name; a row at 0 unless it exists
   statement id_reserve;  ///< epoch_ms, per_ms, n, name -> the new next_id (vocabulary)
+  // ---- semaphores -----------------------------------------------------------------------------
+  statement semaphore_declare;  ///< name, permits; a declaration row unless one exists
+  statement semaphore_permits;  ///< name -> the declared permits
   // ---- migrations -----------------------------------------------------------------------------
   statement migrations_read;    ///< -> version, name, checksum
   statement migration_applied;  ///< v -> count
@@ -73,6 +76,8 @@ struct lock_statements {
   std::string list_pattern;  ///< AND name matches :pattern
   std::string reap_delete;   ///< DELETE FROM lock table WHERE resource_name IN (
   std::string reap_recheck;  ///< ) AND still reapable (neg_retention)
+  /// SELECT resource_name, expires (µs), now (µs) of held rows ... AND resource_name IN (
+  std::string permits_held;
 };
 
 /// Builds the statements of one dialect for one set of tables.

@@ -2,7 +2,8 @@
 // Invariants: validate_identifier accepts exactly [A-Za-z_][A-Za-z0-9_]{0,62};
 // make_table_names accepts exactly "" or [a-z_][a-z0-9_]{0,31} and then yields valid
 // identifiers that every dialect quotes without a stray quote; validate_resource_name accepts
-// exactly 1..255 bytes of well-formed UTF-8 without NUL (checked against an independent decoder);
+// exactly 1..255 bytes of well-formed UTF-8 without NUL or U+FFFF (checked against an independent
+// decoder);
 // every error is invalid_argument with a short, printable message.
 #include <cstddef>
 #include <cstdint>
@@ -117,7 +118,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   ok = accepted([&] { dblock::detail::validate_resource_name(in); }, in);
   const bool expect = !in.empty() && in.size() <= dblock::detail::max_resource_name_bytes &&
-                      in.find('\0') == std::string::npos && well_formed_utf8(in);
+                      in.find('\0') == std::string::npos && well_formed_utf8(in) &&
+                      in.find("\xEF\xBF\xBF") == std::string::npos;  // U+FFFF: internal names
   FUZZ_CHECK(ok == expect, "validate_resource_name disagrees (" + std::to_string(in.size()) +
                                " bytes, expected " + (expect ? "accept" : "reject") + ")");
   return 0;

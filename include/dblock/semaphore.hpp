@@ -1,0 +1,108 @@
+// dblock: distributed locks and safe concurrent updates on the database you already run.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "dblock/cancellation.hpp"
+#include "dblock/database.hpp"
+#include "dblock/lease_lock.hpp"
+
+/// @file
+/// @brief Semaphores (dblock::semaphore): N permits of one name, each held permit a lease.
+
+namespace dblock {
+
+/// The most permits a semaphore may be declared with.
+inline constexpr int max_semaphore_permits = 1000;
+
+/**
+ * @brief A named semaphore of N permits, each held permit a lease of its own.
+ *
+ * Permit k of semaphore S is the lease row "S" U+FFFF "k" of the lock table (U+FFFF is refused
+ * in the names users give, so a permit never shares a row with a lock). A held permit is
+ * therefore a lease_guard like any other: its own owner token, a fencing token that only grows
+ * (per permit slot), a TTL judged by the database clock, lease_options::watchdog, fenced()
+ * writes, release(), the reaper, list_locks() and force_release() all work as for lease_lock.
+ * A permit whose holder dies comes back when its lease expires.
+ *
+ * The number of permits is declared in the `semaphore` table the first time a semaphore is used
+ * (whoever comes first) and checked on every later first use: a semaphore object with another
+ * count is refused with errc::invalid_argument, never resized silently. There is no resize
+ * operation yet: to change N, stop every user and delete the name's row from that table.
+ *
+ * One try first probes a random permit slot (one statement, the lease upsert); when that slot is
+ * held it reads which slots are held (one statement) and tries the free ones in random order, so
+ * with a free permit a try costs one round trip, and two at most unless it races. acquire(wait)
+ * polls with full-jitter backoff (lease_options::poll_initial .. poll_max), never sleeping past
+ * the earliest expiry of a held permit or the end of the wait; waiters of a semaphore are not
+ * queued and not woken by releases (not fair, unlike lease_options::fair).
+ *
+ * Names are 1..249 bytes of valid UTF-8 without NUL or U+FFFF (the permit's suffix takes the
+ * rest of the lock table's 255 bytes).
+ *
+ * Thread-safety: like lease_lock, one semaphore object is for one thread at a time; use one
+ * object per thread (all may share the name and the database handle). Guards may be released
+ * from any thread.
+ */
+class semaphore {
+ public:
+  /**
+   * @brief The semaphore `name` of `permits` permits in `db`; opens no connection (the count is
+   *        declared or checked on the first try).
+   * @param db the database holding the lock table and the `semaphore` table.
+   * @param name the semaphore's name, shared by every user of it.
+   * @param permits how many holders at once (N); every user of the name must give the same.
+   * @param options the lease of every permit (ttl, watchdog, on_lost, polling); `fair` is
+   *        refused.
+   * @throws dblock::error errc::invalid_argument for a bad name (empty, over 249 bytes, a NUL
+   *         byte, U+FFFF or not valid UTF-8), `permits` outside 1..max_semaphore_permits, or
+   *         options lease_lock refuses, or `fair`.
+   */
+  semaphore(database db, std::string name, int permits, lease_options options = {});
+  /// Destroys the handle only: permits it returned stay valid and release themselves.
+  ~semaphore();
+  /// Takes over `other`; `other` must not be used afterwards except to be assigned or destroyed.
+  semaphore(semaphore&&) noexcept;
+  /// Takes over `other` as the move constructor does.
+  semaphore& operator=(semaphore&&) noexcept;
+
+  /**
+   * @brief One attempt: a permit, or nothing when all N are held.
+   * @throws dblock::error errc::invalid_argument when the semaphore was declared with another
+   *         count (the message names both), lease_lock::try_acquire()'s errors, and the
+   *         @ref database_errors "database errors" of the declaration and of the read of held
+   *         permits.
+   */
+  [[nodiscard]] std::optional<lease_guard> try_acquire();
+
+  /**
+   * @brief Waits up to `wait` for a permit, polling (see the class comment).
+   * @throws dblock::error errc::timeout when `wait` runs out, errc::cancelled when `cancel`
+   *         fires, and the errors of try_acquire().
+   */
+  [[nodiscard]] lease_guard acquire(std::chrono::milliseconds wait,
+                                    const cancellation& cancel = cancellation());
+
+  /// The semaphore's name.
+  const std::string& name() const noexcept;
+  /// The number of permits this object was made with.
+  int permits() const noexcept;
+  /// The permit slot of a guard this class returned (0..permits-1), or -1 for any other guard.
+  static int permit_slot(const lease_guard& g);
+  /// The lease name of permit `slot` of semaphore `name` (as list_locks() shows it, and for
+  /// force_release()). @throws dblock::error errc::invalid_argument for a bad name or a slot
+  /// outside 0..max_semaphore_permits-1.
+  static std::string permit_lease_name(const std::string& name, int slot);
+  /// The semaphore name and permit slot of a permit's lease name; nothing for any other name.
+  static std::optional<std::pair<std::string, int>> permit_of(const std::string& lease_name);
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace dblock

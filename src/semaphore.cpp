@@ -1,0 +1,207 @@
+// Semaphores: permits as leases on internal names of the lock table (see semaphore.hpp). All
+// exclusion comes from the lease upsert of each permit slot; the declaration table only stops
+// two users from disagreeing on N, and the read of held slots only picks which slot to try.
+#include "dblock/semaphore.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "dblock/retry.hpp"
+#include "identifier.hpp"
+#include "lease/lock_impl.hpp"
+#include "lease/state.hpp"
+#include "storage/lock_table.hpp"
+#include "storage/session.hpp"
+
+namespace dblock {
+
+using detail::steady;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+namespace {
+
+// Longest semaphore name: the permit suffix (U+FFFF and up to three digits) fills the rest of
+// the lock table's 255 bytes.
+constexpr std::size_t max_semaphore_name_bytes =
+    detail::max_resource_name_bytes - detail::internal_separator.size() - 3;
+
+std::mt19937_64& rng() {
+  static thread_local std::mt19937_64 r(std::random_device{}());
+  return r;
+}
+
+}  // namespace
+
+struct semaphore::impl {
+  database db;
+  std::string name;
+  int permits = 0;
+  lease_options options;
+  retry_policy transient;  // deadlocks and busy errors of the declaration, built once
+  bool declared = false;
+  /// From the last read of held permits: microseconds until the first of them expires (-1: no
+  /// read yet, or none held).
+  long long next_expiry_us = -1;
+
+  std::string what() const { return "semaphore '" + detail::printable(name) + "'"; }
+
+  /// Declares the count on first use, or checks it against the declared one.
+  void declare() {
+    if (declared) return;
+    const std::string w = "declare " + what();
+    const auto n = retry(transient, [&] {
+      return detail::with_session(detail::access::impl(db), w, [&](detail::session_scope& s) {
+        return detail::semaphore_table::declare(s, name, permits);
+      });
+    });
+    if (!n)
+      throw error(errc::backend_error, w + ": its row is missing right after it was declared");
+    if (*n != permits)
+      throw error(errc::invalid_argument,
+                  what() + " was declared with " + std::to_string(*n) + " permits, not " +
+                      std::to_string(permits) +
+                      " (a semaphore is never resized silently: use the declared count)");
+    declared = true;
+  }
+
+  std::optional<lease_guard> try_slot(int slot) {
+    lease_lock lk(db, detail::permit_lease_name(name, slot), options, detail::internal_name_t{});
+    return lk.try_acquire();
+  }
+
+  /// The permit slots held now (one statement), and next_expiry_us.
+  std::set<int> read_held() {
+    std::vector<std::string> names;
+    for (int k = 0; k < permits; ++k)
+      names.push_back(detail::permit_lease_name(name, k));
+    const auto rows = detail::with_session(
+        detail::access::impl(db), "read the held permits of " + what(),
+        [&](detail::session_scope& s) { return detail::semaphore_table::held(s, names); });
+    std::set<int> held;
+    long long first = std::numeric_limits<long long>::max();
+    for (const auto& r : rows) {
+      const int slot = permit_slot_of(r.lease_name);
+      if (slot >= 0) held.insert(slot);
+      first = std::min<long long>(first, r.expires_in_us);
+    }
+    next_expiry_us = held.empty() ? -1 : std::max(first, 0LL);
+    return held;
+  }
+
+  // Checks the arguments; returns the options as lease_lock checks and completes them (a zero
+  // safety_margin filled in).
+  static lease_options checked(const database& db, const std::string& name, int permits,
+                               const lease_options& options) {
+    detail::validate_resource_name(name);
+    if (name.size() > max_semaphore_name_bytes)
+      throw error(errc::invalid_argument,
+                  "invalid semaphore name '" + detail::printable(name) +
+                      "': " + std::to_string(name.size()) + " bytes, the limit is " +
+                      std::to_string(max_semaphore_name_bytes) +
+                      " (a permit's lease name adds a suffix; names are never truncated)");
+    if (permits < 1 || permits > max_semaphore_permits)
+      throw error(errc::invalid_argument,
+                  "semaphore '" + detail::printable(name) + "': " + std::to_string(permits) +
+                      " permits, expected 1.." + std::to_string(max_semaphore_permits));
+    if (options.fair)
+      throw error(errc::invalid_argument,
+                  "semaphore '" + detail::printable(name) +
+                      "': lease_options::fair is not supported (waiters of a semaphore poll)");
+    return lease_lock(db, detail::permit_lease_name(name, 0), options, detail::internal_name_t{})
+        .options();
+  }
+
+  static int permit_slot_of(const std::string& lease_name) {
+    const auto pos = lease_name.rfind(detail::internal_separator);
+    if (pos == std::string::npos) return -1;
+    const std::string digits = lease_name.substr(pos + detail::internal_separator.size());
+    if (digits.empty() || digits.size() > 3 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return -1;
+    return std::stoi(digits);
+  }
+};
+
+semaphore::semaphore(database db, std::string name, int permits, lease_options options)
+    : impl_(std::make_unique<impl>(
+          impl{db, name, permits, impl::checked(db, name, permits, options),
+               detail::transient_conflict_policy(9, milliseconds(256)), false, -1})) {}
+
+semaphore::~semaphore() = default;
+semaphore::semaphore(semaphore&&) noexcept = default;
+semaphore& semaphore::operator=(semaphore&&) noexcept = default;
+
+const std::string& semaphore::name() const noexcept {
+  return impl_->name;
+}
+int semaphore::permits() const noexcept {
+  return impl_->permits;
+}
+
+int semaphore::permit_slot(const lease_guard& g) {
+  return impl::permit_slot_of(g.name());
+}
+
+std::string semaphore::permit_lease_name(const std::string& name, int slot) {
+  detail::validate_resource_name(name);
+  if (name.size() > max_semaphore_name_bytes || slot < 0 || slot >= max_semaphore_permits)
+    throw error(errc::invalid_argument, "no permit " + std::to_string(slot) + " of semaphore '" +
+                                            detail::printable(name) + "'");
+  return detail::permit_lease_name(name, slot);
+}
+
+std::optional<std::pair<std::string, int>> semaphore::permit_of(const std::string& lease_name) {
+  const int slot = impl::permit_slot_of(lease_name);
+  if (slot < 0) return std::nullopt;
+  return std::make_pair(lease_name.substr(0, lease_name.rfind(detail::internal_separator)), slot);
+}
+
+std::optional<lease_guard> semaphore::try_acquire() {
+  impl_->declare();
+  // A random slot first: with a free permit, one statement.
+  const int n = impl_->permits;
+  const int first = std::uniform_int_distribution<int>(0, n - 1)(rng());
+  if (auto g = impl_->try_slot(first)) return g;
+  if (n == 1) {
+    impl_->next_expiry_us = -1;
+    return std::nullopt;
+  }
+  const std::set<int> held = impl_->read_held();
+  std::vector<int> free;
+  for (int k = 0; k < n; ++k)
+    if (k != first && !held.count(k)) free.push_back(k);
+  std::shuffle(free.begin(), free.end(), rng());
+  for (const int k : free)
+    if (auto g = impl_->try_slot(k)) return g;
+  return std::nullopt;
+}
+
+lease_guard semaphore::acquire(milliseconds wait, const cancellation& cancel) {
+  if (wait < milliseconds(0))
+    throw error(errc::invalid_argument, "acquire " + impl_->what() + ": negative wait");
+  const auto deadline = steady::now() + wait;
+  const auto& o = impl_->options;
+  for (int attempt = 0;; ++attempt) {
+    if (cancel.cancelled())
+      throw error(errc::cancelled, "acquire a permit of " + impl_->what() + ": cancelled");
+    if (auto g = try_acquire()) return std::move(*g);
+    const auto now = steady::now();
+    if (now >= deadline)
+      throw error(errc::timeout, "acquire a permit of " + impl_->what() + ": none within " +
+                                     std::to_string(wait.count()) + " ms");
+    // Full jitter, never past the first expiry of a held permit or the end of the wait.
+    nanoseconds cap = o.poll_max;
+    if (attempt < 30) cap = std::min<nanoseconds>(cap, o.poll_initial * (1LL << attempt));
+    nanoseconds sleep = detail::full_jitter(cap);
+    if (impl_->next_expiry_us >= 0)
+      sleep = std::min<nanoseconds>(sleep, std::chrono::microseconds(impl_->next_expiry_us + 1));
+    sleep = std::min<nanoseconds>(sleep, deadline - now);
+    cancel.sleep_for(sleep);
+  }
+}
+
+}  // namespace dblock
