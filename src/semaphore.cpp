@@ -43,6 +43,8 @@ struct semaphore::impl {
   lease_options options;
   retry_policy transient;  // deadlocks and busy errors of the declaration, built once
   bool declared = false;
+  /// The last read found most permits held: read which are free before trying one.
+  bool read_first = false;
   /// From the last read of held permits: microseconds until the first of them expires (-1: no
   /// read yet, or none held).
   long long next_expiry_us = -1;
@@ -129,7 +131,7 @@ struct semaphore::impl {
 semaphore::semaphore(database db, std::string name, int permits, lease_options options)
     : impl_(std::make_unique<impl>(
           impl{db, name, permits, impl::checked(db, name, permits, options),
-               detail::transient_conflict_policy(9, milliseconds(256)), false, -1})) {}
+               detail::transient_conflict_policy(9, milliseconds(256)), false, false, -1})) {}
 
 semaphore::~semaphore() = default;
 semaphore::semaphore(semaphore&&) noexcept = default;
@@ -162,18 +164,23 @@ std::optional<std::pair<std::string, int>> semaphore::permit_of(const std::strin
 
 std::optional<lease_guard> semaphore::try_acquire() {
   impl_->declare();
-  // A random slot first: with a free permit, one statement.
   const int n = impl_->permits;
-  const int first = std::uniform_int_distribution<int>(0, n - 1)(rng());
-  if (auto g = impl_->try_slot(first)) return g;
-  if (n == 1) {
-    impl_->next_expiry_us = -1;
-    return std::nullopt;
+  int probed = -1;
+  if (!impl_->read_first) {
+    // A random slot first: with a free permit, one statement.
+    probed = std::uniform_int_distribution<int>(0, n - 1)(rng());
+    if (auto g = impl_->try_slot(probed)) return g;
+    if (n == 1) {
+      impl_->next_expiry_us = -1;
+      return std::nullopt;
+    }
   }
   const std::set<int> held = impl_->read_held();
+  // Mostly held: next time read first instead of probing blindly (two statements, not three).
+  impl_->read_first = held.size() * 2 >= static_cast<std::size_t>(n);
   std::vector<int> free;
   for (int k = 0; k < n; ++k)
-    if (k != first && !held.count(k)) free.push_back(k);
+    if (k != probed && !held.count(k)) free.push_back(k);
   std::shuffle(free.begin(), free.end(), rng());
   for (const int k : free)
     if (auto g = impl_->try_slot(k)) return g;

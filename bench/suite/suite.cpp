@@ -17,11 +17,13 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 #include <tuple>
 
@@ -241,6 +243,19 @@ struct operation {
   std::function<cycle_fn(backend_ctx&, int thread)> setup;  // empty: not on this backend
 };
 
+// --only: comma-separated parts; an operation runs when its name contains one of them (all run
+// when it is empty).
+bool selected(const std::string& only, const std::string& name) {
+  if (only.empty()) return true;
+  for (std::size_t start = 0;;) {
+    const std::size_t end = only.find(',', start);
+    const std::string part = only.substr(start, end == std::string::npos ? end : end - start);
+    if (!part.empty() && name.find(part) != std::string::npos) return true;
+    if (end == std::string::npos) return false;
+    start = end + 1;
+  }
+}
+
 std::vector<operation> operations_for(backend_ctx& b, int keys) {
   std::vector<operation> ops;
   const bool pg = b.backend == "postgresql", my = b.backend == "mysql";
@@ -282,6 +297,45 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
                      return true;
                    });
                  }});
+
+  // Semaphores: a permit's try_acquire()+release() as a ratio to the lease cycle, with 0, 10 and
+  // 100 of the semaphore's 101 permits held meanwhile (each client its own semaphore). With a
+  // free permit a try is one upsert; the more are held, the likelier its first probe meets a
+  // held one and reads which are free.
+  auto semaphore_op = [](int held) {
+    return [held](backend_ctx& b, int t) {
+      struct state {
+        std::unique_ptr<dblock::semaphore> sem;
+        std::vector<dblock::lease_guard> held;  // released when the measurement ends
+      };
+      auto st = std::make_shared<state>();
+      const std::string name = "bench/sem/" + std::to_string(held) + "/" + std::to_string(t);
+      dblock::lease_options lo;
+      lo.ttl = std::chrono::minutes(10);
+      st->sem = std::make_unique<dblock::semaphore>(b.db, name, 101, lo);
+      for (int tries = 0; static_cast<int>(st->held.size()) < held; ++tries) {
+        if (tries > 3 * held + 10)
+          throw std::runtime_error("semaphore '" + name + "': cannot hold " + std::to_string(held) +
+                                   " permits (left over from a crash? "
+                                   "they expire within 10 minutes)");
+        if (auto g = st->sem->try_acquire()) st->held.push_back(std::move(*g));
+      }
+      return cycle_fn([st] {
+        auto g = st->sem->try_acquire();
+        if (!g) return false;
+        g->release();
+        return true;
+      });
+    };
+  };
+  ops.push_back({"dblock.semaphore", "dblock", "dblock.lease",
+                 "semaphore (101 permits, none held): try_acquire()+release() of a permit; "
+                 "ratio to dblock.lease",
+                 semaphore_op(0)});
+  ops.push_back({"dblock.semaphore_held10", "dblock", "dblock.lease",
+                 "the same with 10 of the 101 permits held", semaphore_op(10)});
+  ops.push_back({"dblock.semaphore_held100", "dblock", "dblock.lease",
+                 "the same with 100 of the 101 permits held", semaphore_op(100)});
 
   ops.push_back({"raw.lease_hot", "floor", "",
                  "one key, polling: one try per operation, successes counted",
@@ -875,12 +929,14 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
     for (int c : o.clients)
       for (int round = 0; round < o.repeat; ++round)
         for (auto& op : ops) {
-          if (!o.only.empty() && op.name.find(o.only) == std::string::npos) continue;
+          if (!selected(o.only, op.name)) continue;
           plan.push_back({&b, op, c});
         }
   }
-  const bool want_handoff =
-      o.only.empty() || std::string("handoff").find(o.only) != std::string::npos;
+  bool want_handoff = false;
+  for (const char* h :
+       {"dblock.handoff", "dblock.handoff_shared", "dblock.handoff_fair", "pg.notify_handoff"})
+    want_handoff = want_handoff || selected(o.only, h);
   std::size_t total = plan.size();
   if (want_handoff)
     for (auto& b : ctxs)
@@ -890,8 +946,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
                            b->db.options().pooler != dblock::pooler_mode::transaction
                        ? 2
                        : 1;
-  const bool want_redis =
-      o.only.empty() || std::string("redis.lock").find(o.only) != std::string::npos;
+  const bool want_redis = selected(o.only, "redis.lock");
   if (want_redis && !o.redis.empty()) total += o.clients.size();
   progress << "bench: " << total << " measurements of " << o.seconds << " s each (" << o.repeat
            << " rounds of each; about " << static_cast<int>(total * o.seconds * 1.15 + 0.5)

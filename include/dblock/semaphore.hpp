@@ -36,7 +36,9 @@ inline constexpr int max_semaphore_permits = 1000;
  *
  * One try first probes a random permit slot (one statement, the lease upsert); when that slot is
  * held it reads which slots are held (one statement) and tries the free ones in random order, so
- * with a free permit a try costs one round trip, and two at most unless it races. acquire(wait)
+ * with a free permit a try costs one round trip. Once a read found at least half the permits
+ * held, the object reads first on its next try (two statements, not three) until a read finds
+ * most of them free again. acquire(wait)
  * polls with full-jitter backoff (lease_options::poll_initial .. poll_max), never sleeping past
  * the earliest expiry of a held permit or the end of the wait; waiters of a semaphore are not
  * queued and not woken by releases (not fair, unlike lease_options::fair).

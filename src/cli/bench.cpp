@@ -27,8 +27,10 @@ CLI::App* add_bench(CLI::App& app, common_options& common, bench_options& b) {
                    "rounds of every measurement; each figure is the median over them")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
-  bench->add_option("--only", o.only,
-                    "run only the operations whose name contains this (e.g. lease, handoff)");
+  bench->add_option(
+      "--only", o.only,
+      "run only the operations whose name contains this, or one of these comma-separated "
+      "parts (e.g. lease, handoff, dblock.lease,semaphore)");
   bench->add_option("--redis", o.redis,
                     "HOST:PORT of a throwaway redis-server for the Redis comparison");
   bench->add_option("--json", o.json_path, "write the results as JSON (bench/README.md)");
