@@ -47,9 +47,9 @@ bool kill_session(const context& ctx, int port) {
 
 }  // namespace
 
-DBLOCK_TEST_SERVERS("connections cut at random points, including between COMMIT and its reply",
-                    "[faults][cut]") {
-  const int seconds = count(10, 60);
+namespace {
+
+void run_cuts(context& ctx, int seconds, bool semaphore, const std::string& scenario) {
   create_workload_tables(ctx);
   auto [host, port] = url_host_port(ctx.url);
   tcp_proxy proxy(host, port);
@@ -63,6 +63,7 @@ DBLOCK_TEST_SERVERS("connections cut at random points, including between COMMIT 
   w.ttl_ms = 700;
   w.try_mode = true;
   w.pool = 2;
+  w.semaphore = semaphore;
   process_set ps;
   for (int i = 0; i < 4; ++i)
     spawn_counter_worker(ps, w, i);
@@ -115,9 +116,23 @@ DBLOCK_TEST_SERVERS("connections cut at random points, including between COMMIT 
   CHECK(a.violations == 0);
   CHECK(a.acked > 0);
   CHECK(faults > 0);
-  report("2-connection-cut", ctx.backend, commands, faults, a.violations,
+  report(scenario, ctx.backend, commands, faults, a.violations,
          "acked=" + std::to_string(a.acked) +
              " in_doubt_commit=" + std::to_string(a.doubt_written + a.doubt_not_written) +
              " rolled_back=" + std::to_string(a.rolled_back) + " acquire_errors=" +
              std::to_string(a.errors) + " server_kills=" + std::to_string(server_kills));
+}
+
+}  // namespace
+
+DBLOCK_TEST_SERVERS("connections cut at random points, including between COMMIT and its reply",
+                    "[faults][cut]") {
+  run_cuts(ctx, count(10, 60), false, "2-connection-cut");
+}
+
+// The same with the lock being the one permit of a semaphore (declaration, probe and the read of
+// held permits all cut too).
+DBLOCK_TEST_SERVERS("semaphore permits: connections cut at random points, also before replies",
+                    "[faults][cut][semaphore]") {
+  run_cuts(ctx, count(6, 60), true, "2-connection-cut-permit");
 }

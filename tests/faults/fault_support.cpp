@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -72,7 +73,8 @@ std::vector<std::string> workload::args(int id) const {
           "pool=" + std::to_string(pool),
           "slots=" + slots,
           "in_txn=" + std::to_string(in_txn_ms),
-          std::string("own_lock=") + (own_lock ? "1" : "0")};
+          std::string("own_lock=") + (own_lock ? "1" : "0"),
+          std::string("semaphore=") + (semaphore ? "1" : "0")};
 }
 
 int spawn_counter_worker(process_set& ps, const workload& w, int id,
@@ -221,7 +223,20 @@ DBLOCK_WORKER(fault_counter_worker) {
   const std::string lock_name = a.count("own_lock") && a.at("own_lock") == "1"
                                     ? a.at("lock") + std::to_string(id)
                                     : a.at("lock");
-  dblock::lease_lock lock(db, lock_name, lo);
+  // semaphore=1: the lock is the one permit of a semaphore of 1, whose lease row is the permit's.
+  const bool sem_mode = a.count("semaphore") && a.at("semaphore") == "1";
+  const std::string row_name =
+      sem_mode ? dblock::semaphore::permit_lease_name(lock_name, 0) : lock_name;
+  std::optional<dblock::lease_lock> lock;
+  std::optional<dblock::semaphore> sem;
+  if (sem_mode)
+    sem.emplace(db, lock_name, 1, lo);
+  else
+    lock.emplace(db, lock_name, lo);
+  auto try_acquire = [&] { return sem ? sem->try_acquire() : lock->try_acquire(); };
+  auto acquire = [&] {
+    return sem ? sem->acquire(std::chrono::seconds(30)) : lock->acquire(std::chrono::seconds(30));
+  };
   std::set<long long> known;  // fences we know are (or were) ours
   const long long my_pid = ::getpid();
 
@@ -240,12 +255,12 @@ DBLOCK_WORKER(fault_counter_worker) {
     std::optional<dblock::lease_guard> g;
     try {
       if (try_mode) {
-        g = lock.try_acquire();
+        g = try_acquire();
         if (!g) {
           // Not acquired: the row must not carry an unexpired lease of ours that we never got.
           try {
             auto c = direct.connect();
-            auto row = dblock::test::read_lease(c, lock_name);
+            auto row = dblock::test::read_lease(c, row_name);
             if (row && row->holder_pid == my_pid && row->hold_count > 0 &&
                 row->expires_at_us > row->now_us && !known.count(row->fence))
               log.line("N " + std::to_string(row->fence));
@@ -256,7 +271,7 @@ DBLOCK_WORKER(fault_counter_worker) {
           continue;
         }
       } else {
-        g = lock.acquire(std::chrono::seconds(30));
+        g = acquire();
       }
     } catch (const dblock::error& e) {
       log.line(std::string("E acquire ") + dblock::to_string(e.code()) + ": " + e.what());
@@ -264,7 +279,7 @@ DBLOCK_WORKER(fault_counter_worker) {
         // The lease may be ours (nobody renews it; it expires): remember its fence.
         try {
           auto c = direct.connect();
-          auto row = dblock::test::read_lease(c, lock_name);
+          auto row = dblock::test::read_lease(c, row_name);
           if (row && row->holder_pid == my_pid) known.insert(row->fence);
         } catch (...) {
         }

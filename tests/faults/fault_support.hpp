@@ -70,6 +70,7 @@ struct workload {
   std::string slots;      // "" or a file of shared int64 slots: slot[id] = fence while before-write
   int in_txn_ms = 0;      // sleep inside the fenced transaction (widens kill windows)
   bool own_lock = false;  // negative control: one lock per worker, i.e. no exclusion at all
+  bool semaphore = false;  // the lock is the one permit of a semaphore of 1 named `lock`
   std::vector<std::string> args(int id) const;
 };
 

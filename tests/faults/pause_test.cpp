@@ -27,7 +27,7 @@ struct pause_result {
   long long stale_accepted = 0;  // of those, writes acknowledged anyway
 };
 
-pause_result run_pauses(context& ctx, bool fenced, int trials) {
+pause_result run_pauses(context& ctx, bool fenced, int trials, bool semaphore = false) {
   const int ttl_ms = 300;
   create_workload_tables(ctx);
   temp_dir dir("faults-pause");
@@ -40,6 +40,7 @@ pause_result run_pauses(context& ctx, bool fenced, int trials) {
   w.ttl_ms = ttl_ms;
   w.work_ms = 120;
   w.fenced = fenced;
+  w.semaphore = semaphore;
   w.check_valid = false;  // the stale holder must really try to write
   w.poll_max_ms = 20;
   w.slots = dir.file("slots");
@@ -115,6 +116,23 @@ DBLOCK_TEST("holders paused 1.5 x TTL and 3 x TTL: zero stale fenced writes acce
   CHECK(r.a.violations == 0);
   CHECK(r.a.lost >= r.trials);  // every paused holder was told lease_lost
   report("3-paused-holder", ctx.backend, r.trials, r.trials, r.stale_accepted + r.a.violations,
+         "acked=" + std::to_string(r.a.acked) + " lease_lost=" + std::to_string(r.a.lost));
+}
+
+// The same with the lock being the one permit of a semaphore: a paused permit holder's fenced
+// write is refused once its permit was taken over.
+DBLOCK_TEST("semaphore permits paused 1.5 x TTL and 3 x TTL: zero stale fenced writes accepted",
+            "[faults][pause][semaphore]") {
+  const int trials = count(6, 60);
+  auto r = run_pauses(ctx, true, trials, true);
+  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
+                     << r.stale_accepted);
+  CHECK(r.trials == trials);
+  CHECK(r.stale_accepted == 0);
+  CHECK(r.a.violations == 0);
+  CHECK(r.a.lost >= r.trials);  // every paused permit holder was told lease_lost
+  report("3-paused-permit-holder", ctx.backend, r.trials, r.trials,
+         r.stale_accepted + r.a.violations,
          "acked=" + std::to_string(r.a.acked) + " lease_lost=" + std::to_string(r.a.lost));
 }
 
