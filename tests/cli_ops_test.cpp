@@ -435,6 +435,9 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
                                     "raw.stock_take",
                                     "dblock.stock_take",
                                     "dblock.id_next",
+                                    "dblock.semaphore",
+                                    "dblock.semaphore_held10",
+                                    "dblock.semaphore_held100",
                                     "dblock.cas_order",
                                     "dblock.stock_order",
                                     "dblock.handoff",
@@ -462,6 +465,10 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
       CHECK(row.at("per_second").get<double>() > 0);
     }
     CHECK(row.at("p50_us").get<double>() <= row.at("p99_us").get<double>());
+    if (op.rfind("dblock.semaphore", 0) == 0) {  // a feature measured against the lease cycle
+      CHECK(row.at("floor") == "dblock.lease");
+      CHECK(row.at("ratio").get<double>() > 0);
+    }
     if (row.at("kind") == "dblock") {
       CHECK(row.at("floor").get<std::string>().rfind("raw.", 0) == 0);
       CHECK(row.at("ratio").get<double>() > 0);

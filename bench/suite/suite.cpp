@@ -328,13 +328,13 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
       });
     };
   };
-  ops.push_back({"dblock.semaphore", "dblock", "dblock.lease",
+  ops.push_back({"dblock.semaphore", "feature", "dblock.lease",
                  "semaphore (101 permits, none held): try_acquire()+release() of a permit; "
                  "ratio to dblock.lease",
                  semaphore_op(0)});
-  ops.push_back({"dblock.semaphore_held10", "dblock", "dblock.lease",
+  ops.push_back({"dblock.semaphore_held10", "feature", "dblock.lease",
                  "the same with 10 of the 101 permits held", semaphore_op(10)});
-  ops.push_back({"dblock.semaphore_held100", "dblock", "dblock.lease",
+  ops.push_back({"dblock.semaphore_held100", "feature", "dblock.lease",
                  "the same with 100 of the 101 permits held", semaphore_op(100)});
 
   ops.push_back({"raw.lease_hot", "floor", "",

@@ -60,8 +60,9 @@ int run_bench(const common_options& c, const bench_options& b);
 // exec.cpp: dblock exec --lock NAME [--ttl D] [--wait D] [--kill-after D] -- command...
 struct exec_options {
   std::string lock;
-  std::string semaphore;  // instead of --lock: a permit of this semaphore
-  int permits = 0;        // its declared permits (required with --semaphore)
+  std::string semaphore;       // instead of --lock: a permit of this semaphore
+  bool use_semaphore = false;  // --semaphore was given (its value may be empty: refused later)
+  int permits = 0;             // its declared permits (required with --semaphore)
   std::string ttl = "30s";
   std::string wait = "0s";
   std::string kill_after = "10s";

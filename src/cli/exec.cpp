@@ -84,7 +84,7 @@ command_image make_image(const exec_options& x, const dblock::lease_guard& guard
   }
   im.env_text.push_back("DBLOCK_FENCE=" + fence);
   im.env_text.push_back("DBLOCK_OWNER=" + guard.owner_token());
-  if (x.semaphore.empty()) {
+  if (!x.use_semaphore) {
     im.env_text.push_back("DBLOCK_LOCK=" + x.lock);
   } else {
     im.env_text.push_back("DBLOCK_LOCK=" + x.semaphore);
@@ -150,7 +150,7 @@ int wait_command(pid_t pid, const std::atomic<bool>& lost, milliseconds kill_aft
 
 // What the command runs under, for messages: the lock, or "NAME (permit of N)".
 std::string what(const exec_options& x) {
-  return x.semaphore.empty() ? x.lock : x.semaphore;
+  return x.use_semaphore ? x.semaphore : x.lock;
 }
 
 // After the command: dblock's exit status (`code` is the command's own).
@@ -184,10 +184,13 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
   auto* exec =
       app.add_subcommand("exec", "run a command while holding a lease lock or a semaphore permit");
   add_common(exec, common);
-  auto* lock = exec->add_option("--lock", x.lock, "lock (resource) name");
-  auto* sem = exec->add_option("--semaphore", x.semaphore,
+  // Exactly one of --lock and --semaphore (an empty value is given, and refused as a name).
+  auto* what = exec->add_option_group("lock or semaphore")->require_option(1);
+  auto* lock = what->add_option("--lock", x.lock, "lock (resource) name");
+  auto* sem = what->add_option("--semaphore", x.semaphore,
                                "instead of --lock: take one permit of this semaphore (with "
-                               "--permits; see the README)");
+                               "--permits; see the README)")
+                  ->each([&x](const std::string&) { x.use_semaphore = true; });
   auto* permits = exec->add_option("--permits", x.permits,
                                    "the semaphore's number of permits: every user of the name "
                                    "must give the same (1..1000)");
@@ -216,12 +219,8 @@ int run_exec(const common_options& c, const exec_options& x) {
   dblock::lease_options lo = lease_options_for(x, lost);
   milliseconds wait = parse_duration(x.wait, "--wait");
   milliseconds kill_after = parse_duration(x.kill_after, "--kill-after");
-  if (x.lock.empty() && x.semaphore.empty())
-    throw dblock::error(dblock::errc::invalid_argument,
-                        "dblock exec: give --lock NAME, or --semaphore NAME --permits N");
-
   std::optional<dblock::lease_guard> guard;
-  if (x.semaphore.empty()) {
+  if (!x.use_semaphore) {
     dblock::lease_lock lock(db, x.lock, lo);
     guard = acquire(lock, wait);
   } else {
@@ -229,21 +228,20 @@ int run_exec(const common_options& c, const exec_options& x) {
     guard = acquire(sem, wait);
   }
   if (!guard) {
-    if (x.semaphore.empty())
+    if (!x.use_semaphore)
       std::cerr << "dblock exec: lock '" << shown(x.lock) << "' is held by another owner";
     else
       std::cerr << "dblock exec: all " << x.permits << " permits of semaphore '"
                 << shown(x.semaphore) << "' are held";
     if (wait.count() > 0)
-      std::cerr << (x.semaphore.empty() ? " and was not freed within "
-                                        : " and none was freed within ")
+      std::cerr << (!x.use_semaphore ? " and was not freed within " : " and none was freed within ")
                 << x.wait;
     std::cerr << "; not running the command\n";
     return exit_not_acquired;
   }
   if (c.verbose) {
     std::cerr << "dblock exec: acquired '" << shown(what(x)) << "'";
-    if (!x.semaphore.empty()) std::cerr << " permit " << dblock::semaphore::permit_slot(*guard);
+    if (x.use_semaphore) std::cerr << " permit " << dblock::semaphore::permit_slot(*guard);
     std::cerr << " fence " << guard->fence() << "\n";
   }
 
