@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "internals.hpp"
 
 using dblock::errc;
 using dblock::lease_guard;
@@ -398,6 +399,9 @@ DBLOCK_TEST("semaphore: the permit of a kill -9ed holder comes back within its T
   lo.poll_max = milliseconds(50);
   semaphore s(ctx.db, name, 1, lo);
   CHECK_FALSE(s.try_acquire());  // still held by the renewing holder
+  const std::string row = semaphore::permit_lease_name(name, 0);
+  const auto before = dblock::test::read_lease(ctx.db.connect(), row);
+  REQUIRE(before);
   const long long killed = monotonic_ns();
   ::kill(pid, SIGKILL);
   auto g = s.acquire(std::chrono::seconds(20));
@@ -405,6 +409,10 @@ DBLOCK_TEST("semaphore: the permit of a kill -9ed holder comes back within its T
   INFO("taken over " << after_ms << " ms after the kill (ttl " << ttl_ms << " ms)");
   CHECK(g.fence() > held_fence);
   CHECK(after_ms <= ttl_ms + 1000);  // TTL + one poll + slack
-  // Not before its lease could have run out: its last renewal was at most ttl/3 before the kill.
-  CHECK(after_ms >= ttl_ms * 2 / 3 - 50);
+  // Never before the holder's lease ran out, on the database clock: the takeover's acquired_at
+  // is at or after the expiry seen before the kill (a later renewal only moves it later).
+  const auto after = dblock::test::read_lease(ctx.db.connect(), row);
+  REQUIRE(after);
+  CHECK(after->fence == g.fence());
+  CHECK(after->acquired_at_us >= before->expires_at_us);
 }
