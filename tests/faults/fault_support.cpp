@@ -375,6 +375,7 @@ analysis analyze(const database& db, const context& ctx, const workload& w, bool
   std::vector<std::pair<long long, long long>> grant_order;  // enter, fence
   std::set<long long> maybe, doubt1, doubt0, outcome;
   std::set<long long> attempted;
+  std::set<long long> invalid;  // grants whose guard was no longer valid when they returned
   for (int id = 0; id < 64; ++id) {
     std::string text = read_file(w.dir + "/w" + std::to_string(id) + ".log");
     if (text.empty()) continue;
@@ -411,6 +412,8 @@ analysis analyze(const database& db, const context& ctx, const workload& w, bool
         (wr ? doubt1 : doubt0).insert(f);
         ++(wr ? r.doubt_written : r.doubt_not_written);
       } else if (k == "V") {
+        l >> f;
+        invalid.insert(f);
         ++r.invalid_skips;
       } else if (k == "N") {
         l >> f;
@@ -501,6 +504,12 @@ analysis analyze(const database& db, const context& ctx, const workload& w, bool
       }
       max_exit = std::max(max_exit, acked[i].exit);
     }
+    // A grant whose reply came back after its lease's local validity (a node stalled by a view
+    // change, say) was refused by its own holder (no write): a later fence may have been granted
+    // before it returned, legitimately. Only the grants that were used must come in fence order.
+    grant_order.erase(std::remove_if(grant_order.begin(), grant_order.end(),
+                                     [&](const auto& g) { return invalid.count(g.second) > 0; }),
+                      grant_order.end());
     std::sort(grant_order.begin(), grant_order.end());
     for (std::size_t i = 1; i < grant_order.size(); ++i)
       if (grant_order[i].second <= grant_order[i - 1].second)
