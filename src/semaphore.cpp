@@ -48,6 +48,8 @@ struct semaphore::impl {
   /// From the last read of held permits: microseconds until the first of them expires (-1: no
   /// read yet, or none held).
   long long next_expiry_us = -1;
+  /// The lease name of each permit slot, built once (every try names one or all of them).
+  std::vector<std::string> lease_names = {};
 
   std::string what() const { return "semaphore '" + detail::printable(name) + "'"; }
 
@@ -71,18 +73,16 @@ struct semaphore::impl {
   }
 
   std::optional<lease_guard> try_slot(int slot) {
-    lease_lock lk(db, detail::permit_lease_name(name, slot), options, detail::internal_name_t{});
+    lease_lock lk(db, lease_names[static_cast<std::size_t>(slot)], options,
+                  detail::internal_name_t{});
     return lk.try_acquire();
   }
 
   /// The permit slots held now (one statement), and next_expiry_us.
   std::set<int> read_held() {
-    std::vector<std::string> names;
-    for (int k = 0; k < permits; ++k)
-      names.push_back(detail::permit_lease_name(name, k));
     const auto rows = detail::with_session(
         detail::access::impl(db), "read the held permits of " + what(),
-        [&](detail::session_scope& s) { return detail::semaphore_table::held(s, names); });
+        [&](detail::session_scope& s) { return detail::semaphore_table::held(s, lease_names); });
     std::set<int> held;
     long long first = std::numeric_limits<long long>::max();
     for (const auto& r : rows) {
@@ -131,7 +131,10 @@ struct semaphore::impl {
 semaphore::semaphore(database db, std::string name, int permits, lease_options options)
     : impl_(std::make_unique<impl>(
           impl{db, name, permits, impl::checked(db, name, permits, options),
-               detail::transient_conflict_policy(9, milliseconds(256)), false, false, -1})) {}
+               detail::transient_conflict_policy(9, milliseconds(256)), false, false, -1})) {
+  for (int k = 0; k < impl_->permits; ++k)
+    impl_->lease_names.push_back(detail::permit_lease_name(impl_->name, k));
+}
 
 semaphore::~semaphore() = default;
 semaphore::semaphore(semaphore&&) noexcept = default;
