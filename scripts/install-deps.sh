@@ -48,6 +48,8 @@ PACKAGES=(
     llvm
     procps
     iproute2
+    # the test harness prints every thread's backtrace of a worker process that hangs
+    gdb
 )
 
 # `install-deps.sh --bench` adds what the benchmark's optional parts use: a throwaway Redis to

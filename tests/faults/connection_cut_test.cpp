@@ -9,6 +9,7 @@
 // then the exactness, fence and non-overlap checks of fault_support.hpp must hold.
 #include <soci/soci.h>
 
+#include <iostream>
 #include <thread>
 
 #include "fault_support.hpp"
@@ -106,10 +107,13 @@ void run_cuts(context& ctx, int seconds, bool semaphore, const std::string& scen
   stop_workers(w);
   auto st = ps.wait_all(std::chrono::seconds(90));
   for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i]);
+    INFO("worker " << i << " exit status " << st[i] << "; the end of its log:\n"
+                   << worker_log_tail(w, static_cast<int>(i)));
     CHECK(st[i] == 0);
   }
   auto a = analyze(ctx.db, ctx, w, true);
+  for (const auto& e : a.error_samples)
+    std::cerr << scenario << " " << ctx.backend << " worker error: " << e << std::endl;
   const long long faults = proxy.cuts() + server_kills;
   INFO(a.summary() << "\nfaults: proxy resets " << proxy.cuts() << ", server-side kills "
                    << server_kills << " (" << commands << " commands)");

@@ -86,6 +86,20 @@ void stop_workers(const workload& w) {
   write_file_atomic(w.dir + "/stop", "stop\n");
 }
 
+std::string worker_log_tail(const workload& w, int id, int lines) {
+  const std::string text = read_file(w.dir + "/w" + std::to_string(id) + ".log");
+  std::size_t pos = text.size();
+  for (int n = 0; n <= lines && pos > 0; ++n) {
+    const std::size_t nl = text.rfind('\n', pos - 1);
+    if (nl == std::string::npos) {
+      pos = 0;
+      break;
+    }
+    if (n < lines) pos = nl;
+  }
+  return text.substr(pos);
+}
+
 bool run_env_cmd(const char* var, const std::string& arg) {
   const char* cmd = std::getenv(var);
   if (!cmd || !*cmd) {
@@ -358,6 +372,8 @@ std::string analysis::summary() const {
     << " errors=" << errors << " overlaps=" << overlaps << " violations=" << violations;
   for (std::size_t i = 0; i < problems.size() && i < 8; ++i)
     o << "\n  problem: " << problems[i];
+  for (const auto& e : error_samples)
+    o << "\n  error: " << e;
   return o.str();
 }
 
@@ -423,6 +439,8 @@ analysis analyze(const database& db, const context& ctx, const workload& w, bool
             std::to_string(f) + ")");
       } else if (k == "E") {
         ++r.errors;
+        if (r.error_samples.size() < 6)
+          r.error_samples.push_back("w" + std::to_string(id) + ": " + line);
       }
     }
   }

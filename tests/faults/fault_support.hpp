@@ -81,6 +81,9 @@ int spawn_counter_worker(process_set& ps, const workload& w, int id,
 /// Creates <dir>/stop, which ends every worker's loop after its current iteration.
 void stop_workers(const workload& w);
 
+/// The last `lines` lines of worker `id`'s log, for the message of a failed exit check.
+std::string worker_log_tail(const workload& w, int id, int lines = 12);
+
 /// What the parent found.
 struct analysis {
   long long counter = 0, rows = 0, grants = 0, acked = 0, lost = 0, rolled_back = 0;
@@ -88,7 +91,8 @@ struct analysis {
   long long errors = 0, overlaps = 0;
   long long violations = 0;  // every broken invariant, counted
   std::vector<std::string> problems;
-  std::vector<long long> ack_exit_ns;  // for recovery times
+  std::vector<std::string> error_samples;  // the first few "E" lines of the workers' logs
+  std::vector<long long> ack_exit_ns;      // for recovery times
   std::string summary() const;
 };
 

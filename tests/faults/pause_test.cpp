@@ -85,7 +85,8 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, bool semaphore = 
   stop_workers(w);
   auto st = ps.wait_all(std::chrono::seconds(90));
   for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i]);
+    INFO("worker " << i << " exit status " << st[i] << "; the end of its log:\n"
+                   << worker_log_tail(w, static_cast<int>(i)));
     CHECK(st[i] == 0);
   }
   r.a = analyze(ctx.db, ctx, w, false);

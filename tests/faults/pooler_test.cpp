@@ -144,7 +144,8 @@ DBLOCK_TEST_ONLY("postgresql",
   stop_workers(w);
   auto st = ps.wait_all(std::chrono::seconds(90));
   for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i]);
+    INFO("worker " << i << " exit status " << st[i] << "; the end of its log:\n"
+                   << worker_log_tail(w, static_cast<int>(i)));
     CHECK(st[i] == 0);
   }
   CHECK(failed == 0);

@@ -30,10 +30,12 @@ workload make_workload(const context& ctx, const temp_dir& dir, int ttl_ms) {
   return w;
 }
 
-void require_clean_exit(process_set& ps) {
+void require_clean_exit(process_set& ps, const workload& w) {
   auto st = ps.wait_all(std::chrono::seconds(90));
   for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i] << " (-1: killed at the deadline)");
+    INFO("worker " << i << " exit status " << st[i]
+                   << " (-1: killed at the deadline); the end of its log:\n"
+                   << worker_log_tail(w, static_cast<int>(i)));
     CHECK(st[i] == 0);
   }
 }
@@ -65,7 +67,7 @@ DBLOCK_TEST_SERVERS("server restart mid-run: 8 fenced counter processes survive 
     std::this_thread::sleep_for(milliseconds(rnd(2500, 3500)));
   }
   stop_workers(w);
-  require_clean_exit(ps);
+  require_clean_exit(ps, w);
   CHECK(failed_restarts == 0);
   ctx.db = ctx.open();  // the old pool's connections died with the server
   auto a = analyze(ctx.db, ctx, w, true);
@@ -128,7 +130,7 @@ DBLOCK_TEST("writers killed with SIGKILL mid-transaction: nothing acknowledged i
   }
   std::this_thread::sleep_for(milliseconds(2 * ttl_ms));  // survivors take the orphaned leases
   stop_workers(w);
-  require_clean_exit(ps);
+  require_clean_exit(ps, w);
   auto a = analyze(ctx.db, ctx, w, true);
   INFO(a.summary());
   CHECK(a.violations == 0);
@@ -154,7 +156,7 @@ DBLOCK_TEST("negative control: the counter workload without exclusion is caught 
     spawn_counter_worker(ps, w, i);
   std::this_thread::sleep_for(milliseconds(1500));
   stop_workers(w);
-  require_clean_exit(ps);
+  require_clean_exit(ps, w);
   auto a = analyze(ctx.db, ctx, w, true);
   INFO(a.summary());
   CHECK(a.violations > 0);

@@ -139,10 +139,12 @@ long long first_ack_after(const analysis& a, long long after) {
   return it == a.ack_exit_ns.end() ? -1 : (*it - after) / 1000000;
 }
 
-void require_clean_exit(process_set& ps) {
+void require_clean_exit(process_set& ps, const workload& w) {
   auto st = ps.wait_all(std::chrono::seconds(120));
   for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i] << " (-1: killed at the deadline)");
+    INFO("worker " << i << " exit status " << st[i]
+                   << " (-1: killed at the deadline); the end of its log:\n"
+                   << worker_log_tail(w, static_cast<int>(i)));
     CHECK(st[i] == 0);
   }
 }
@@ -190,7 +192,7 @@ DBLOCK_TEST_ONLY("mysql",
   const long long t_back = monotonic_ns();
   std::this_thread::sleep_for(milliseconds(2000));
   stop_workers(w);
-  require_clean_exit(ps);
+  require_clean_exit(ps, w);
   g.db = database(url, g.options());
   auto a = analyze(g.db, g, w, true);
   INFO(a.summary());
@@ -230,7 +232,7 @@ DBLOCK_TEST_ONLY("postgresql",
   const long long t_promoted = monotonic_ns();
   std::this_thread::sleep_for(milliseconds(3000));
   stop_workers(w);
-  require_clean_exit(ps);
+  require_clean_exit(ps, w);
   p.db = database(pair.url(), p.options());
   auto a = analyze(p.db, p, w, true);
   INFO(a.summary());

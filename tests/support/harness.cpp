@@ -212,6 +212,26 @@ namespace {
 
 constexpr long long ns_per_ms = 1000000LL;
 
+// Prints what a worker that outlived its deadline is doing, before it is killed: each thread's
+// kernel wait channel and, where gdb is installed, every thread's backtrace. A hang in CI then
+// says where it hung.
+void describe_hung_worker(int pid) {
+  std::cerr << "worker " << pid << " did not exit in time; its threads:" << std::endl;
+  const std::string task = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator(task, ec)) {
+    std::ifstream w(t.path() / "wchan");
+    std::string wchan;
+    std::getline(w, wchan);
+    std::cerr << "  thread " << t.path().filename().string() << " wchan=" << wchan << std::endl;
+  }
+  if (std::system("command -v gdb >/dev/null 2>&1") != 0) return;
+  const std::string cmd = "gdb -p " + std::to_string(pid) +
+                          " -batch -nx -ex 'thread apply all bt 25' 2>/dev/null | grep -E "
+                          "'^(Thread|#)' | head -200 1>&2";
+  if (std::system(cmd.c_str()) != 0) std::cerr << "  (gdb could not attach)" << std::endl;
+}
+
 // Kills a worker with SIGKILL and reaps it.
 void kill_and_reap(int pid) {
   ::kill(pid, SIGKILL);
@@ -242,6 +262,7 @@ int process_set::wait(int pid, std::chrono::milliseconds timeout) {
     if (r == pid) break;
     if (r < 0 && errno != EINTR) return -2;
     if (monotonic_ns() > deadline) {
+      describe_hung_worker(pid);
       kill_and_reap(pid);
       forget(pid);
       return -1;
