@@ -153,6 +153,29 @@ std::string lock_name() {
   return "cli-" + dblock::test::random_suffix();
 }
 
+// `hosts` processes at once, each running `runs` execs one after another; args(h, i) gives run i
+// of host h its arguments. CHECKs that every exec exited 0 (the first failure of each host shown).
+void run_hosts(int hosts, int runs, const std::function<std::vector<std::string>(int, int)>& args) {
+  std::vector<int> failures(static_cast<std::size_t>(hosts), 0);
+  std::vector<std::string> first_error(static_cast<std::size_t>(hosts));
+  std::vector<std::thread> threads;
+  for (int h = 0; h < hosts; ++h)
+    threads.emplace_back([&, h] {
+      for (int i = 0; i < runs; ++i) {
+        auto r = run_cli(args(h, i), std::chrono::seconds(90));
+        if (r.status != 0 && failures[static_cast<std::size_t>(h)]++ == 0)
+          first_error[static_cast<std::size_t>(h)] =
+              "exit " + std::to_string(r.status) + ": " + r.output;
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  for (int h = 0; h < hosts; ++h) {
+    INFO("process " << h << ": " << first_error[static_cast<std::size_t>(h)]);
+    CHECK(failures[static_cast<std::size_t>(h)] == 0);
+  }
+}
+
 }  // namespace
 
 DBLOCK_TEST("cli exec: runs the command with DBLOCK_FENCE, DBLOCK_OWNER and DBLOCK_LOCK", "[cli]") {
@@ -183,24 +206,9 @@ DBLOCK_TEST("cli exec: 4 processes x 15 execs on one lock keep a counter exact",
   { std::ofstream(counter) << 0 << "\n"; }
   const std::string body = "n=$(cat '" + counter + "'); sleep 0.01; echo $((n + 1)) > '" + counter +
                            "'; echo $DBLOCK_FENCE >> '" + fences + "'";
-  std::vector<int> failures(4, 0);
-  std::vector<std::string> first_error(4);
-  std::vector<std::thread> hosts;
-  for (int h = 0; h < 4; ++h)
-    hosts.emplace_back([&, h] {
-      for (int i = 0; i < 15; ++i) {
-        auto r = run_cli(exec_args(ctx, {"--lock", name, "--wait", "60s", "--", "sh", "-c", body}),
-                         std::chrono::seconds(90));
-        if (r.status != 0 && failures[h]++ == 0)
-          first_error[h] = "exit " + std::to_string(r.status) + ": " + r.output;
-      }
-    });
-  for (auto& t : hosts)
-    t.join();
-  for (int h = 0; h < 4; ++h) {
-    INFO("process " << h << ": " << first_error[h]);
-    CHECK(failures[h] == 0);
-  }
+  run_hosts(4, 15, [&](int, int) {
+    return exec_args(ctx, {"--lock", name, "--wait", "60s", "--", "sh", "-c", body});
+  });
   long long n = -1;
   std::ifstream(counter) >> n;
   CHECK(n == 60);
@@ -225,25 +233,10 @@ DBLOCK_TEST("cli exec --semaphore: 6 processes x 5 execs, never more than 2 at o
   const std::string body =
       "f='" + running + "/'$$; touch \"$f\"; ls '" + running + "' | wc -l >> '" + seen +
       "'; echo \"$DBLOCK_LOCK $DBLOCK_PERMIT\" >> '" + seen + ".env'; sleep 0.15; rm -f \"$f\"";
-  std::vector<int> failures(6, 0);
-  std::vector<std::string> first_error(6);
-  std::vector<std::thread> hosts;
-  for (int h = 0; h < 6; ++h)
-    hosts.emplace_back([&, h] {
-      for (int i = 0; i < 5; ++i) {
-        auto r = run_cli(exec_args(ctx, {"--semaphore", name, "--permits", "2", "--wait", "60s",
-                                         "--", "sh", "-c", body}),
-                         std::chrono::seconds(90));
-        if (r.status != 0 && failures[h]++ == 0)
-          first_error[h] = "exit " + std::to_string(r.status) + ": " + r.output;
-      }
-    });
-  for (auto& t : hosts)
-    t.join();
-  for (int h = 0; h < 6; ++h) {
-    INFO("process " << h << ": " << first_error[h]);
-    CHECK(failures[h] == 0);
-  }
+  run_hosts(6, 5, [&](int, int) {
+    return exec_args(
+        ctx, {"--semaphore", name, "--permits", "2", "--wait", "60s", "--", "sh", "-c", body});
+  });
   std::ifstream in(seen);
   std::vector<int> counts;
   for (int n; in >> n;)
@@ -257,6 +250,52 @@ DBLOCK_TEST("cli exec --semaphore: 6 processes x 5 execs, never more than 2 at o
   for (std::string l; std::getline(env, l);)
     lines.insert(l);
   CHECK(lines == std::set<std::string>{name + " 0", name + " 1"});
+}
+
+// Operators guarding a job that touches two resources: 4 processes x 4 execs holding the set
+// {A, B}, half naming them B first. Each command does a read-sleep-write increment of a shared
+// counter file: exact at the end means the sets excluded each other, and every exec exiting 0
+// means no two of them waited for each other in a cycle.
+DBLOCK_TEST("cli exec with several --lock: a set, exclusive, both orders never deadlock",
+            "[cli][lock_set]") {
+  const std::string a = lock_name(), b = a + "/b";
+  dblock::test::temp_dir dir("cli-lock-set");
+  const std::string counter = dir.file("counter"), env = dir.file("env");
+  { std::ofstream(counter) << 0; }
+  const std::string body = "n=$(cat '" + counter + "'); sleep 0.05; echo $((n+1)) > '" + counter +
+                           "'; echo \"$DBLOCK_LOCK_COUNT $DBLOCK_LOCK_0 $DBLOCK_LOCK_1 " +
+                           "${DBLOCK_FENCE_0:+f} ${DBLOCK_FENCE:-none}\" >> '" + env + "'";
+  run_hosts(4, 4, [&](int h, int i) {  // half the execs name b first
+    return exec_args(ctx, {"--lock", (h + i) % 2 ? b : a, "--lock", (h + i) % 2 ? a : b, "--wait",
+                           "60s", "--", "sh", "-c", body});
+  });
+  long long n = -1;
+  std::ifstream(counter) >> n;
+  CHECK(n == 16);
+  std::ifstream in(env);
+  std::set<std::string> lines;
+  for (std::string l; std::getline(in, l);)
+    lines.insert(l);
+  // The set's names in their sorted order, a fence per name, no single-lock variables.
+  CHECK(lines == std::set<std::string>{"2 " + a + " " + b + " f none"});
+}
+
+DBLOCK_TEST("cli exec with several --lock: a held member exits 75 and keeps none of the set",
+            "[cli][lock_set]") {
+  const std::string a = lock_name(), b = a + "/b";
+  dblock::lease_lock other(ctx.db, b);
+  auto g = other.try_acquire();
+  REQUIRE(g);
+  auto r = run_cli(exec_args(ctx, {"--lock", a, "--lock", b, "--wait", "300ms", "--", "true"}));
+  INFO(r.output);
+  CHECK(r.status == exit_not_acquired);
+  CHECK(contains(r.output, "is held by another owner (none of them is kept)"));
+  dblock::lease_lock probe(ctx.db, a);
+  CHECK(probe.try_acquire());  // a was not kept
+  g->release();
+  auto ok = run_cli(exec_args(ctx, {"--lock", b, "--lock", a, "--", "true"}));
+  INFO(ok.output);
+  CHECK(ok.status == 0);
 }
 
 DBLOCK_TEST("cli exec --semaphore: all permits held exits 75; another count exits 2",

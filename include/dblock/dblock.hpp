@@ -44,6 +44,7 @@
 #include "dblock/id_generator.hpp"
 #include "dblock/lease_lock.hpp"
 #include "dblock/listener.hpp"
+#include "dblock/lock_set.hpp"
 #include "dblock/migrate.hpp"
 #include "dblock/optimistic.hpp"
 #include "dblock/reaper.hpp"

@@ -246,6 +246,7 @@ class lease_guard {
 
  private:
   friend class lease_lock;
+  friend class lock_set_guard;
   explicit lease_guard(std::shared_ptr<detail::lease_state> s);
   std::shared_ptr<detail::lease_state> state_;
 };

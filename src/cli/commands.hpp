@@ -57,12 +57,13 @@ struct bench_options {
 CLI::App* add_bench(CLI::App& app, common_options& common, bench_options& b);
 int run_bench(const common_options& c, const bench_options& b);
 
-// exec.cpp: dblock exec --lock NAME [--ttl D] [--wait D] [--kill-after D] -- command...
+// exec.cpp: dblock exec --lock NAME [--lock NAME]... [--ttl D] [--wait D] [--kill-after D]
+// -- command...
 struct exec_options {
-  std::string lock;
-  std::string semaphore;       // instead of --lock: a permit of this semaphore
-  bool use_semaphore = false;  // --semaphore was given (its value may be empty: refused later)
-  int permits = 0;             // its declared permits (required with --semaphore)
+  std::vector<std::string> locks;  // one: a lease lock; more: a lock set (all or nothing)
+  std::string semaphore;           // instead of --lock: a permit of this semaphore
+  bool use_semaphore = false;      // --semaphore was given (its value may be empty: refused later)
+  int permits = 0;                 // its declared permits (required with --semaphore)
   std::string ttl = "30s";
   std::string wait = "0s";
   std::string kill_after = "10s";

@@ -1,7 +1,9 @@
-// dblock exec: run a command while holding a lease lock, or a permit of a semaphore (itself a
-// lease). The command runs as a child process with DBLOCK_FENCE, DBLOCK_OWNER and DBLOCK_LOCK set
-// (and DBLOCK_PERMIT for a permit); the signals dblock gets are passed on to it; when the lease
-// is lost it is sent SIGTERM (SIGKILL after --kill-after) and dblock exits 76.
+// dblock exec: run a command while holding a lease lock, a set of them (all or nothing), or a
+// permit of a semaphore (itself a lease). The command runs as a child process with DBLOCK_FENCE,
+// DBLOCK_OWNER and DBLOCK_LOCK set (DBLOCK_PERMIT too for a permit; for a set, DBLOCK_LOCK_COUNT
+// and DBLOCK_LOCK_i, DBLOCK_FENCE_i, DBLOCK_OWNER_i per name instead); the signals dblock gets
+// are passed on to it; when a lease is lost it is sent SIGTERM (SIGKILL after --kill-after) and
+// dblock exits 76.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -50,9 +52,9 @@ dblock::lease_options lease_options_for(const exec_options& x, std::atomic<bool>
 }
 
 // One try (wait 0) or waiting up to `wait`; nothing when the lock (or every permit) stayed busy.
-template <class Lock>
-std::optional<dblock::lease_guard> acquire(Lock& lock, milliseconds wait) {
-  std::optional<dblock::lease_guard> guard;
+template <class Guard, class Lock>
+std::optional<Guard> acquire(Lock& lock, milliseconds wait) {
+  std::optional<Guard> guard;
   try {
     if (wait.count() > 0)
       guard.emplace(lock.acquire(wait));
@@ -64,6 +66,40 @@ std::optional<dblock::lease_guard> acquire(Lock& lock, milliseconds wait) {
   return guard;
 }
 
+// What the command runs under: one lease (a lock or a permit) or a lock set.
+struct holding {
+  std::optional<dblock::lease_guard> one;
+  std::optional<dblock::lock_set_guard> set;
+  explicit operator bool() const { return one.has_value() || set.has_value(); }
+  void release() {
+    if (one)
+      one->release();
+    else
+      set->release();
+  }
+  void reset() {
+    one.reset();
+    set.reset();
+  }
+};
+
+// Takes what `x` names; nothing when it stayed busy.
+holding take(const dblock::database& db, const exec_options& x, const dblock::lease_options& lo,
+             milliseconds wait) {
+  holding h;
+  if (x.use_semaphore) {
+    dblock::semaphore sem(db, x.semaphore, x.permits, lo);
+    h.one = acquire<dblock::lease_guard>(sem, wait);
+  } else if (x.locks.size() == 1) {
+    dblock::lease_lock lock(db, x.locks.front(), lo);
+    h.one = acquire<dblock::lease_guard>(lock, wait);
+  } else {
+    dblock::lock_set set(db, x.locks, lo);
+    h.set = acquire<dblock::lock_set_guard>(set, wait);
+  }
+  return h;
+}
+
 // The command's argv and environment, built before fork(): the forked child of a process with
 // threads (the watchdog) may only call async-signal-safe functions, and setenv() or malloc()
 // there can deadlock on a lock another thread held at the fork.
@@ -72,23 +108,37 @@ struct command_image {
   std::vector<char*> argv, envp;
 };
 
-command_image make_image(const exec_options& x, const dblock::lease_guard& guard,
-                         const std::string& fence) {
+command_image make_image(const exec_options& x, const holding& h) {
   command_image im;
-  const std::string ours[] = {"DBLOCK_FENCE=", "DBLOCK_OWNER=", "DBLOCK_LOCK=", "DBLOCK_PERMIT="};
+  // Ours, inherited from an outer dblock exec: replaced (the indexed ones of a set too).
+  const std::string ours[] = {"DBLOCK_FENCE=", "DBLOCK_OWNER=", "DBLOCK_LOCK=", "DBLOCK_PERMIT=",
+                              "DBLOCK_FENCE_", "DBLOCK_OWNER_", "DBLOCK_LOCK_"};
   for (char** e = environ; *e; ++e) {
     bool replaced = false;
     for (const auto& o : ours)
       replaced = replaced || std::strncmp(*e, o.c_str(), o.size()) == 0;
     if (!replaced) im.env_text.emplace_back(*e);
   }
-  im.env_text.push_back("DBLOCK_FENCE=" + fence);
-  im.env_text.push_back("DBLOCK_OWNER=" + guard.owner_token());
-  if (!x.use_semaphore) {
-    im.env_text.push_back("DBLOCK_LOCK=" + x.lock);
+  if (h.set) {
+    const auto& leases = h.set->leases();
+    im.env_text.push_back("DBLOCK_LOCK_COUNT=" + std::to_string(leases.size()));
+    for (std::size_t i = 0; i < leases.size(); ++i) {
+      const std::string k = std::to_string(i);
+      im.env_text.push_back("DBLOCK_LOCK_" + k + "=" + leases[i].name());
+      im.env_text.push_back("DBLOCK_FENCE_" + k + "=" + std::to_string(leases[i].fence()));
+      im.env_text.push_back("DBLOCK_OWNER_" + k + "=" + leases[i].owner_token());
+    }
   } else {
-    im.env_text.push_back("DBLOCK_LOCK=" + x.semaphore);
-    im.env_text.push_back("DBLOCK_PERMIT=" + std::to_string(dblock::semaphore::permit_slot(guard)));
+    const dblock::lease_guard& guard = *h.one;
+    im.env_text.push_back("DBLOCK_FENCE=" + std::to_string(guard.fence()));
+    im.env_text.push_back("DBLOCK_OWNER=" + guard.owner_token());
+    if (!x.use_semaphore) {
+      im.env_text.push_back("DBLOCK_LOCK=" + x.locks.front());
+    } else {
+      im.env_text.push_back("DBLOCK_LOCK=" + x.semaphore);
+      im.env_text.push_back("DBLOCK_PERMIT=" +
+                            std::to_string(dblock::semaphore::permit_slot(guard)));
+    }
   }
   for (auto& e : im.env_text)
     im.envp.push_back(e.data());
@@ -113,14 +163,14 @@ command_image make_image(const exec_options& x, const dblock::lease_guard& guard
 }
 
 // Forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the command, then starts it.
-pid_t start_command(const exec_options& x, const dblock::lease_guard& guard) {
+pid_t start_command(const exec_options& x, const holding& h) {
   struct sigaction sa {};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
     sigaction(sig, &sa, nullptr);
 
-  const command_image im = make_image(x, guard, std::to_string(guard.fence()));
+  const command_image im = make_image(x, h);
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) exec_command(im);
@@ -148,22 +198,26 @@ int wait_command(pid_t pid, const std::atomic<bool>& lost, milliseconds kill_aft
   return status;
 }
 
-// What the command runs under, for messages: the lock, or "NAME (permit of N)".
+// What the command runs under, for messages: the lock, the semaphore, or the set's names.
 std::string what(const exec_options& x) {
-  return x.use_semaphore ? x.semaphore : x.lock;
+  if (x.use_semaphore) return shown(x.semaphore);
+  std::string out;
+  for (const auto& n : x.locks)
+    out += (out.empty() ? "" : "', '") + shown(n);
+  return out;
 }
 
 // After the command: dblock's exit status (`code` is the command's own).
-int finish(const exec_options& x, std::optional<dblock::lease_guard>& guard, bool lost, int code) {
+int finish(const exec_options& x, holding& guard, bool lost, int code) {
   if (lost) {
-    std::cerr << "dblock exec: the lease on '" << shown(what(x))
+    std::cerr << "dblock exec: the lease on '" << what(x)
               << "' was lost while the command ran (it was sent SIGTERM); exit " << exit_lease_lost
               << "\n";
     guard.reset();
     return exit_lease_lost;
   }
   try {
-    guard->release();
+    guard.release();
   } catch (const dblock::error& e) {
     if (e.code() == dblock::errc::lease_lost) {
       std::cerr << "dblock exec: " << shown(e.what()) << "\n";
@@ -172,8 +226,8 @@ int finish(const exec_options& x, std::optional<dblock::lease_guard>& guard, boo
     // The command ran to its end under the lease; only the release failed (for example the
     // connection broke). The lease expires by itself within --ttl, nobody renews it. Report
     // and keep the command's status, which is what the caller scripts on.
-    std::cerr << "dblock exec: warning: could not release '" << shown(what(x)) << "' ("
-              << shown(e.what()) << "); it expires within " << x.ttl << "\n";
+    std::cerr << "dblock exec: warning: could not release '" << what(x) << "' (" << shown(e.what())
+              << "); it expires within " << x.ttl << "\n";
   }
   return code;
 }
@@ -186,7 +240,10 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
   add_common(exec, common);
   // Exactly one of --lock and --semaphore (an empty value is given, and refused as a name).
   auto* what = exec->add_option_group("lock or semaphore")->require_option(1);
-  auto* lock = what->add_option("--lock", x.lock, "lock (resource) name");
+  auto* lock = what->add_option("--lock", x.locks,
+                                "lock (resource) name; give --lock more than once to hold a set "
+                                "of locks, taken all or nothing in one global order")
+                   ->allow_extra_args(false);
   auto* sem = what->add_option("--semaphore", x.semaphore,
                                "instead of --lock: take one permit of this semaphore (with "
                                "--permits; see the README)")
@@ -213,45 +270,52 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
   return exec;
 }
 
+// Why the command does not run: the lock, every permit or a member of the set stayed busy.
+void report_busy(const exec_options& x, milliseconds wait) {
+  if (x.use_semaphore)
+    std::cerr << "dblock exec: all " << x.permits << " permits of semaphore '" << shown(x.semaphore)
+              << "' are held";
+  else if (x.locks.size() == 1)
+    std::cerr << "dblock exec: lock '" << shown(x.locks.front()) << "' is held by another owner";
+  else
+    std::cerr << "dblock exec: a lock of the set '" << what(x)
+              << "' is held by another owner (none of them is kept)";
+  if (wait.count() > 0)
+    std::cerr << (x.use_semaphore ? " and none was freed within " : " and was not freed within ")
+              << x.wait;
+  std::cerr << "; not running the command\n";
+}
+
 int run_exec(const common_options& c, const exec_options& x) {
   auto db = open_db(c);
   std::atomic<bool> lost{false};
   dblock::lease_options lo = lease_options_for(x, lost);
   milliseconds wait = parse_duration(x.wait, "--wait");
   milliseconds kill_after = parse_duration(x.kill_after, "--kill-after");
-  std::optional<dblock::lease_guard> guard;
-  if (!x.use_semaphore) {
-    dblock::lease_lock lock(db, x.lock, lo);
-    guard = acquire(lock, wait);
-  } else {
-    dblock::semaphore sem(db, x.semaphore, x.permits, lo);
-    guard = acquire(sem, wait);
-  }
-  if (!guard) {
-    if (!x.use_semaphore)
-      std::cerr << "dblock exec: lock '" << shown(x.lock) << "' is held by another owner";
-    else
-      std::cerr << "dblock exec: all " << x.permits << " permits of semaphore '"
-                << shown(x.semaphore) << "' are held";
-    if (wait.count() > 0)
-      std::cerr << (!x.use_semaphore ? " and was not freed within " : " and none was freed within ")
-                << x.wait;
-    std::cerr << "; not running the command\n";
+  holding h = take(db, x, lo, wait);
+  if (!h) {
+    report_busy(x, wait);
     return exit_not_acquired;
   }
   if (c.verbose) {
-    std::cerr << "dblock exec: acquired '" << shown(what(x)) << "'";
-    if (x.use_semaphore) std::cerr << " permit " << dblock::semaphore::permit_slot(*guard);
-    std::cerr << " fence " << guard->fence() << "\n";
+    if (h.set) {
+      for (const auto& g : h.set->leases())
+        std::cerr << "dblock exec: acquired '" << shown(g.name()) << "' fence " << g.fence()
+                  << "\n";
+    } else {
+      std::cerr << "dblock exec: acquired '" << what(x) << "'";
+      if (x.use_semaphore) std::cerr << " permit " << dblock::semaphore::permit_slot(*h.one);
+      std::cerr << " fence " << h.one->fence() << "\n";
+    }
   }
 
-  pid_t pid = start_command(x, *guard);
+  pid_t pid = start_command(x, h);
   child_pid = pid;
   if (lost) ::kill(pid, SIGTERM);
   int status = wait_command(pid, lost, kill_after);
   child_pid = 0;
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return finish(x, guard, lost, code);
+  return finish(x, h, lost, code);
 }
 
 }  // namespace dblock::cli
