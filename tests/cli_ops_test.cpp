@@ -538,7 +538,7 @@ DBLOCK_TEST("cli migrate --dry-run: lists applied and pending files, changes not
                             std::regex(R"(  0001_resource_lock\.sql  [0-9a-f]{16}  pending\n)")));
     CHECK(std::regex_search(
         d.out, std::regex(R"(  0002_force_release_audit\.sql  [0-9a-f]{16}  pending\n)")));
-    CHECK(contains(d.out, "6 pending migration(s)"));
+    CHECK(contains(d.out, "7 pending migration(s)"));
   }
   // Nothing was created: the fresh prefix still has no schema.
   auto s = run_cli({"status", "--url", ctx.url, "--table-prefix", fresh});

@@ -298,6 +298,60 @@ DBLOCK_TEST("cli exec with several --lock: a held member exits 75 and keeps none
   CHECK(ok.status == 0);
 }
 
+DBLOCK_TEST("cli leader: prints the leader or exits 1; status shows it; release --leader deposes",
+            "[cli][election]") {
+  const std::string name = lock_name();
+  const std::vector<std::string> where = {"--url", ctx.url, "--table-prefix", ctx.prefix};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), where.begin(), where.end());
+    return a;
+  };
+  auto none = run_cli(with({"leader", name}));
+  {
+    INFO(none.output);
+    CHECK(none.status == 1);
+    CHECK(contains(none.output, "has no leader"));
+  }
+  auto none_json = run_cli(with({"leader", "--json", name}));
+  CHECK(none_json.status == 1);
+  CHECK(contains(none_json.output, "\"leader\": null"));
+  dblock::election e(ctx.db, name, "node-1 http://10.0.0.1");
+  auto l = e.try_campaign();
+  REQUIRE(l);
+  auto text = run_cli(with({"leader", name}));
+  {
+    INFO(text.output);
+    CHECK(text.status == 0);
+    CHECK(contains(text.output, "leader:     node-1 http://10.0.0.1"));
+    CHECK(contains(text.output, "fence:      " + std::to_string(l->fence())));
+  }
+  auto js = run_cli(with({"leader", "--json", name}));
+  {
+    INFO(js.output);
+    CHECK(js.status == 0);
+    CHECK(contains(js.output, "\"identity\": \"node-1 http://10.0.0.1\""));
+    CHECK(contains(js.output, "\"fence\": " + std::to_string(l->fence())));
+  }
+  auto st = run_cli(with({"status"}));
+  {
+    INFO(st.output);
+    CHECK(contains(st.output, name + " [leader]"));
+  }
+  auto st_json = run_cli(with({"status", "--json"}));
+  CHECK(contains(st_json.output, "\"election\": \"" + name + "\""));
+  auto rel = run_cli(with({"release", "--force", "--leader", name, "--reason", "test"}));
+  {
+    INFO(rel.output);
+    CHECK(rel.status == 0);
+    CHECK(contains(rel.output, "released '" + name + " [leader]'"));
+  }
+  CHECK(l->lost().sleep_for(std::chrono::seconds(10)));  // the leader learns it was deposed
+  auto gone = run_cli(with({"leader", name}));
+  CHECK(gone.status == 1);
+  auto both = run_cli(with({"release", "--force", "--leader", "--permit", "0", name}));
+  CHECK(both.status == 2);
+}
+
 DBLOCK_TEST("cli exec --semaphore: all permits held exits 75; another count exits 2",
             "[cli][semaphore]") {
   const std::string name = lock_name();

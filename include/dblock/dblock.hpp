@@ -40,6 +40,7 @@
 #include "dblock/admin.hpp"
 #include "dblock/cancellation.hpp"
 #include "dblock/database.hpp"
+#include "dblock/election.hpp"
 #include "dblock/error.hpp"
 #include "dblock/id_generator.hpp"
 #include "dblock/lease_lock.hpp"

@@ -154,6 +154,7 @@ class lease_lock {
  private:
   friend class detail::waiting_acquire;
   friend class semaphore;
+  friend class election;
   /// A lock on one of dblock's internal lease names (a semaphore permit's, which users cannot
   /// name); otherwise as the public constructor.
   lease_lock(database db, std::string name, lease_options options, const detail::internal_name_t&);
@@ -247,6 +248,8 @@ class lease_guard {
  private:
   friend class lease_lock;
   friend class lock_set_guard;
+  friend class election;
+  friend class leadership;
   explicit lease_guard(std::shared_ptr<detail::lease_state> s);
   std::shared_ptr<detail::lease_state> state_;
 };

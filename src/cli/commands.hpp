@@ -43,7 +43,8 @@ int run_status(const common_options& c, const status_options& s);
 struct release_options {
   bool force = false;
   std::string name;
-  int permit = -1;  // >= 0: NAME is a semaphore, release this permit
+  int permit = -1;      // >= 0: NAME is a semaphore, release this permit
+  bool leader = false;  // NAME is an election: release its leadership
   std::string reason;
 };
 CLI::App* add_release(CLI::App& app, common_options& common, release_options& r);
@@ -72,6 +73,14 @@ struct exec_options {
 };
 CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x);
 int run_exec(const common_options& c, const exec_options& x);
+
+// leader.cpp: dblock leader [--json] NAME
+struct leader_options {
+  std::string name;
+  bool json = false;
+};
+CLI::App* add_leader(CLI::App& app, common_options& common, leader_options& l);
+int run_leader(const common_options& c, const leader_options& l);
 
 // id.cpp: dblock id [--name NAME] [--count N] [--block-size B]
 struct id_options {

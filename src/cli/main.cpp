@@ -20,6 +20,7 @@ struct subcommands {
   bench_options bench;
   exec_options exec;
   id_options id;
+  leader_options leader;
   CLI::App* migrate_cmd = nullptr;
   CLI::App* reap_cmd = nullptr;
   CLI::App* status_cmd = nullptr;
@@ -27,6 +28,7 @@ struct subcommands {
   CLI::App* bench_cmd = nullptr;
   CLI::App* exec_cmd = nullptr;
   CLI::App* id_cmd = nullptr;
+  CLI::App* leader_cmd = nullptr;
 };
 
 // The subcommands in the order `dblock --help` lists them.
@@ -38,6 +40,7 @@ void add_subcommands(CLI::App& app, common_options& common, subcommands& s) {
   s.bench_cmd = add_bench(app, common, s.bench);
   s.exec_cmd = add_exec(app, common, s.exec);
   s.id_cmd = add_id(app, common, s.id);
+  s.leader_cmd = add_leader(app, common, s.leader);
 }
 
 // Runs the subcommand that was given; errors become a message on stderr and an exit status.
@@ -50,6 +53,7 @@ int dispatch(const common_options& common, const subcommands& s) {
     if (s.release_cmd->parsed()) return run_release(common, s.release);
     if (s.bench_cmd->parsed()) return run_bench(common, s.bench);
     if (s.id_cmd->parsed()) return run_id(common, s.id);
+    if (s.leader_cmd->parsed()) return run_leader(common, s.leader);
   } catch (const dblock::error& e) {
     std::cerr << "dblock: " << shown(e.what()) << "\n";
     return exit_status_for(e);
@@ -68,7 +72,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.add_flag("-v,--verbose", common.verbose, "say more on stderr (also after the subcommand)");
   app.footer(
-      "Exit statuses: 0 ok; 1 release: no such lock; 2 usage or invalid argument; 69 cannot "
+      "Exit statuses: 0 ok; 1 release: no such lock, leader: no leader; 2 usage or invalid "
+      "argument; 69 cannot "
       "connect; 70 internal error;\n"
       "75 lock not acquired; 76 lease lost while the command ran; 78 schema missing or\n"
       "mismatched. `exec` otherwise exits with the command's status (128+N if killed by N).");

@@ -14,10 +14,12 @@ namespace dblock::cli {
 
 namespace {
 
-// A lock's name as shown: a semaphore permit's as "NAME [permit K]".
+// A lock's name as shown: a semaphore permit's as "NAME [permit K]", an election's leadership
+// as "NAME [leader]".
 std::string display_name(const std::string& name) {
   if (auto p = dblock::semaphore::permit_of(name))
     return shown(p->first) + " [permit " + std::to_string(p->second) + "]";
+  if (auto e = dblock::election::election_of(name)) return shown(*e) + " [leader]";
   return shown(name);
 }
 
@@ -44,6 +46,7 @@ void print_status_json(const dblock::database& db, const std::vector<dblock::loc
       j["locks"].back()["semaphore"] = p->first;
       j["locks"].back()["permit"] = p->second;
     }
+    if (auto e = dblock::election::election_of(l.name)) j["locks"].back()["election"] = *e;
   }
   j["forced_releases"] = nlohmann::json::array();
   for (const auto& f : forced)
@@ -132,8 +135,10 @@ CLI::App* add_release(CLI::App& app, common_options& common, release_options& r)
   add_common(release, common);
   release->add_flag("--force", r.force, "required: take the lease from its holder");
   release->add_option("--reason", r.reason, "why (recorded in the audit table)");
-  release->add_option("--permit", r.permit,
-                      "NAME is a semaphore: release its permit K (as status shows it)");
+  auto* permit = release->add_option(
+      "--permit", r.permit, "NAME is a semaphore: release its permit K (as status shows it)");
+  release->add_flag("--leader", r.leader, "NAME is an election: depose its leader")
+      ->excludes(permit);
   release->add_option("name", r.name, "lock name")->required();
   return release;
 }
@@ -146,8 +151,10 @@ int run_release(const common_options& c, const release_options& r) {
   }
   auto db = open_db(c);
   try {
-    const std::string name =
-        r.permit < 0 ? r.name : dblock::semaphore::permit_lease_name(r.name, r.permit);
+    const std::string name = r.leader ? dblock::election::lease_name(r.name)
+                             : r.permit < 0
+                                 ? r.name
+                                 : dblock::semaphore::permit_lease_name(r.name, r.permit);
     auto f = dblock::force_release(db, name, r.reason, who_am_i());
     std::cout << "released '" << display_name(f.name) << "' (it was "
               << (f.was_held ? "held" : "free") << ", last holder " << f.previous_holder
@@ -159,6 +166,9 @@ int run_release(const common_options& c, const release_options& r) {
     if (r.permit >= 0)
       std::cerr << "dblock release: semaphore '" << shown(r.name) << "' has no permit " << r.permit
                 << " in the lock table (never taken, or reaped)\n";
+    else if (r.leader)
+      std::cerr << "dblock release: election '" << shown(r.name)
+                << "' has no leadership row in the lock table (never won, or reaped)\n";
     else
       std::cerr << "dblock release: " << shown(e.what()) << "\n";
     return exit_not_found;

@@ -125,6 +125,7 @@ table_names make_table_names(const std::string& prefix) {
   t.ids = prefix + "id_block";
   t.waiters = prefix + "lock_waiter";
   t.semaphores = prefix + "semaphore";
+  t.leaders = prefix + "leader";
   validate_identifier(t.floor, "table name");
   validate_identifier(t.migrations, "table name");
   return t;

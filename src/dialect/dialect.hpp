@@ -49,6 +49,7 @@ struct table_names {
   std::string ids;         // <prefix>id_block
   std::string waiters;     // <prefix>lock_waiter
   std::string semaphores;  // <prefix>semaphore
+  std::string leaders;     // <prefix>leader
 };
 
 /// One migration file, as embedded at build time.

@@ -120,4 +120,21 @@ struct held_permit {
 std::vector<held_permit> held(session_scope&, const std::vector<std::string>& lease_names);
 
 }  // namespace semaphore_table
+
+/// Leader elections (election.hpp): the identity each winner announced.
+namespace leader_table {
+
+/// An announcement: who won, with which fence, when (database clock).
+struct announcement {
+  std::string identity;
+  std::int64_t fence = 0;
+  std::int64_t announced_at_us = 0;
+};
+/// Inside the leadership's fenced transaction: replaces the election's announcement.
+void announce(session_scope&, const std::string& name, const std::string& identity,
+              std::int64_t fence);
+/// The election's announcement, if any (one statement).
+std::optional<announcement> read(session_scope&, const std::string& name);
+
+}  // namespace leader_table
 }  // namespace dblock::detail

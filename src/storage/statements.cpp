@@ -207,6 +207,23 @@ void id_statements(lock_statements& s, const vocabulary& v, const table_names& t
   s.id_reserve = make("id_reserve", v.id_reserve(t), {"epoch_ms", "per_ms", "n", "name"});
 }
 
+void leader_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  // Written only inside a fenced transaction of the leadership lease: delete and insert, no
+  // upsert form needed.
+  s.leader_clear =
+      make("leader_clear", "DELETE FROM " + t.leaders + " WHERE election_name = :name", {"name"});
+  s.leader_announce = make("leader_announce",
+                           "INSERT INTO " + t.leaders +
+                               " (election_name, identity, fence, announced_at) VALUES (:name,"
+                               " :identity, :fence, " +
+                               v.now() + ")",
+                           {"name", "identity", "fence"});
+  s.leader_read = make("leader_read",
+                       "SELECT identity, fence, " + v.epoch_us("announced_at") + " FROM " +
+                           t.leaders + " WHERE election_name = :name",
+                       {"name"});
+}
+
 void semaphore_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   s.semaphore_declare =
       make("semaphore_declare",
@@ -245,6 +262,7 @@ lock_statements build_lock_statements(const dialect& d, const table_names& t) {
   stock_statements(s, d.sql, t);
   id_statements(s, d.sql, t);
   semaphore_statements(s, d.sql, t);
+  leader_statements(s, d.sql, t);
   reaper_statements(s, d.sql, t);
   migration_statements(s, d.sql, t);
   return s;

@@ -66,6 +66,11 @@ struct lock_statements {
   // ---- semaphores -----------------------------------------------------------------------------
   statement semaphore_declare;  ///< name, permits; a declaration row unless one exists
   statement semaphore_permits;  ///< name -> the declared permits
+
+  // ---- leader elections ------------------------------------------------------------------------
+  statement leader_clear;     ///< name; the election's announcement row, whoever wrote it
+  statement leader_announce;  ///< name, identity, fence; a new announcement row
+  statement leader_read;      ///< name -> identity, fence, announced_at (epoch us)
   // ---- migrations -----------------------------------------------------------------------------
   statement migrations_read;    ///< -> version, name, checksum
   statement migration_applied;  ///< v -> count

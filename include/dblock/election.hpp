@@ -1,0 +1,185 @@
+// dblock: distributed locks and safe concurrent updates on the database you already run.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "dblock/cancellation.hpp"
+#include "dblock/database.hpp"
+#include "dblock/lease_lock.hpp"
+
+namespace soci {
+class session;
+}
+
+/// @file
+/// @brief Leader election (dblock::election): one leader among many candidates, observable by
+///        anyone, whose loss is a first-class signal.
+
+namespace dblock {
+
+/// The longest identity a candidate may announce, in bytes.
+inline constexpr std::size_t max_leader_identity_bytes = 1024;
+
+/// The current leader of an election, as election::observe() reads it.
+struct leader_info {
+  /// What the leader announced when it won (for example "replica-3 http://10.0.0.3:8080");
+  /// empty in the short moment between its win and its announcement.
+  std::string identity;
+  /// The leadership's fencing token: strictly greater than every earlier leader's.
+  std::int64_t fence = 0;
+  /// When it won, on the database clock.
+  std::chrono::system_clock::time_point since;
+  /// Until its lease expires unless renewed, on the database clock.
+  std::chrono::milliseconds expires_in{0};
+  /// The leader process's host name and process id.
+  std::string holder_host;
+  /// The leader process's id on holder_host.
+  std::int64_t holder_pid = 0;
+};
+
+/**
+ * @brief Being the leader: one lease, renewed by its watchdog, and the signal that it ended.
+ *
+ * Move-only; a moved-from leadership is disarmed. The destructor resigns (failures go to the
+ * error handler, never thrown).
+ *
+ * lost() is a cancellation that fires when the leadership ends for any reason: the watchdog
+ * found the lease lost (expired, taken over, force-released), the local validity ran out because
+ * no renewal was confirmed in time (counted from when the acquire or last successful renew
+ * request was sent, minus the safety margin: the moment another candidate may win), or
+ * resign(). Pass it to the leader's work (waits, loops) so the work stops as soon as it must.
+ * lease_options::on_lost is called once as well, for a loss (not for resign()).
+ */
+class leadership {
+ public:
+  /// Takes over `other`'s leadership; `other` is disarmed.
+  leadership(leadership&&) noexcept;
+  /// Resigns this leadership, if any (as the destructor), then takes over `other`'s.
+  leadership& operator=(leadership&&) noexcept;
+  leadership(const leadership&) = delete;
+  leadership& operator=(const leadership&) = delete;
+  /// Resigns as resign() does; failures go to the error handler. Never throws.
+  ~leadership();
+
+  /// The leadership's fencing token (0 when disarmed).
+  std::int64_t fence() const noexcept;
+  /// The election's name (empty when disarmed).
+  const std::string& name() const noexcept;
+  /// The identity this leader announced (empty when disarmed).
+  const std::string& identity() const noexcept;
+  /// False once the leadership ended (lost(), resign()) or was disarmed.
+  bool valid() const noexcept;
+  /// Conservative time left before the leadership must be treated as lost (lease_guard).
+  std::chrono::milliseconds remaining() const noexcept;
+  /// Fires when the leadership ends (see the class comment). Valid while this object lives.
+  const cancellation& lost() const noexcept;
+  /**
+   * @brief The leadership's lease (its owner token, fence, name).
+   * @throws dblock::error errc::not_owner when disarmed.
+   */
+  const lease_guard& lease() const;
+
+  /**
+   * @brief Steps down: releases the lease, so another candidate can win at once; lost() fires.
+   *        The leadership is disarmed afterwards.
+   * @throws dblock::error as lease_guard::release() (errc::lease_lost when it had already been
+   *         lost); errc::not_owner when disarmed.
+   */
+  void resign();
+
+  /**
+   * @brief Runs `write` in one transaction that commits only while this is still the leader
+   *        (lease_guard::fenced()).
+   * @param write the caller's statements, run on the transaction's session.
+   * @throws dblock::error as lease_guard::fenced(); errc::not_owner when disarmed.
+   */
+  void fenced(const std::function<void(soci::session&)>& write);
+
+ private:
+  friend class election;
+  struct impl;
+  explicit leadership(std::unique_ptr<impl> i);
+  std::unique_ptr<impl> impl_;
+};
+
+/**
+ * @brief One candidate in the leader election `name`.
+ *
+ * The leadership is a lease on an internal name of the lock table ("name" U+FFFF "L", shown by
+ * `dblock status` as `NAME [leader]`), so a lock named like the election is a different row. A
+ * candidate that wins announces its identity in a fenced transaction (table `leader`, migration
+ * 0007); observe() reads the lease and the announcement together and shows an identity only when
+ * it was written under the current leader's fence. The watchdog is always on (the leader keeps
+ * its lease until it resigns or dies); a leader that dies is replaced when its lease expires
+ * (lease_options::ttl).
+ *
+ * Names are 1..251 bytes of valid UTF-8 without NUL or U+FFFF. Thread-safety: like lease_lock,
+ * one election object is for one thread at a time; observe() may be called from anywhere.
+ */
+class election {
+ public:
+  /**
+   * @brief Candidate `identity` in election `name` of `db`; opens no connection.
+   * @param db the database holding the lock table and the `leader` table.
+   * @param name the election, shared by every candidate.
+   * @param identity what this candidate announces when it wins (1..1024 bytes of UTF-8 without
+   *        NUL).
+   * @param options the leadership lease (ttl, safety_margin, on_lost, polling, fair);
+   *        `watchdog` is always on.
+   * @throws dblock::error errc::invalid_argument for a bad name or identity, or options
+   *         lease_lock refuses.
+   */
+  election(database db, std::string name, std::string identity, lease_options options = {});
+  /// Destroys the handle only: a leadership it returned stays in force.
+  ~election();
+  /// Takes over `other`; `other` must not be used afterwards except to be assigned or destroyed.
+  election(election&&) noexcept;
+  /// Takes over `other` as the move constructor does.
+  election& operator=(election&&) noexcept;
+
+  /**
+   * @brief One attempt to become the leader; nothing when another candidate leads.
+   * @throws dblock::error lease_lock::try_acquire()'s errors and those of the announcement's
+   *         fenced write (the lease is released first).
+   */
+  [[nodiscard]] std::optional<leadership> try_campaign();
+
+  /**
+   * @brief Waits up to `wait` to become the leader (woken when the leader resigns, otherwise
+   *        when its lease expires).
+   * @param wait how long to campaign.
+   * @param cancel stops the campaign (errc::cancelled).
+   * @throws dblock::error errc::timeout, errc::cancelled, and the errors of try_campaign().
+   */
+  [[nodiscard]] leadership campaign(std::chrono::milliseconds wait,
+                                    const cancellation& cancel = cancellation());
+
+  /**
+   * @brief The current leader of election `name`, or nothing when there is none (no lease, or
+   *        an expired or released one). Two reads, no write.
+   * @throws dblock::error errc::invalid_argument for a bad name; the @ref database_errors
+   *         "database errors".
+   */
+  static std::optional<leader_info> observe(const database& db, const std::string& name);
+
+  /// The election's name.
+  const std::string& name() const noexcept;
+  /// This candidate's identity.
+  const std::string& identity() const noexcept;
+  /// The lease name of election `name`'s leadership (as list_locks() shows it, and for
+  /// force_release()). @throws dblock::error errc::invalid_argument for a bad name.
+  static std::string lease_name(const std::string& name);
+  /// The election name of a leadership's lease name; nothing for any other name.
+  static std::optional<std::string> election_of(const std::string& lease_name);
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace dblock
