@@ -97,8 +97,11 @@ struct semaphore::impl {
   // Checks the arguments; returns the options as lease_lock checks and completes them (a zero
   // safety_margin filled in).
   static lease_options checked(const database& db, const std::string& name, int permits,
-                               const lease_options& options) {
-    detail::validate_resource_name(name);
+                               const lease_options& options, bool internal = false) {
+    if (internal)
+      detail::validate_lease_name(name);
+    else
+      detail::validate_resource_name(name);
     if (name.size() > max_semaphore_name_bytes)
       throw error(errc::invalid_argument,
                   "invalid semaphore name '" + detail::printable(name) +
@@ -134,6 +137,20 @@ semaphore::semaphore(database db, std::string name, int permits, lease_options o
                detail::transient_conflict_policy(9, milliseconds(256)), false, false, -1})) {
   for (int k = 0; k < impl_->permits; ++k)
     impl_->lease_names.push_back(detail::permit_lease_name(impl_->name, k));
+}
+
+semaphore::semaphore(database db, std::string name, int permits, lease_options options,
+                     const detail::internal_name_t&)
+    : impl_(std::make_unique<impl>(
+          impl{db, name, permits, impl::checked(db, name, permits, options, true),
+               detail::transient_conflict_policy(9, milliseconds(256)), false, false, -1})) {
+  for (int k = 0; k < impl_->permits; ++k)
+    impl_->lease_names.push_back(detail::permit_lease_name(impl_->name, k));
+}
+
+std::pair<int, long long> semaphore::held_now() {
+  const auto held = impl_->read_held();
+  return {static_cast<int>(held.size()), impl_->next_expiry_us};
 }
 
 semaphore::~semaphore() = default;

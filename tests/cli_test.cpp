@@ -145,6 +145,12 @@ std::vector<std::string> exec_args(const dblock::test::context& ctx,
   return a;
 }
 
+// `args` (a subcommand and its arguments) on the test's database.
+std::vector<std::string> on_db(const dblock::test::context& ctx, std::vector<std::string> args) {
+  args.insert(args.end(), {"--url", ctx.url, "--table-prefix", ctx.prefix});
+  return args;
+}
+
 bool contains(const std::string& s, const std::string& needle) {
   return s.find(needle) != std::string::npos;
 }
@@ -301,11 +307,7 @@ DBLOCK_TEST("cli exec with several --lock: a held member exits 75 and keeps none
 DBLOCK_TEST("cli leader: prints the leader or exits 1; status shows it; release --leader deposes",
             "[cli][election]") {
   const std::string name = lock_name();
-  const std::vector<std::string> where = {"--url", ctx.url, "--table-prefix", ctx.prefix};
-  auto with = [&](std::vector<std::string> a) {
-    a.insert(a.end(), where.begin(), where.end());
-    return a;
-  };
+  auto with = [&](std::vector<std::string> a) { return on_db(ctx, std::move(a)); };
   auto none = run_cli(with({"leader", name}));
   {
     INFO(none.output);
@@ -352,6 +354,81 @@ DBLOCK_TEST("cli leader: prints the leader or exits 1; status shows it; release 
   CHECK(both.status == 2);
 }
 
+// A cache rebuilt by one writer while many readers use it: 3 processes x 3 execs with --shared
+// and 1 process x 3 execs with --lock on the same name. Each command marks itself running (one
+// file per run, the kind in its name): readers see other readers, a writer never sees anyone.
+DBLOCK_TEST("cli exec --shared: readers together, --lock of the same name alone", "[cli][rwlock]") {
+  const std::string name = lock_name();
+  dblock::test::temp_dir dir("cli-rwlock");
+  const std::string running = dir.file("running"), seen = dir.file("seen");
+  std::filesystem::create_directory(running);
+  auto body = [&](const std::string& kind) {
+    return "f='" + running + "/" + kind + "'$$; touch \"$f\"; echo " + kind + " $(ls '" + running +
+           "' | wc -l) $DBLOCK_SHARED >> '" + seen + "'; sleep 0.2; rm -f \"$f\"";
+  };
+  run_hosts(4, 3, [&](int h, int) {
+    if (h == 3)
+      return exec_args(ctx, {"--lock", name, "--wait", "60s", "--", "sh", "-c", body("w")});
+    return exec_args(ctx, {"--shared", name, "--wait", "60s", "--", "sh", "-c", body("r")});
+  });
+  std::ifstream in(seen);
+  int readers = 0, writers = 0, most_readers = 0;
+  for (std::string kind, shared; in >> kind;) {
+    int n = 0;
+    in >> n;
+    if (kind == "w") {
+      ++writers;
+      CHECK(n == 1);  // alone
+      continue;
+    }
+    in >> shared;
+    CHECK(shared == "1");
+    ++readers;
+    most_readers = std::max(most_readers, n);
+  }
+  CHECK(readers == 9);
+  CHECK(writers == 3);
+  CHECK(most_readers >= 2);  // readers really shared
+}
+
+DBLOCK_TEST("cli exec --shared: a writer in exits 75; status and release --reader",
+            "[cli][rwlock]") {
+  const std::string name = lock_name();
+  dblock::rwlock rw(ctx.db, name);
+  auto w = rw.try_lock();
+  REQUIRE(w);
+  auto busy = run_cli(exec_args(ctx, {"--shared", name, "--", "true"}));
+  {
+    INFO(busy.output);
+    CHECK(busy.status == exit_not_acquired);
+    CHECK(contains(busy.output, "is held or awaited by a writer"));
+  }
+  w->release();
+  auto r = rw.try_lock_shared();
+  REQUIRE(r);
+  auto writer = run_cli(exec_args(ctx, {"--lock", name, "--", "true"}));
+  {
+    INFO(writer.output);
+    CHECK(writer.status == exit_not_acquired);  // a reader is in
+  }
+  const int slot = dblock::rwlock::reader_of(r->name())->second;
+  auto with = [&](std::vector<std::string> a) { return on_db(ctx, std::move(a)); };
+  auto st = run_cli(with({"status"}));
+  {
+    INFO(st.output);
+    CHECK(contains(st.output, name + " [reader " + std::to_string(slot) + "]"));
+  }
+  auto rel = run_cli(with({"release", "--force", "--reader", std::to_string(slot), name}));
+  {
+    INFO(rel.output);
+    CHECK(rel.status == 0);
+  }
+  auto now_free = run_cli(exec_args(ctx, {"--lock", name, "--", "true"}));
+  CHECK(now_free.status == 0);
+  auto both = run_cli(exec_args(ctx, {"--lock", name, "--shared", name, "--", "true"}));
+  CHECK(both.status == 2);
+}
+
 DBLOCK_TEST("cli exec --semaphore: all permits held exits 75; another count exits 2",
             "[cli][semaphore]") {
   const std::string name = lock_name();
@@ -384,11 +461,7 @@ DBLOCK_TEST("cli exec --semaphore: all permits held exits 75; another count exit
     CHECK(no_count.status == 2);
   }
   // status names the permit; release --force --permit frees it (the holder then lost it).
-  const std::vector<std::string> where = {"--url", ctx.url, "--table-prefix", ctx.prefix};
-  auto with = [&](std::vector<std::string> a) {
-    a.insert(a.end(), where.begin(), where.end());
-    return a;
-  };
+  auto with = [&](std::vector<std::string> a) { return on_db(ctx, std::move(a)); };
   auto st = run_cli(with({"status"}));
   {
     INFO(st.output);

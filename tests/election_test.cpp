@@ -313,11 +313,17 @@ DBLOCK_TEST("election: kill -9 of the leader, repeatedly: one leader at a time, 
   }
   std::vector<long long> fences;
   {
+    // In a transaction: behind a transaction-mode pooler the prepared statement and its
+    // execution must reach one server session.
     auto c = ctx.db.connect();
-    soci::rowset<long long> rows =
-        (c.session().prepare << "SELECT fence FROM " << items << " ORDER BY id");
-    for (long long f : rows)
-      fences.push_back(f);
+    soci::transaction tr(c.session());
+    {
+      soci::rowset<long long> rows =
+          (c.session().prepare << "SELECT fence FROM " << items << " ORDER BY id");
+      for (long long f : rows)
+        fences.push_back(f);
+    }
+    tr.commit();
   }
   CHECK(check_write_order(fences).empty());
   std::set<long long> writers(fences.begin(), fences.end());

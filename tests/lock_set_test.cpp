@@ -326,11 +326,17 @@ set_run run_set_workers(const dblock::test::context& ctx, const std::string& mod
   int open = 0;
   for (const auto& e : set_events)
     r.overlapping_sets = r.overlapping_sets || (open += e.second) >= 2;
+  // In a transaction: behind a transaction-mode pooler the prepared statement and its
+  // execution must reach one server session.
   auto c = ctx.db.connect();
-  soci::rowset<soci::row> rows =
-      (c.session().prepare << "SELECT name, n FROM " << ctx.table("counter"));
-  for (const auto& row : rows)
-    r.counters[row.get<std::string>(0)] = row.get<int>(1);
+  soci::transaction tr(c.session());
+  {
+    soci::rowset<soci::row> rows =
+        (c.session().prepare << "SELECT name, n FROM " << ctx.table("counter"));
+    for (const auto& row : rows)
+      r.counters[row.get<std::string>(0)] = row.get<int>(1);
+  }
+  tr.commit();
   return r;
 }
 

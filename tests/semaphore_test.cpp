@@ -307,12 +307,12 @@ DBLOCK_TEST("semaphore: the watchdog keeps a permit past its ttl; fenced writes 
   const std::string name = sem_name("watchdog");
   ctx.exec("CREATE TABLE " + ctx.table("items") + " (id INT PRIMARY KEY)");
   dblock::lease_options lo;
-  lo.ttl = milliseconds(300);
+  lo.ttl = milliseconds(1000);  // renewed every 333 ms: a loaded CI machine keeps up
   lo.watchdog = true;
   semaphore s(ctx.db, name, 1, lo);
   auto g = s.try_acquire();
   REQUIRE(g);
-  std::this_thread::sleep_for(milliseconds(1000));  // over 3 ttl: renewed meanwhile
+  std::this_thread::sleep_for(milliseconds(3200));  // over 3 ttl: renewed meanwhile
   CHECK(g->valid());
   semaphore other(ctx.db, name, 1, lo);
   CHECK_FALSE(other.try_acquire());

@@ -50,6 +50,7 @@
 #include "dblock/optimistic.hpp"
 #include "dblock/reaper.hpp"
 #include "dblock/retry.hpp"
+#include "dblock/rwlock.hpp"
 #include "dblock/segmented_stock.hpp"
 #include "dblock/semaphore.hpp"
 #include "dblock/transaction.hpp"

@@ -103,6 +103,14 @@ class semaphore {
   static std::optional<std::pair<std::string, int>> permit_of(const std::string& lease_name);
 
  private:
+  friend class rwlock;
+  /// A semaphore on one of dblock's internal names (a read-write lock's readers, which users
+  /// cannot name); otherwise as the public constructor.
+  semaphore(database db, std::string name, int permits, lease_options options,
+            const detail::internal_name_t&);
+  /// How many permits are held now (one read), and microseconds until the first of them
+  /// expires (-1: none held).
+  std::pair<int, long long> held_now();
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -45,6 +45,7 @@ struct release_options {
   std::string name;
   int permit = -1;      // >= 0: NAME is a semaphore, release this permit
   bool leader = false;  // NAME is an election: release its leadership
+  int reader = -1;      // >= 0: NAME is a read-write lock, release this reader slot
   std::string reason;
 };
 CLI::App* add_release(CLI::App& app, common_options& common, release_options& r);
@@ -61,7 +62,9 @@ int run_bench(const common_options& c, const bench_options& b);
 // exec.cpp: dblock exec --lock NAME [--lock NAME]... [--ttl D] [--wait D] [--kill-after D]
 // -- command...
 struct exec_options {
-  std::vector<std::string> locks;  // one: a lease lock; more: a lock set (all or nothing)
+  std::vector<std::string> locks;  // one: the writer of a read-write lock; more: a lock set
+  std::string shared;              // instead of --lock: a reader of this read-write lock
+  bool use_shared = false;         // --shared was given
   std::string semaphore;           // instead of --lock: a permit of this semaphore
   bool use_semaphore = false;      // --semaphore was given (its value may be empty: refused later)
   int permits = 0;                 // its declared permits (required with --semaphore)

@@ -1,9 +1,10 @@
-// dblock exec: run a command while holding a lease lock, a set of them (all or nothing), or a
-// permit of a semaphore (itself a lease). The command runs as a child process with DBLOCK_FENCE,
-// DBLOCK_OWNER and DBLOCK_LOCK set (DBLOCK_PERMIT too for a permit; for a set, DBLOCK_LOCK_COUNT
-// and DBLOCK_LOCK_i, DBLOCK_FENCE_i, DBLOCK_OWNER_i per name instead); the signals dblock gets
-// are passed on to it; when a lease is lost it is sent SIGTERM (SIGKILL after --kill-after) and
-// dblock exits 76.
+// dblock exec: run a command while holding a lock (the writer of the read-write lock of that
+// name), a reader of it (--shared), a set of locks (all or nothing), or a permit of a semaphore;
+// each is a lease. The command runs as a child process with DBLOCK_FENCE, DBLOCK_OWNER and
+// DBLOCK_LOCK set (DBLOCK_PERMIT too for a permit, DBLOCK_SHARED=1 for a reader; for a set,
+// DBLOCK_LOCK_COUNT and DBLOCK_LOCK_i, DBLOCK_FENCE_i, DBLOCK_OWNER_i per name instead); the
+// signals dblock gets are passed on to it; when a lease is lost it is sent SIGTERM (SIGKILL after
+// --kill-after) and dblock exits 76.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -90,9 +91,20 @@ holding take(const dblock::database& db, const exec_options& x, const dblock::le
   if (x.use_semaphore) {
     dblock::semaphore sem(db, x.semaphore, x.permits, lo);
     h.one = acquire<dblock::lease_guard>(sem, wait);
-  } else if (x.locks.size() == 1) {
-    dblock::lease_lock lock(db, x.locks.front(), lo);
-    h.one = acquire<dblock::lease_guard>(lock, wait);
+  } else if (x.use_shared || x.locks.size() == 1) {
+    // One lock is the writer of the read-write lock of that name: it waits for readers
+    // (--shared) already in, and holds back new ones.
+    dblock::rwlock rw(db, x.use_shared ? x.shared : x.locks.front(), lo);
+    try {
+      if (x.use_shared)
+        h.one = wait.count() > 0 ? std::optional<dblock::lease_guard>(rw.lock_shared(wait))
+                                 : rw.try_lock_shared();
+      else
+        h.one =
+            wait.count() > 0 ? std::optional<dblock::lease_guard>(rw.lock(wait)) : rw.try_lock();
+    } catch (const dblock::error& e) {
+      if (e.code() != dblock::errc::timeout) throw;
+    }
   } else {
     dblock::lock_set set(db, x.locks, lo);
     h.set = acquire<dblock::lock_set_guard>(set, wait);
@@ -132,7 +144,10 @@ command_image make_image(const exec_options& x, const holding& h) {
     const dblock::lease_guard& guard = *h.one;
     im.env_text.push_back("DBLOCK_FENCE=" + std::to_string(guard.fence()));
     im.env_text.push_back("DBLOCK_OWNER=" + guard.owner_token());
-    if (!x.use_semaphore) {
+    if (x.use_shared) {
+      im.env_text.push_back("DBLOCK_LOCK=" + x.shared);
+      im.env_text.push_back("DBLOCK_SHARED=1");
+    } else if (!x.use_semaphore) {
       im.env_text.push_back("DBLOCK_LOCK=" + x.locks.front());
     } else {
       im.env_text.push_back("DBLOCK_LOCK=" + x.semaphore);
@@ -201,6 +216,7 @@ int wait_command(pid_t pid, const std::atomic<bool>& lost, milliseconds kill_aft
 // What the command runs under, for messages: the lock, the semaphore, or the set's names.
 std::string what(const exec_options& x) {
   if (x.use_semaphore) return shown(x.semaphore);
+  if (x.use_shared) return shown(x.shared);
   std::string out;
   for (const auto& n : x.locks)
     out += (out.empty() ? "" : "', '") + shown(n);
@@ -238,8 +254,8 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
   auto* exec =
       app.add_subcommand("exec", "run a command while holding a lease lock or a semaphore permit");
   add_common(exec, common);
-  // Exactly one of --lock and --semaphore (an empty value is given, and refused as a name).
-  auto* what = exec->add_option_group("lock or semaphore")->require_option(1);
+  // Exactly one of --lock, --shared and --semaphore (an empty value is refused as a name).
+  auto* what = exec->add_option_group("lock, reader or semaphore")->require_option(1);
   auto* lock = what->add_option("--lock", x.locks,
                                 "lock (resource) name; give --lock more than once to hold a set "
                                 "of locks, taken all or nothing in one global order")
@@ -251,7 +267,13 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
   auto* permits = exec->add_option("--permits", x.permits,
                                    "the semaphore's number of permits: every user of the name "
                                    "must give the same (1..1000)");
+  auto* shared = what->add_option("--shared", x.shared,
+                                  "instead of --lock: hold NAME as one of its readers (many at "
+                                  "once; a --lock of NAME waits for them and holds new ones back)")
+                     ->each([&x](const std::string&) { x.use_shared = true; });
   lock->excludes(sem);
+  shared->excludes(lock);
+  shared->excludes(sem);
   sem->needs(permits);
   permits->needs(sem);
   exec->add_option("--ttl", x.ttl, "lease length, renewed at ttl/3 while the command runs")
@@ -275,8 +297,11 @@ void report_busy(const exec_options& x, milliseconds wait) {
   if (x.use_semaphore)
     std::cerr << "dblock exec: all " << x.permits << " permits of semaphore '" << shown(x.semaphore)
               << "' are held";
+  else if (x.use_shared)
+    std::cerr << "dblock exec: lock '" << shown(x.shared) << "' is held or awaited by a writer";
   else if (x.locks.size() == 1)
-    std::cerr << "dblock exec: lock '" << shown(x.locks.front()) << "' is held by another owner";
+    std::cerr << "dblock exec: lock '" << shown(x.locks.front())
+              << "' is held by another owner (or readers are in)";
   else
     std::cerr << "dblock exec: a lock of the set '" << what(x)
               << "' is held by another owner (none of them is kept)";

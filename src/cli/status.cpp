@@ -17,6 +17,8 @@ namespace {
 // A lock's name as shown: a semaphore permit's as "NAME [permit K]", an election's leadership
 // as "NAME [leader]".
 std::string display_name(const std::string& name) {
+  if (auto r = dblock::rwlock::reader_of(name))
+    return shown(r->first) + " [reader " + std::to_string(r->second) + "]";
   if (auto p = dblock::semaphore::permit_of(name))
     return shown(p->first) + " [permit " + std::to_string(p->second) + "]";
   if (auto e = dblock::election::election_of(name)) return shown(*e) + " [leader]";
@@ -42,7 +44,10 @@ void print_status_json(const dblock::database& db, const std::vector<dblock::loc
                           {"waiters", l.waiters},
                           {"head_waiter", l.head_waiter},
                           {"oldest_wait_ms", l.oldest_wait.count() / 1000}});
-    if (auto p = dblock::semaphore::permit_of(l.name)) {
+    if (auto r = dblock::rwlock::reader_of(l.name)) {
+      j["locks"].back()["rwlock"] = r->first;
+      j["locks"].back()["reader"] = r->second;
+    } else if (auto p = dblock::semaphore::permit_of(l.name)) {
       j["locks"].back()["semaphore"] = p->first;
       j["locks"].back()["permit"] = p->second;
     }
@@ -137,8 +142,13 @@ CLI::App* add_release(CLI::App& app, common_options& common, release_options& r)
   release->add_option("--reason", r.reason, "why (recorded in the audit table)");
   auto* permit = release->add_option(
       "--permit", r.permit, "NAME is a semaphore: release its permit K (as status shows it)");
-  release->add_flag("--leader", r.leader, "NAME is an election: depose its leader")
-      ->excludes(permit);
+  auto* leader = release->add_flag("--leader", r.leader, "NAME is an election: depose its leader")
+                     ->excludes(permit);
+  release
+      ->add_option("--reader", r.reader,
+                   "NAME is a read-write lock: release its reader K (as status shows it)")
+      ->excludes(permit)
+      ->excludes(leader);
   release->add_option("name", r.name, "lock name")->required();
   return release;
 }
@@ -151,10 +161,16 @@ int run_release(const common_options& c, const release_options& r) {
   }
   auto db = open_db(c);
   try {
-    const std::string name = r.leader ? dblock::election::lease_name(r.name)
-                             : r.permit < 0
-                                 ? r.name
-                                 : dblock::semaphore::permit_lease_name(r.name, r.permit);
+    std::string name = r.name;
+    if (r.reader >= 0)
+      name = dblock::rwlock::reader_lease_name(r.name, r.reader);
+    else if (r.reader >= 0)
+      std::cerr << "dblock release: read-write lock '" << shown(r.name) << "' has no reader "
+                << r.reader << " in the lock table (never taken, or reaped)\n";
+    else if (r.leader)
+      name = dblock::election::lease_name(r.name);
+    else if (r.permit >= 0)
+      name = dblock::semaphore::permit_lease_name(r.name, r.permit);
     auto f = dblock::force_release(db, name, r.reason, who_am_i());
     std::cout << "released '" << display_name(f.name) << "' (it was "
               << (f.was_held ? "held" : "free") << ", last holder " << f.previous_holder
@@ -166,6 +182,9 @@ int run_release(const common_options& c, const release_options& r) {
     if (r.permit >= 0)
       std::cerr << "dblock release: semaphore '" << shown(r.name) << "' has no permit " << r.permit
                 << " in the lock table (never taken, or reaped)\n";
+    else if (r.reader >= 0)
+      std::cerr << "dblock release: read-write lock '" << shown(r.name) << "' has no reader "
+                << r.reader << " in the lock table (never taken, or reaped)\n";
     else if (r.leader)
       std::cerr << "dblock release: election '" << shown(r.name)
                 << "' has no leadership row in the lock table (never won, or reaped)\n";
