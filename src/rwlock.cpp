@@ -32,13 +32,15 @@ std::string readers_name(const std::string& name) {
   return name + std::string(detail::internal_separator) + std::string(readers_suffix);
 }
 
-void validate_rwlock_name(const std::string& name) {
+// Readers need room for their rows' suffix; a longer name (up to the lock table's 255 bytes) is
+// a writer-only lock, so that any lock name works with `dblock exec --lock`.
+void validate_reader_name(const std::string& name) {
   detail::validate_resource_name(name);
   if (name.size() > max_rwlock_name_bytes)
     throw error(errc::invalid_argument, "read-write lock name '" + detail::printable(name) +
                                             "' is " + std::to_string(name.size()) +
-                                            " bytes, at most " +
-                                            std::to_string(max_rwlock_name_bytes) + " allowed");
+                                            " bytes: readers need a name of at most " +
+                                            std::to_string(max_rwlock_name_bytes));
 }
 
 // Full-jitter backoff of attempt `attempt`, never past `limit_us` (when >= 0) or the deadline.
@@ -58,15 +60,15 @@ struct rwlock::impl {
   std::string name;
   lease_options options;
   lease_lock writer;
-  semaphore readers;
-  long long writer_expiry_us = -1;  // from the last read of the writer row (-1: free)
+  std::optional<semaphore> readers;  // none for a name too long for reader rows
+  long long writer_expiry_us = -1;   // from the last read of the writer row (-1: free)
 
   impl(database d, std::string n, lease_options o)
-      : db(d),
-        name(std::move(n)),
-        options(o),
-        writer(d, name, o),
-        readers(d, readers_name(name), max_rwlock_readers, unfair(o), detail::internal_name_t{}) {}
+      : db(d), name(std::move(n)), options(o), writer(d, name, o) {
+    if (name.size() <= max_rwlock_name_bytes)
+      readers.emplace(semaphore(d, readers_name(name), max_rwlock_readers, unfair(o),
+                                detail::internal_name_t{}));
+  }
 
   // Readers poll (a semaphore refuses `fair`); `fair` orders the writers only.
   static lease_options unfair(lease_options o) {
@@ -75,6 +77,15 @@ struct rwlock::impl {
   }
 
   std::string what() const { return "read-write lock '" + detail::printable(name) + "'"; }
+
+  semaphore& reader_rows() {
+    if (!readers) validate_reader_name(name);  // throws: too long for reader rows
+    return *readers;
+  }
+  /// Readers in now, and microseconds until the first of them expires (-1: none).
+  std::pair<int, long long> readers_in() {
+    return readers ? readers->held_now() : std::make_pair(0, -1LL);
+  }
 
   /// True when a writer holds (or waits on) the writer row now; sets writer_expiry_us.
   bool writer_in() {
@@ -88,7 +99,6 @@ struct rwlock::impl {
 };
 
 rwlock::rwlock(database db, std::string name, lease_options options) {
-  validate_rwlock_name(name);
   impl_ = std::make_unique<impl>(std::move(db), std::move(name), std::move(options));
 }
 
@@ -113,7 +123,7 @@ std::optional<std::pair<std::string, int>> rwlock::reader_of(const std::string& 
 }
 
 std::string rwlock::reader_lease_name(const std::string& name, int slot) {
-  validate_rwlock_name(name);
+  validate_reader_name(name);
   if (slot < 0 || slot >= max_rwlock_readers)
     throw error(errc::invalid_argument, "no reader " + std::to_string(slot) +
                                             " of read-write lock '" + detail::printable(name) +
@@ -123,8 +133,9 @@ std::string rwlock::reader_lease_name(const std::string& name, int slot) {
 
 std::optional<lease_guard> rwlock::try_lock_shared() {
   // A writer already in: no reader row is taken at all.
+  auto& rows = impl_->reader_rows();
   if (impl_->writer_expiry_us >= 0 && impl_->writer_in()) return std::nullopt;
-  auto g = impl_->readers.try_acquire();
+  auto g = rows.try_acquire();
   if (!g) return std::nullopt;
   // Announced (committed); now the writer side: a writer that holds or waits wins.
   if (impl_->writer_in()) {
@@ -151,7 +162,7 @@ lease_guard rwlock::lock_shared(milliseconds wait, const cancellation& cancel) {
 std::optional<lease_guard> rwlock::try_lock() {
   auto g = impl_->writer.try_acquire();
   if (!g) return std::nullopt;
-  if (g->hold_count() == 1 && impl_->readers.held_now().first > 0) {
+  if (g->hold_count() == 1 && impl_->readers_in().first > 0) {
     g.reset();  // readers are in: give the writer row back at once
     return std::nullopt;
   }
@@ -170,7 +181,7 @@ lease_guard rwlock::lock(milliseconds wait, const cancellation& cancel) {
   if (g.hold_count() > 1) return g;  // reentrant: the readers were drained the first time
   // Holding the writer row: new readers back off. Wait for those already in.
   for (int attempt = 0;; ++attempt) {
-    const auto [held, next_expiry_us] = impl_->readers.held_now();
+    const auto [held, next_expiry_us] = impl_->readers_in();
     if (held == 0) {
       if (g.valid()) return g;
       g = impl_->writer.acquire(left(), cancel);  // it ran out while we waited: take it again

@@ -140,7 +140,11 @@ DBLOCK_TEST("rwlock: waits time out and are cancelled; a timed-out writer keeps 
 DBLOCK_TEST("rwlock: bad names are refused clearly", "[rwlock]") {
   auto bad = [&](const std::string& name) { return code_of([&] { rwlock l(ctx.db, name); }); };
   CHECK(bad("") == errc::invalid_argument);
-  CHECK(bad(std::string(246, 'n')) == errc::invalid_argument);
+  CHECK(bad(std::string(256, 'n')) == errc::invalid_argument);
+  // Over 245 bytes: a writer-only lock (no room for reader rows), like any lock name.
+  rwlock writer_only(ctx.db, std::string(255, 'w'));
+  CHECK(code_of([&] { (void)writer_only.try_lock_shared(); }) == errc::invalid_argument);
+  CHECK(writer_only.try_lock());
   CHECK(bad("a\xEF\xBF\xBF"
             "R") == errc::invalid_argument);
   CHECK(bad(std::string("a\0b", 3)) == errc::invalid_argument);

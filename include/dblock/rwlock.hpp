@@ -45,8 +45,10 @@ inline constexpr int max_rwlock_readers = 128;
  * upgrade: a thread holding a read lock that asks for the write lock waits for itself until its
  * wait runs out. Reader and writer guards are lease_guards (watchdog, fenced(), release()).
  *
- * Names are 1..245 bytes of valid UTF-8 without NUL or U+FFFF. Thread-safety: like lease_lock,
- * one rwlock object is for one thread at a time; guards may be released from any thread.
+ * Names are 1..255 bytes of valid UTF-8 without NUL or U+FFFF, as for lease_lock; readers need
+ * a name of at most 245 bytes (their rows add a suffix), so a longer name is a writer-only lock.
+ * Thread-safety: like lease_lock, one rwlock object is for one thread at a time; guards may be
+ * released from any thread.
  */
 class rwlock {
  public:
@@ -69,8 +71,9 @@ class rwlock {
   /**
    * @brief One attempt to read: a reader lease, or nothing while a writer holds or waits (or all
    *        max_rwlock_readers reader rows are held).
-   * @throws dblock::error semaphore::try_acquire()'s errors and the @ref database_errors
-   *         "database errors" of the read of the writer row.
+   * @throws dblock::error errc::invalid_argument for a name over 245 bytes (no reader rows),
+   *         semaphore::try_acquire()'s errors and the @ref database_errors "database errors" of
+   *         the read of the writer row.
    */
   [[nodiscard]] std::optional<lease_guard> try_lock_shared();
   /**
