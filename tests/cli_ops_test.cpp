@@ -438,6 +438,10 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
                                     "dblock.semaphore",
                                     "dblock.semaphore_held10",
                                     "dblock.semaphore_held100",
+                                    "dblock.read_lock",
+                                    "dblock.read_lock_held10",
+                                    "dblock.read_lock_held100",
+                                    "dblock.write_lock",
                                     "dblock.cas_order",
                                     "dblock.stock_order",
                                     "dblock.handoff",
@@ -465,7 +469,8 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
       CHECK(row.at("per_second").get<double>() > 0);
     }
     CHECK(row.at("p50_us").get<double>() <= row.at("p99_us").get<double>());
-    if (op.rfind("dblock.semaphore", 0) == 0) {  // a feature measured against the lease cycle
+    if (op.rfind("dblock.semaphore", 0) == 0 || op.rfind("dblock.read_lock", 0) == 0 ||
+        op == "dblock.write_lock") {  // a feature measured against the lease cycle
       CHECK(row.at("floor") == "dblock.lease");
       CHECK(row.at("ratio").get<double>() > 0);
     }

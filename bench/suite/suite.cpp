@@ -337,6 +337,52 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
   ops.push_back({"dblock.semaphore_held100", "feature", "dblock.lease",
                  "the same with 100 of the 101 permits held", semaphore_op(100)});
 
+  // Read-write locks: a reader's try_lock_shared()+release() (three statements: take a reader
+  // row, read the writer row, release) with 0, 10 and 100 other readers in, and a writer's
+  // try_lock()+release() with no reader in (take, read the reader rows, release), as ratios to
+  // the lease cycle (two statements). Each client has its own lock.
+  auto rwlock_op = [](bool write, int others) {
+    return [write, others](backend_ctx& b, int t) {
+      struct state {
+        std::unique_ptr<dblock::rwlock> lock;
+        std::vector<dblock::rwlock> other_locks;
+        std::vector<dblock::lease_guard> held;  // the other readers, released at the end
+      };
+      auto st = std::make_shared<state>();
+      const std::string name = std::string("bench/rw/") + (write ? "w/" : "r/") +
+                               std::to_string(others) + "/" + std::to_string(t);
+      dblock::lease_options lo;
+      lo.ttl = std::chrono::minutes(10);
+      st->lock = std::make_unique<dblock::rwlock>(b.db, name, lo);
+      for (int k = 0; k < others; ++k) {
+        st->other_locks.emplace_back(b.db, name, lo);
+        auto g = st->other_locks.back().try_lock_shared();
+        if (!g)
+          throw std::runtime_error("read-write lock '" + name +
+                                   "': cannot admit the other readers (left over from a crash? "
+                                   "they expire within 10 minutes)");
+        st->held.push_back(std::move(*g));
+      }
+      return cycle_fn([st, write] {
+        auto g = write ? st->lock->try_lock() : st->lock->try_lock_shared();
+        if (!g) return false;
+        g->release();
+        return true;
+      });
+    };
+  };
+  ops.push_back({"dblock.read_lock", "feature", "dblock.lease",
+                 "read-write lock, no other reader: try_lock_shared()+release(); ratio to "
+                 "dblock.lease",
+                 rwlock_op(false, 0)});
+  ops.push_back({"dblock.read_lock_held10", "feature", "dblock.lease",
+                 "the same with 10 other readers in", rwlock_op(false, 10)});
+  ops.push_back({"dblock.read_lock_held100", "feature", "dblock.lease",
+                 "the same with 100 other readers in", rwlock_op(false, 100)});
+  ops.push_back({"dblock.write_lock", "feature", "dblock.lease",
+                 "read-write lock, no reader in: try_lock()+release(); ratio to dblock.lease",
+                 rwlock_op(true, 0)});
+
   ops.push_back({"raw.lease_hot", "floor", "",
                  "one key, polling: one try per operation, successes counted",
                  [](backend_ctx& b, int) {

@@ -1,10 +1,11 @@
-// Leader election: N candidate processes campaign for the lease "leader/<group>". The winner
-// leads: every --interval-ms it appends (fence, candidate, monotonic time) to a leader_log
-// table with guard.fenced(), so a leader whose lease is gone cannot write. Its watchdog renews
-// the lease at ttl/3; on_lost stops it leading at once. Followers keep calling acquire() with a
-// short wait. This program (the parent) SIGKILLs the current leader --kills times and measures
-// each takeover: from the kill to the new leader's first log entry, on CLOCK_MONOTONIC, which
-// all processes on one host share.
+// Leader election: N candidate processes campaign in the election <group> (dblock::election).
+// The winner leads: every --interval-ms it appends (fence, candidate, monotonic time) to a
+// leader_log table with leadership::fenced(), so a leader whose lease is gone cannot write. Its
+// watchdog renews the lease at ttl/3; leadership::lost() stops it leading at once. Followers
+// keep calling campaign() with a short wait; the parent finds the leader with
+// election::observe(). This program (the parent) SIGKILLs the current leader --kills times and
+// measures each takeover: from the kill to the new leader's first log entry, on CLOCK_MONOTONIC,
+// which all processes on one host share.
 //
 // Checked at the end, from the log:
 //   one leader at a time   all entries of a fence come from one candidate and, in time order,
@@ -27,11 +28,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -102,13 +101,6 @@ struct candidate_report {
   int errors = 0;
 };
 
-// What the watchdog's on_lost shares with the leading thread.
-struct leadership {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool lost = false;
-};
-
 candidate_report run_candidate(const settings& s, int id) {
   struct sigaction sa {};
   sa.sa_handler = on_sigterm;
@@ -119,31 +111,21 @@ candidate_report run_candidate(const settings& s, int id) {
   auto report_error = [&](const std::exception& e) {
     if (++r.errors <= 3) std::cerr << "candidate " << id << ": " << e.what() << "\n";
   };
-  auto db = open_db(s, 3);  // acquire/fenced writes, the watchdog, one spare
-  leadership lead;
+  auto db = open_db(s, 3);  // campaign/fenced writes, the watchdog, one spare
   dblock::lease_options lo;
   lo.ttl = s.ttl();
   lo.safety_margin = s.margin();
-  lo.watchdog = true;
-  lo.on_lost = [&lead](const dblock::error&) {  // watchdog thread: stop leading at once
-    std::lock_guard<std::mutex> lk(lead.mu);
-    lead.lost = true;
-    lead.cv.notify_all();
-  };
-  lo.on_release_error = [](const dblock::error&) {};  // releasing a lost lease: nothing to undo
+  lo.on_release_error = [](const dblock::error&) {};  // resigning a lost lead: nothing to undo
   lo.poll_initial = milliseconds(5);
   lo.poll_max = milliseconds(100);
-  dblock::lease_lock lock(db, "leader/" + s.group, lo);
+  // The election keeps its leader's lease with the watchdog; lost() fires when it ends.
+  dblock::election election(db, s.group, "candidate-" + std::to_string(id), lo);
   long long seq = 0;
 
   while (!stop_requested) {
-    {
-      std::lock_guard<std::mutex> lk(lead.mu);
-      lead.lost = false;
-    }
-    std::optional<dblock::lease_guard> guard;
+    std::optional<dblock::leadership> lead;
     try {
-      guard.emplace(lock.acquire(milliseconds(250)));  // follower: campaign again and again
+      lead.emplace(election.campaign(milliseconds(250)));  // follower: campaign again and again
     } catch (const dblock::error& e) {
       if (e.code() != dblock::errc::timeout) {
         report_error(e);
@@ -154,20 +136,16 @@ candidate_report run_candidate(const settings& s, int id) {
     ++r.terms;
     bool lost = false;
     long long next = mono_ns();
-    while (!stop_requested && !lost) {
-      {
-        std::lock_guard<std::mutex> lk(lead.mu);
-        lost = lead.lost;
-      }
-      if (lost || !guard->valid()) {
+    while (!stop_requested) {
+      if (lead->lost().cancelled()) {  // lost, or no renewal confirmed in time
         lost = true;
         break;
       }
       try {
-        guard->fenced([&](soci::session& sql) {  // commits only while the lease is ours
+        lead->fenced([&](soci::session& sql) {  // commits only while we lead
           long long entry_id = static_cast<long long>(id) * 1000000000LL + seq;
-          long long fence = guard->fence(), candidate = id, now = mono_ns();
-          long long valid_until = now + guard->remaining().count() * ns_per_ms;
+          long long fence = lead->fence(), candidate = id, now = mono_ns();
+          long long valid_until = now + lead->remaining().count() * ns_per_ms;
           sql << "INSERT INTO " << log_table(s)
               << " (entry_id, fence, candidate, mono_ns, valid_until_ns)"
                  " VALUES (:id, :fence, :candidate, :now, :until)",
@@ -188,11 +166,10 @@ candidate_report run_candidate(const settings& s, int id) {
       next += s.interval_ms * ns_per_ms;
       long long now = mono_ns();
       if (next < now) next = now;
-      std::unique_lock<std::mutex> lk(lead.mu);
-      lead.cv.wait_for(lk, std::chrono::nanoseconds(next - now), [&] { return lead.lost; });
+      lead->lost().sleep_for(std::chrono::nanoseconds(next - now));  // wakes when it ends
     }
     if (lost) ++r.leases_lost;
-    guard.reset();  // steps down: releases the lease (if it is still ours)
+    lead.reset();  // steps down: resigns (releases the lease if it is still ours)
   }
   return r;
 }
@@ -271,7 +248,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--table-prefix", s.prefix, "prefix of every table this demo uses")
       ->capture_default_str();
-  app.add_option("--group", s.group, "the lock is leader/<group>")->capture_default_str();
+  app.add_option("--group", s.group, "the election's name")->capture_default_str();
   app.add_option("--candidates", s.candidates, "candidate processes")
       ->check(CLI::Range(2, 32))
       ->capture_default_str();
@@ -300,7 +277,7 @@ int main(int argc, char** argv) {
   std::vector<entry> log;
   try {
     std::cout << "leader election on " << dblock::database(s.url).redacted_url() << ": "
-              << s.candidates << " candidates for leader/" << s.group << ", lease ttl " << s.ttl_ms
+              << s.candidates << " candidates in election " << s.group << ", lease ttl " << s.ttl_ms
               << " ms (watchdog), leader writes every " << s.interval_ms << " ms, " << s.kills
               << " kill(s)\n\n";
     std::cout.flush();
@@ -342,6 +319,10 @@ int main(int argc, char** argv) {
         problems.push_back("kill " + std::to_string(k + 1) + ": no active leader to kill");
         break;
       }
+      // What any process sees: the announced identity and the fence of the current leader.
+      if (auto who = dblock::election::observe(db, s.group))
+        std::cout << "observed leader: " << who->identity << ", fence " << who->fence
+                  << "; killing it\n";
       auto& victim = procs[static_cast<std::size_t>(cur->candidate)];
       kill_record kr{static_cast<int>(cur->candidate), cur->fence, mono_ns()};
       ::kill(victim.pid, SIGKILL);
