@@ -97,11 +97,8 @@ struct semaphore::impl {
   // Checks the arguments; returns the options as lease_lock checks and completes them (a zero
   // safety_margin filled in).
   static lease_options checked(const database& db, const std::string& name, int permits,
-                               const lease_options& options, bool internal = false) {
-    if (internal)
-      detail::validate_lease_name(name);
-    else
-      detail::validate_resource_name(name);
+                               const lease_options& options) {
+    detail::validate_lease_name(name);
     if (name.size() > max_semaphore_name_bytes)
       throw error(errc::invalid_argument,
                   "invalid semaphore name '" + detail::printable(name) +
@@ -132,17 +129,16 @@ struct semaphore::impl {
 };
 
 semaphore::semaphore(database db, std::string name, int permits, lease_options options)
-    : impl_(std::make_unique<impl>(
-          impl{db, name, permits, impl::checked(db, name, permits, options),
-               detail::transient_conflict_policy(9, milliseconds(256)), false, false, -1})) {
-  for (int k = 0; k < impl_->permits; ++k)
-    impl_->lease_names.push_back(detail::permit_lease_name(impl_->name, k));
+    : semaphore(std::move(db), std::move(name), permits, std::move(options),
+                detail::internal_name_t{}) {
+  // A user's name: U+FFFF (dblock's internal names) refused too.
+  detail::validate_resource_name(impl_->name);
 }
 
 semaphore::semaphore(database db, std::string name, int permits, lease_options options,
                      const detail::internal_name_t&)
     : impl_(std::make_unique<impl>(
-          impl{db, name, permits, impl::checked(db, name, permits, options, true),
+          impl{db, name, permits, impl::checked(db, name, permits, options),
                detail::transient_conflict_policy(9, milliseconds(256)), false, false, -1})) {
   for (int k = 0; k < impl_->permits; ++k)
     impl_->lease_names.push_back(detail::permit_lease_name(impl_->name, k));
