@@ -44,7 +44,7 @@ class connector final : public detail::connector {
   void unlock_migrations(soci::session&, const std::string& key) const override;
 };
 
-/// Wake-ups through a sleeping connection that the release's trigger interrupts (doorbell.cpp).
+/// Wake-ups through a sleeping connection that the releasing process interrupts (doorbell.cpp).
 class doorbell final : public detail::doorbell {
  public:
   std::string target(const parsed_url& u, const database_options& o) const override;
@@ -88,10 +88,13 @@ class vocabulary final : public detail::vocabulary {
 };
 
 /// What a handle's wake-up connection runs while its waiters wait (doorbell.cpp):
-/// bell_sleep_prefix + its 32-character bell + bell_sleep_suffix. vocabulary::release_head()
-/// finds the connection by this exact text, so it never interrupts anything else.
+/// bell_sleep_prefix + its 32-character bell + bell_sleep_suffix.
 inline const std::string bell_sleep_prefix = "SELECT SLEEP(2) /* dblock-bell ";
 inline const std::string bell_sleep_suffix = " */";
+/// The user-level lock (GET_LOCK) a wake-up connection holds for its life: bell_lock_prefix +
+/// its bell (44 characters, under MySQL's 64). vocabulary::release_head() finds the connection
+/// with IS_USED_LOCK(), so it never names anything else.
+inline const std::string bell_lock_prefix = "dblock-bell-";
 
 class executor final : public detail::executor {
  public:

@@ -1,8 +1,9 @@
 // MySQL/MariaDB wake-ups (migration 0005). MySQL has no NOTIFY, so a release rings a connection:
-// each database handle with waiters keeps one connection outside its pool asleep in
-// "SELECT SLEEP(2) /* dblock-bell <mark> */", and its waiters' queue entries carry the mark.
-// The release statement finds the sleep that carries the mark of the head of the freed lease's
-// queue and returns its session id; the releasing process then interrupts it (KILL QUERY;
+// each database handle with waiters keeps one connection outside its pool, which holds the
+// user-level lock "dblock-bell-<mark>" for its life and sleeps in
+// "SELECT SLEEP(2) /* dblock-bell <mark> */"; its waiters' queue entries carry the mark.
+// The release statement returns the session id holding the lock of the mark of the head of the
+// freed lease's queue (IS_USED_LOCK); the releasing process then interrupts it (KILL QUERY;
 // storage/wait_queue ring()). The interrupted sleeper reads which of its handle's
 // waiters now head their queue and delivers one ring to each; then it sleeps again. A sleep is
 // only in flight while the handle has waiters and lasts at most 2 s, so a closed handle leaves
@@ -133,14 +134,23 @@ class channel final : public bell_channel {
     mysql_free_result(res);
     return true;
   }
-  /// On Galera, a release rings only sleepers on the node it ran on (KILL QUERY is per node).
-  static bool galera(MYSQL* m) {
+  /// On Galera, a release rings only sleepers on the node it ran on (KILL QUERY is per node):
+  /// false there. Elsewhere takes the bell's user-level lock, by which releases find this
+  /// connection; false when that fails (the handle's waiters poll).
+  bool reachable(MYSQL* m) {
     std::vector<std::pair<std::string, std::string>> rows;
-    return query(m,
-                 "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE "
-                 "VARIABLE_NAME = 'WSREP_ON'",
-                 rows) &&
-           !rows.empty() && rows[0].first == "ON";
+    if (!query(m,
+               "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE "
+               "VARIABLE_NAME = 'WSREP_ON'",
+               rows) ||
+        (!rows.empty() && rows[0].first == "ON"))
+      return false;
+    rows.clear();
+    if (query(m, "SELECT GET_LOCK('" + bell_lock_prefix + mark_ + "', 0)", rows) && !rows.empty() &&
+        rows[0].first == "1")
+      return true;
+    log(std::string("cannot take the bell's lock (waiters poll meanwhile): ") + mysql_error(m));
+    return false;
   }
   /// Rung: delivers one ring to each waiter of this handle that heads its queue.
   bool ring(MYSQL* m) {
@@ -207,7 +217,7 @@ class channel final : public bell_channel {
   }
   /// One connection's life: sleep while the handle has waiters, until the connection breaks.
   void serve(MYSQL* m) {
-    live_.store(!galera(m));
+    live_.store(reachable(m));
     session_.store(static_cast<std::int64_t>(mysql_thread_id(m)));
     while (!stop_.load()) {
       if (!wanted()) {

@@ -39,21 +39,23 @@ std::string vocabulary::id_reserve(const table_names& t) const {
 }
 
 // When this release frees the lease and the head of the live queue (other than the releaser)
-// waits in a handle whose wake-up connection sleeps on this server: that connection's session
+// waits in a handle whose wake-up connection is up on this server: that connection's session
 // id, else 0, through LAST_INSERT_ID(expr), so the reply's insert id carries it without another
-// round trip. The connection is found by the exact text of its sleep, so nothing else is ever
-// named; PROCESSLIST is read only when somebody waits. SET runs left to right: hold_count is
-// already the new count here; holder_pid keeps its value.
+// round trip. The wake-up connection holds the user-level lock bell_lock_prefix + its bell for
+// its whole life, and IS_USED_LOCK() names the session that holds it: a dead connection's lock
+// is gone with it, so only a live wake-up connection is ever named. (No information_schema
+// read: MariaDB 10.11 once crashed freeing the temporary table of a PROCESSLIST subquery in
+// this statement.) SET runs left to right: hold_count is already the new count here;
+// holder_pid keeps its value.
 namespace {
 
-// The session id of the connection asleep for the handle of the head of :name's live queue
+// The session id of the wake-up connection of the handle of the head of :name's live queue
 // (entries of :token excluded), NULL when none.
 std::string head_sleeper_of(const table_names& t, const std::string& now) {
-  return "(SELECT (SELECT p.ID FROM information_schema.PROCESSLIST p WHERE p.COMMAND = 'Query' "
-         "AND p.INFO = CONCAT('" +
-         std::string(bell_sleep_prefix) + "', w.bell, '" + bell_sleep_suffix + "') LIMIT 1) FROM " +
-         t.waiters + " w WHERE w.resource_name = :name AND w.owner_token <> :token AND " +
-         "w.expires_at > " + now + " ORDER BY w.ticket LIMIT 1)";
+  return "(SELECT IF(w.bell = '', NULL, IS_USED_LOCK(CONCAT('" + std::string(bell_lock_prefix) +
+         "', w.bell))) FROM " + t.waiters +
+         " w WHERE w.resource_name = :name AND w.owner_token <> :token AND w.expires_at > " + now +
+         " ORDER BY w.ticket LIMIT 1)";
 }
 
 }  // namespace
