@@ -2,7 +2,8 @@
 # Sanitizer runs against throwaway servers, each in its own build directory:
 #   asan: the whole suite (unit, all three backends, examples) built with
 #         AddressSanitizer + UndefinedBehaviorSanitizer (-DDBLOCK_ASAN=ON -DDBLOCK_UBSAN=ON);
-#   tsan: the threaded tests (watchdog, reaper, pools, row locks, admin) built with
+#   tsan: the threaded tests (watchdog, reaper, pools, row locks, admin, the election's monitor
+#         thread, semaphores, read-write locks, lock sets) built with
 #         ThreadSanitizer (-DDBLOCK_TSAN=ON), third-party frames suppressed by
 #         tests/tsan.supp (never dblock's own code).
 #
@@ -25,7 +26,8 @@ TSAN_BUILD_DIR=${TSAN_BUILD_DIR:-build-tsan}
 JOBS=${JOBS:-$(nproc)}
 # Tests whose bodies run dblock code on several threads (watchdog and reaper threads, pools shared
 # by threads, concurrent acquirers); the multi-process variants add nothing for TSan.
-TSAN_TAGS=${TSAN_TAGS:-"[lease]~[process],[waiting]~[process],[id_generator]~[process],[reaper]~[process],[rowlock]~[process],[optimistic]~[process],[admin],[database]"}
+# The coordination primitives' CLI and example tests run other processes only.
+TSAN_TAGS=${TSAN_TAGS:-"[lease]~[process],[waiting]~[process],[id_generator]~[process],[reaper]~[process],[rowlock]~[process],[optimistic]~[process],[admin],[database],[election]~[processes]~[cli],[lock_set]~[processes]~[cli],[rwlock]~[processes]~[cli]~[examples],[semaphore]~[process]~[cli]~[examples]"}
 
 msg() { printf '\n==> %s\n' "$*" >&2; }
 T0=$SECONDS

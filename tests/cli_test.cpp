@@ -317,7 +317,9 @@ DBLOCK_TEST("cli leader: prints the leader or exits 1; status shows it; release 
   auto none_json = run_cli(with({"leader", "--json", name}));
   CHECK(none_json.status == 1);
   CHECK(contains(none_json.output, "\"leader\": null"));
-  dblock::election e(ctx.db, name, "node-1 http://10.0.0.1");
+  dblock::lease_options lo;
+  lo.ttl = std::chrono::seconds(2);  // the watchdog notices the deposition within a second
+  dblock::election e(ctx.db, name, "node-1 http://10.0.0.1", lo);
   auto l = e.try_campaign();
   REQUIRE(l);
   auto text = run_cli(with({"leader", name}));

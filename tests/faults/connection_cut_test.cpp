@@ -50,7 +50,8 @@ bool kill_session(const context& ctx, int port) {
 
 namespace {
 
-void run_cuts(context& ctx, int seconds, bool semaphore, const std::string& scenario) {
+void run_cuts(context& ctx, int seconds, const std::string& lock_kind,
+              const std::string& scenario) {
   create_workload_tables(ctx);
   auto [host, port] = url_host_port(ctx.url);
   tcp_proxy proxy(host, port);
@@ -64,7 +65,7 @@ void run_cuts(context& ctx, int seconds, bool semaphore, const std::string& scen
   w.ttl_ms = 700;
   w.try_mode = true;
   w.pool = 2;
-  w.semaphore = semaphore;
+  w.kind = lock_kind;
   process_set ps;
   for (int i = 0; i < 4; ++i)
     spawn_counter_worker(ps, w, i);
@@ -131,12 +132,19 @@ void run_cuts(context& ctx, int seconds, bool semaphore, const std::string& scen
 
 DBLOCK_TEST_SERVERS("connections cut at random points, including between COMMIT and its reply",
                     "[faults][cut]") {
-  run_cuts(ctx, count(10, 60), false, "2-connection-cut");
+  run_cuts(ctx, count(10, 60), "lease", "2-connection-cut");
 }
 
 // The same with the lock being the one permit of a semaphore (declaration, probe and the read of
 // held permits all cut too).
 DBLOCK_TEST_SERVERS("semaphore permits: connections cut at random points, also before replies",
                     "[faults][cut][semaphore]") {
-  run_cuts(ctx, count(6, 60), true, "2-connection-cut-permit");
+  run_cuts(ctx, count(6, 60), "semaphore", "2-connection-cut-permit");
+}
+
+// The same with the lock being the leadership of an election (its watchdog renewals and the
+// monitor thread's loss signal under cuts too).
+DBLOCK_TEST_SERVERS("leaderships: connections cut at random points, also before replies",
+                    "[faults][cut][election]") {
+  run_cuts(ctx, count(6, 60), "election", "2-connection-cut-leader");
 }

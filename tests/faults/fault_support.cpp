@@ -1,5 +1,6 @@
 #include "fault_support.hpp"
 #include "internals.hpp"
+#include "workload_lock.hpp"
 
 #include <fcntl.h>
 #include <soci/soci.h>
@@ -74,7 +75,7 @@ std::vector<std::string> workload::args(int id) const {
           "slots=" + slots,
           "in_txn=" + std::to_string(in_txn_ms),
           std::string("own_lock=") + (own_lock ? "1" : "0"),
-          std::string("semaphore=") + (semaphore ? "1" : "0")};
+          "kind=" + kind};
 }
 
 int spawn_counter_worker(process_set& ps, const workload& w, int id,
@@ -237,20 +238,11 @@ DBLOCK_WORKER(fault_counter_worker) {
   const std::string lock_name = a.count("own_lock") && a.at("own_lock") == "1"
                                     ? a.at("lock") + std::to_string(id)
                                     : a.at("lock");
-  // semaphore=1: the lock is the one permit of a semaphore of 1, whose lease row is the permit's.
-  const bool sem_mode = a.count("semaphore") && a.at("semaphore") == "1";
-  const std::string row_name =
-      sem_mode ? dblock::semaphore::permit_lease_name(lock_name, 0) : lock_name;
-  std::optional<dblock::lease_lock> lock;
-  std::optional<dblock::semaphore> sem;
-  if (sem_mode)
-    sem.emplace(db, lock_name, 1, lo);
-  else
-    lock.emplace(db, lock_name, lo);
-  auto try_acquire = [&] { return sem ? sem->try_acquire() : lock->try_acquire(); };
-  auto acquire = [&] {
-    return sem ? sem->acquire(std::chrono::seconds(30)) : lock->acquire(std::chrono::seconds(30));
-  };
+  // kind: lease, semaphore (the one permit of a semaphore of 1) or election (a leadership).
+  workload_lock lock(db, a.at("kind"), lock_name, lo, "w" + std::to_string(id));
+  const std::string row_name = lock.row_name();
+  auto try_acquire = [&] { return lock.try_acquire(); };
+  auto acquire = [&] { return lock.acquire(std::chrono::seconds(30)); };
   std::set<long long> known;  // fences we know are (or were) ours
   const long long my_pid = ::getpid();
 
@@ -266,7 +258,7 @@ DBLOCK_WORKER(fault_counter_worker) {
   };
 
   while (::access(stop.c_str(), F_OK) != 0) {
-    std::optional<dblock::lease_guard> g;
+    std::optional<workload_hold> g;
     try {
       if (try_mode) {
         g = try_acquire();

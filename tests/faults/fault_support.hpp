@@ -70,7 +70,9 @@ struct workload {
   std::string slots;      // "" or a file of shared int64 slots: slot[id] = fence while before-write
   int in_txn_ms = 0;      // sleep inside the fenced transaction (widens kill windows)
   bool own_lock = false;  // negative control: one lock per worker, i.e. no exclusion at all
-  bool semaphore = false;  // the lock is the one permit of a semaphore of 1 named `lock`
+  // "lease", "semaphore" (the one permit of a semaphore of 1 named `lock`) or "election" (the
+  // leadership of the election `lock`; the worker's identity is "w<id>")
+  std::string kind = "lease";
   std::vector<std::string> args(int id) const;
 };
 

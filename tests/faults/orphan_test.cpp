@@ -27,6 +27,7 @@
 
 #include "fault_support.hpp"
 #include "harness.hpp"
+#include "workload_lock.hpp"
 
 using namespace dblock;
 using namespace dblock::test;
@@ -54,7 +55,7 @@ struct append_log {
 
 }  // namespace
 
-// args: url prefix lock ttl_ms dir id handle(0|1)
+// args: url prefix lock ttl_ms dir id handle(0|1) kind (workload_lock: lease, semaphore, election)
 // Logs as fault_counter_worker ("G", "A", "K", "L", "X", "r", "E") plus "C" for a cancelled
 // wait and "S <signal>" when a handled signal arrived. Writes <dir>/idle<id> once it stops
 // acquiring (after <dir>/stop) and exits when <dir>/exit appears.
@@ -62,6 +63,7 @@ DBLOCK_WORKER(orphan_worker) {
   const std::string url = args.at(0), prefix = args.at(1), name = args.at(2), dir = args.at(4);
   const int ttl_ms = std::stoi(args.at(3)), id = std::stoi(args.at(5));
   const bool handle = args.at(6) == "1";
+  const std::string kind = args.at(7);
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
@@ -115,7 +117,7 @@ DBLOCK_WORKER(orphan_worker) {
     lo.watchdog = true;
     lo.poll_initial = milliseconds(1);
     lo.poll_max = milliseconds(20);
-    lease_lock lock(db, name, lo);
+    workload_lock lock(db, kind, name, lo, "w" + std::to_string(id) + "." + std::to_string(t));
     while (!stop_all.load() && ::access(stop.c_str(), F_OK) != 0) {
       cancellation c;
       {
@@ -123,7 +125,7 @@ DBLOCK_WORKER(orphan_worker) {
         current[t] = c;
         if (stop_all.load()) c.cancel();
       }
-      std::optional<lease_guard> g;
+      std::optional<workload_hold> g;
       if (t == 0) set_slot(slot_in_acquire);
       try {
         g = lock.acquire(milliseconds(5000), c);
@@ -235,9 +237,10 @@ long long moved(const lock_snapshot& a, const lock_snapshot& b) {
 
 }  // namespace
 
-DBLOCK_TEST("interrupt storm on acquirers: no lease held or renewed 3 x TTL later",
-            "[faults][orphan]") {
-  const int ttl_ms = 500, interrupts = count(12, 80);
+namespace {
+
+void run_storm(context& ctx, const std::string& kind, const std::string& scenario, int interrupts) {
+  const int ttl_ms = 500;
   create_workload_tables(ctx);
   temp_dir dir("faults-orphan");
   shared_slots slots(dir.file("slots"), 64, true);
@@ -257,7 +260,7 @@ DBLOCK_TEST("interrupt storm on acquirers: no lease held or renewed 3 x TTL late
     const bool handle = spawned++ % 2 == 0;
     procs[static_cast<std::size_t>(i)] = {
         ps.spawn("orphan_worker", {ctx.url, ctx.prefix, lock, std::to_string(ttl_ms), dir.path,
-                                   std::to_string(i), handle ? "1" : "0"}),
+                                   std::to_string(i), handle ? "1" : "0", kind}),
         handle};
   };
   for (int i = 0; i < 4; ++i)
@@ -338,12 +341,37 @@ DBLOCK_TEST("interrupt storm on acquirers: no lease held or renewed 3 x TTL late
   CHECK(a.violations == 0);
   CHECK(a.acked > 0);
   CHECK(cancelled > 0);
-  report("7-interrupt-storm", ctx.backend, interrupts, interrupts + cancelled,
+  if (kind == "election") {
+    // Nobody leads: observe() shows no leader once the leases are gone.
+    const auto leader = election::observe(ctx.db, lock);
+    INFO("leader 3 x TTL after the last interrupt: " << (leader ? leader->identity : "none"));
+    CHECK_FALSE(leader);
+  }
+  report(scenario, ctx.backend, interrupts, interrupts + cancelled,
          s1.held + s2.held + renewed + bad_exit + a.violations,
          "mid_acquire=" + std::to_string(mid_acquire) + " handled=" + std::to_string(handled) +
              " orphaned_at_kill=" + std::to_string(orphaned) + " cancelled_waits=" +
              std::to_string(cancelled) + " killed_mid_write=" + std::to_string(a.killed_mid_write) +
              " acked=" + std::to_string(a.acked));
+}
+
+}  // namespace
+
+DBLOCK_TEST("interrupt storm on acquirers: no lease held or renewed 3 x TTL later",
+            "[faults][orphan]") {
+  run_storm(ctx, "lease", "7-interrupt-storm", count(12, 80));
+}
+
+// The same with the lock being the one permit of a semaphore of 1: no permit stays taken.
+DBLOCK_TEST("interrupt storm on semaphore acquirers: no permit held or renewed 3 x TTL later",
+            "[faults][orphan][semaphore]") {
+  run_storm(ctx, "semaphore", "7-interrupt-storm-permit", count(8, 80));
+}
+
+// The same with candidates of an election: no leadership stays held or renewed, no leader shown.
+DBLOCK_TEST("interrupt storm on election candidates: no leadership held or renewed 3 x TTL later",
+            "[faults][orphan][election]") {
+  run_storm(ctx, "election", "7-interrupt-storm-leader", count(8, 80));
 }
 
 DBLOCK_TEST("negative control: a leaked renewing guard is caught by the orphan check",

@@ -27,7 +27,7 @@ struct pause_result {
   long long stale_accepted = 0;  // of those, writes acknowledged anyway
 };
 
-pause_result run_pauses(context& ctx, bool fenced, int trials, bool semaphore = false) {
+pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string& kind = "lease") {
   const int ttl_ms = 300;
   create_workload_tables(ctx);
   temp_dir dir("faults-pause");
@@ -40,7 +40,7 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, bool semaphore = 
   w.ttl_ms = ttl_ms;
   w.work_ms = 120;
   w.fenced = fenced;
-  w.semaphore = semaphore;
+  w.kind = kind;
   w.check_valid = false;  // the stale holder must really try to write
   w.poll_max_ms = 20;
   w.slots = dir.file("slots");
@@ -125,7 +125,7 @@ DBLOCK_TEST("holders paused 1.5 x TTL and 3 x TTL: zero stale fenced writes acce
 DBLOCK_TEST("semaphore permits paused 1.5 x TTL and 3 x TTL: zero stale fenced writes accepted",
             "[faults][pause][semaphore]") {
   const int trials = count(6, 60);
-  auto r = run_pauses(ctx, true, trials, true);
+  auto r = run_pauses(ctx, true, trials, "semaphore");
   INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
                      << r.stale_accepted);
   CHECK(r.trials == trials);
@@ -134,6 +134,22 @@ DBLOCK_TEST("semaphore permits paused 1.5 x TTL and 3 x TTL: zero stale fenced w
   CHECK(r.a.lost >= r.trials);  // every paused permit holder was told lease_lost
   report("3-paused-permit-holder", ctx.backend, r.trials, r.trials,
          r.stale_accepted + r.a.violations,
+         "acked=" + std::to_string(r.a.acked) + " lease_lost=" + std::to_string(r.a.lost));
+}
+
+// The same with the lock being the leadership of an election: a paused leader's watchdog and
+// monitor thread are stopped with it, and its fenced write is refused once another candidate won.
+DBLOCK_TEST("leaders paused 1.5 x TTL and 3 x TTL: zero stale fenced writes accepted",
+            "[faults][pause][election]") {
+  const int trials = count(6, 60);
+  auto r = run_pauses(ctx, true, trials, "election");
+  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
+                     << r.stale_accepted);
+  CHECK(r.trials == trials);
+  CHECK(r.stale_accepted == 0);
+  CHECK(r.a.violations == 0);
+  CHECK(r.a.lost >= r.trials);  // every paused leader was told lease_lost
+  report("3-paused-leader", ctx.backend, r.trials, r.trials, r.stale_accepted + r.a.violations,
          "acked=" + std::to_string(r.a.acked) + " lease_lost=" + std::to_string(r.a.lost));
 }
 
