@@ -442,6 +442,8 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
                                     "dblock.read_lock_held10",
                                     "dblock.read_lock_held100",
                                     "dblock.write_lock",
+                                    "dblock.tablesize_10",
+                                    "dblock.tablesize_10k",
                                     "dblock.cas_order",
                                     "dblock.stock_order",
                                     "dblock.handoff",
@@ -474,6 +476,11 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
       CHECK(row.at("floor") == "dblock.lease");
       CHECK(row.at("ratio").get<double>() > 0);
     }
+    if (op == "dblock.tablesize_10") CHECK(row.at("floor") == "dblock.lease");
+    if (op == "dblock.tablesize_10k") {  // against the 10-row table: flat or not
+      CHECK(row.at("floor") == "dblock.tablesize_10");
+      CHECK(row.at("ratio").get<double>() > 0);
+    }
     if (row.at("kind") == "dblock") {
       CHECK(row.at("floor").get<std::string>().rfind("raw.", 0) == 0);
       CHECK(row.at("ratio").get<double>() > 0);
@@ -490,7 +497,7 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
         op.find("handoff") != std::string::npos ? std::set<int>{2} : std::set<int>{1, 2};
     CHECK(seen[op] == clients);
   }
-  CHECK(seen.size() == expected.size());
+  CHECK(seen.size() == expected.size());  // dblock.tablesize_1m runs only when --only names it
   const std::string label = j.at("backends").at(0).at("label");
   CHECK(j.at("contention_collapse").at(label).contains("dblock.lease_hot"));
   CHECK(contains(r.err, "bench: ["));  // progress

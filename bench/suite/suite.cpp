@@ -188,6 +188,8 @@ struct backend_ctx {
   std::string item;  // business table
   std::string for_update;
   std::string begin_write;
+  /// The dblock.tablesize_* operations' databases: N -> tables holding N released lease rows.
+  std::map<long long, dblock::database> sized;
 };
 
 // A raw lease acquire: the very statements dblock runs, through the C client.
@@ -241,6 +243,7 @@ struct operation {
   std::string floor;  // the floor operation a dblock figure is divided by
   std::string note;
   std::function<cycle_fn(backend_ctx&, int thread)> setup;  // empty: not on this backend
+  bool named_only = false;  // runs only when --only names it (it costs a long set-up)
 };
 
 // --only: comma-separated parts; an operation runs when its name contains one of them (all run
@@ -254,6 +257,19 @@ bool selected(const std::string& only, const std::string& name) {
     if (end == std::string::npos) return false;
     start = end + 1;
   }
+}
+
+// try_acquire()+release() of one of the lease names <base>0 ... <base><keys-1> on `db`, at random.
+cycle_fn lease_cycle(const dblock::database& db, const std::string& base, int keys) {
+  auto locks = std::make_shared<std::vector<dblock::lease_lock>>();
+  for (int k = 0; k < keys; ++k)
+    locks->emplace_back(db, base + std::to_string(k));
+  return cycle_fn([locks, keys] {
+    auto g = (*locks)[rand_below(keys)].try_acquire();
+    if (!g) return false;
+    g->release();
+    return true;
+  });
 }
 
 std::vector<operation> operations_for(backend_ctx& b, int keys) {
@@ -286,16 +302,7 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
                  }});
   ops.push_back({"dblock.lease", "dblock", "raw.lease", "try_acquire()+release(), distinct keys",
                  [keys](backend_ctx& b, int t) {
-                   auto locks = std::make_shared<std::vector<dblock::lease_lock>>();
-                   for (int k = 0; k < keys; ++k)
-                     locks->emplace_back(b.db,
-                                         "bench/" + std::to_string(t) + "/" + std::to_string(k));
-                   return cycle_fn([locks, keys] {
-                     auto g = (*locks)[rand_below(keys)].try_acquire();
-                     if (!g) return false;
-                     g->release();
-                     return true;
-                   });
+                   return lease_cycle(b.db, "bench/" + std::to_string(t) + "/", keys);
                  }});
 
   // Semaphores: a permit's try_acquire()+release() as a ratio to the lease cycle, with 0, 10 and
@@ -382,6 +389,29 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
   ops.push_back({"dblock.write_lock", "feature", "dblock.lease",
                  "read-write lock, no reader in: try_lock()+release(); ratio to dblock.lease",
                  rwlock_op(true, 0)});
+
+  // The lease cycle as the lock table grows: try_acquire()+release() of distinct names against
+  // tables that already hold 10, 10,000 or 1,000,000 released rows (as before the reaper ran),
+  // each size in its own tables (prepare_sized()). Ratios to the 10-row figure: flat when the
+  // primary-key index keeps the cost of a row independent of the table's size.
+  auto tablesize_op = [keys](long long rows) {
+    return [rows, keys](backend_ctx& b, int t) {
+      auto it = b.sized.find(rows);
+      if (it == b.sized.end()) throw std::runtime_error("the sized tables were not prepared");
+      return lease_cycle(it->second, "bench/size/" + std::to_string(t) + "/", keys);
+    };
+  };
+  ops.push_back({"dblock.tablesize_10", "feature", "dblock.lease",
+                 "try_acquire()+release(), distinct names, 10 other rows in the lock table; "
+                 "ratio to dblock.lease",
+                 tablesize_op(10)});
+  ops.push_back({"dblock.tablesize_10k", "feature", "dblock.tablesize_10",
+                 "the same with 10,000 released rows in the lock table; ratio to 10 rows",
+                 tablesize_op(10000)});
+  ops.push_back({"dblock.tablesize_1m", "feature", "dblock.tablesize_10",
+                 "the same with 1,000,000 released rows (filled once, kept; runs only when --only "
+                 "names it); ratio to 10 rows",
+                 tablesize_op(1000000), true});
 
   ops.push_back({"raw.lease_hot", "floor", "",
                  "one key, polling: one try per operation, successes counted",
@@ -795,7 +825,7 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   dblock::database db(url, dbo);
   dblock::migrate(db);
   auto b = std::unique_ptr<backend_ctx>(
-      new backend_ctx{url, db.backend(), "", "", "", {}, db, {}, "", "", ""});
+      new backend_ctx{url, db.backend(), "", "", "", {}, db, {}, "", "", "", {}});
   const auto& impl = detail::access::impl(db);
   b->sql = {impl->statements.acquire.text, impl->statements.release.text,
             impl->statements.renew.text, impl->dia->exec.statement_in_transaction()};
@@ -825,6 +855,48 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   stock.drop();
   stock.create(1000000000000000LL, kStockSegments);
   return b;
+}
+
+// The tables of a dblock.tablesize_* operation: prefix <prefix>rows<N>_, holding the released
+// lease rows "fill/0" ... "fill/<N-1>" (expired two hours ago). Filled once, in batches of 1,000
+// rows, and kept for later runs.
+void prepare_sized(backend_ctx& b, long long rows, std::ostream& progress) {
+  dblock::database_options dbo = b.db.options();
+  dbo.table_prefix = b.prefix + "rows" + std::to_string(rows) + "_";
+  dblock::database db(b.url, dbo);
+  dblock::migrate(db);
+  auto c = db.connect();
+  auto& sql = c.session();
+  long long have = 0;
+  sql << "SELECT COUNT(*) FROM " << db.lock_table() << " WHERE resource_name LIKE 'fill/%'",
+      soci::into(have);
+  const std::string past = b.backend == "postgresql" ? "clock_timestamp() - INTERVAL '2 hours'"
+                           : b.backend == "mysql"    ? "UTC_TIMESTAMP(6) - INTERVAL 2 HOUR"
+                                                     : "0";
+  if (have < rows)
+    progress << "bench: " << b.label << ": filling " << db.lock_table() << " from " << have
+             << " to " << rows << " rows (once; kept for later runs)\n";
+  const auto t0 = clk::now();
+  const long long batch = 1000, per_txn = 50;
+  for (long long first = have; first < rows;) {
+    sql << b.begin_write;
+    for (long long n = 0; n < per_txn && first < rows; ++n, first += batch) {
+      std::string q = "INSERT INTO " + db.lock_table() +
+                      " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
+                      " holder_host, holder_pid, holder_thread) VALUES ";
+      for (long long i = first; i < std::min(rows, first + batch); ++i)
+        q += std::string(i > first ? ", " : "") + "('fill/" + std::to_string(i) + "', '', " +
+             std::to_string(i + 1) + ", 0, " + past + ", " + past + ", '', 0, '')";
+      sql << q;
+    }
+    sql << "COMMIT";
+    if (rows >= 100000 && first % 100000 == 0)
+      progress << "bench: " << b.label << ": " << first << " of " << rows << " rows\n";
+  }
+  if (have < rows)
+    progress << "bench: " << b.label << ": filled in "
+             << std::chrono::duration_cast<milliseconds>(clk::now() - t0).count() << " ms\n";
+  b.sized.emplace(rows, db);
 }
 
 // ---- reporting -------------------------------------------------------------------------------
@@ -975,9 +1047,15 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
     for (int c : o.clients)
       for (int round = 0; round < o.repeat; ++round)
         for (auto& op : ops) {
-          if (!selected(o.only, op.name)) continue;
+          if (!selected(o.only, op.name) || (op.named_only && o.only.empty())) continue;
           plan.push_back({&b, op, c});
         }
+    for (const auto& [suffix, rows] : std::vector<std::pair<std::string, long long>>{
+             {"10", 10}, {"10k", 10000}, {"1m", 1000000}})
+      if (std::any_of(plan.begin(), plan.end(), [&](const planned& p) {
+            return p.b == &b && p.op.name == "dblock.tablesize_" + suffix;
+          }))
+        prepare_sized(b, rows, progress);
   }
   bool want_handoff = false;
   for (const char* h :
