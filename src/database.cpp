@@ -68,7 +68,13 @@ void database::connection::discard() noexcept {
 }
 
 database::connection database::connect() const {
-  return connection(impl_->lease(impl_));
+  auto s = impl_->lease(impl_);
+  try {
+    s->dia().conn.to_session_defaults(s->sql(), s->state());
+  } catch (const soci::soci_error&) {
+    throw s->failure("connect: reset the session's settings");
+  }
+  return connection(std::move(s));
 }
 
 }  // namespace dblock

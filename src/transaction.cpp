@@ -20,7 +20,13 @@ struct transaction::impl {
   std::optional<detail::write_scope> write;  // from the first statement until the end
   bool finished = false;
 
-  impl(const database& d, transaction_options o) : db(d), conn(d.connect()), options(o) {}
+  // Not database::connect(): the transaction sets its own lock timeout at BEGIN, so the session
+  // needs no reset to its defaults first (dialect connector::to_session_defaults()).
+  impl(const database& d, transaction_options o)
+      : db(d),
+        conn(detail::access::make_connection(
+            detail::access::impl(d)->lease(detail::access::impl(d)))),
+        options(o) {}
 
   detail::session_scope& scope() { return detail::access::scope(conn); }
   const detail::dialect& dia() { return scope().dia(); }

@@ -33,11 +33,14 @@ enum class lock_wait {
 /// Thread-safety: a plain value.
 struct transaction_options {
   /**
-   * How long a lock wait may last inside the transaction: PostgreSQL `lock_timeout` (for this
-   * transaction only), MySQL `innodb_lock_wait_timeout` (whole seconds, rounded up, at least 1; set
-   * on the session when the transaction begins, reset to the server default when it ends), SQLite
-   * busy timeout (the wait happens at BEGIN IMMEDIATE, which takes the database's single write
-   * lock). Zero means "do not wait"; negative is refused (errc::invalid_argument).
+   * How long a lock wait may last inside the transaction: PostgreSQL `lock_timeout` (`SET LOCAL`,
+   * for this transaction only, sent with its BEGIN in one round trip), MySQL
+   * `innodb_lock_wait_timeout` (whole seconds, rounded up, at least 1; set on the session when
+   * the transaction begins unless the session has it already from an earlier transaction, and
+   * given back to the server default before the session runs anything else: dblock's own
+   * statements, or a connection handed out by database::connect()), SQLite busy timeout (the
+   * wait happens at BEGIN IMMEDIATE, which takes the database's single write lock). Zero means
+   * "do not wait"; negative is refused (errc::invalid_argument).
    */
   std::chrono::milliseconds lock_timeout{std::chrono::seconds(10)};
 };

@@ -82,9 +82,9 @@ std::string vocabulary::name_pattern(const std::string& column, const std::strin
   return column + " LIKE :" + param + " ESCAPE '!'";
 }
 
-void connector::begin(soci::session& sql, const connection_state&, const database_options&,
+void connector::begin(soci::session& sql, const connection_state& st, const database_options&,
                       std::optional<std::chrono::milliseconds> lock_timeout) const {
-  if (lock_timeout) set_lock_timeout(sql, *lock_timeout);
+  if (lock_timeout) set_lock_timeout(sql, st, *lock_timeout);
   sql << "BEGIN";
 }
 

@@ -92,7 +92,14 @@ struct statement {
   /// reads the rows affected) or one BIGINT column: a backend may run it through a routine kept
   /// on the server (PostgreSQL behind a transaction-mode pooler, where it cannot be prepared).
   bool routine = false;
+  /// SQL text from dblock's caller (compare_and_set()): cached per connection by its text (the
+  /// key only says "cache it"), at most caller_statement_cache statements per connection; past
+  /// that, run uncached.
+  bool caller = false;
 };
+
+/// How many caller statements (statement::caller) one connection keeps prepared.
+constexpr std::size_t caller_statement_cache = 64;
 
 /// What a statement returned: rows as text (NULL as nothing), rows affected (matched rows on
 /// every backend) and MySQL's LAST_INSERT_ID() from the OK packet.
@@ -158,13 +165,17 @@ class connector {
   virtual void begin(soci::session&, const connection_state& st, const database_options& o,
                      std::optional<std::chrono::milliseconds> lock_timeout) const;
   /// Sets how long lock waits last in this session until end_transaction() (outside a
-  /// transaction: for the next statements).
-  virtual void set_lock_timeout(soci::session&, std::chrono::milliseconds) const = 0;
+  /// transaction: for the next statements). `st` is the connection's state.
+  virtual void set_lock_timeout(soci::session&, const connection_state& st,
+                                std::chrono::milliseconds) const = 0;
   /// False when an insert-if-absent never waits for a holder of the existing row, so that no
   /// lock timeout is needed before it (PostgreSQL's ON CONFLICT DO NOTHING).
   virtual bool insert_if_absent_waits() const { return true; }
   /// Undoes per-transaction session settings after COMMIT or ROLLBACK.
   virtual void end_transaction(soci::session&, const database_options&) const {}
+  /// Gives the session its default settings back before it is handed to the user
+  /// (database::connect()), where a backend keeps a transaction's settings for the next one.
+  virtual void to_session_defaults(soci::session&, const connection_state&) const {}
   /// True when the session has a transaction open (checked locally, no round trip).
   virtual bool in_transaction(soci::session&) const = 0;
   /// True when the open transaction has failed and can only roll back (PostgreSQL answers

@@ -112,7 +112,8 @@ std::optional<std::int64_t> fenced_check(session_scope& s, const std::string& na
 void ensure_row(session_scope& s, const std::string& name, milliseconds lock_timeout) {
   if (s.run(s.statements().exists, {name}).integer(0, 0) > 0) return;
   // Only a concurrent creator of the same absent row can make this insert wait, briefly.
-  if (s.dia().conn.insert_if_absent_waits()) s.dia().conn.set_lock_timeout(s.sql(), lock_timeout);
+  if (s.dia().conn.insert_if_absent_waits())
+    s.dia().conn.set_lock_timeout(s.sql(), s.state(), lock_timeout);
   write_statement(s, s.statements().insert_free, {name});
 }
 

@@ -69,7 +69,8 @@ DBLOCK_TEST_SERVERS("a lock wait timeout is lock_not_available", "[errors][direc
   auto b = ctx.db.connect();
   a.session() << "BEGIN";
   a.session() << "UPDATE " << ctx.table("items") << " SET v = 1 WHERE id = 1";
-  d.conn.set_lock_timeout(b.session(), std::chrono::milliseconds(200));
+  d.conn.set_lock_timeout(b.session(), dblock::detail::access::scope(b).state(),
+                          std::chrono::milliseconds(200));
   b.session() << "BEGIN";
   auto t0 = std::chrono::steady_clock::now();
   CHECK(run(ctx.db, b, "UPDATE " + ctx.table("items") + " SET v = 2 WHERE id = 1") ==
@@ -133,7 +134,8 @@ DBLOCK_TEST_ONLY("sqlite", "a second writer is lock_not_available (SQLITE_BUSY)"
   auto a = ctx.db.connect();
   auto b = ctx.db.connect();
   a.session() << "BEGIN IMMEDIATE";
-  d.conn.set_lock_timeout(b.session(), std::chrono::milliseconds(100));
+  d.conn.set_lock_timeout(b.session(), dblock::detail::access::scope(b).state(),
+                          std::chrono::milliseconds(100));
   CHECK(run(ctx.db, b, "BEGIN IMMEDIATE") == errc::lock_not_available);
   a.session() << "ROLLBACK";
   CHECK_FALSE(run(ctx.db, b, "BEGIN IMMEDIATE"));

@@ -17,6 +17,9 @@ namespace dblock::detail::my {
 /// Per connection: whether the server is a Galera (MariaDB Cluster) node.
 struct state final : connection_state {
   bool galera = false;
+  /// The session's innodb_lock_wait_timeout as dblock last set it: -1 the server's default,
+  /// -2 unknown (a SET that failed). Kept across transactions (connector::begin()).
+  mutable long long lock_wait_s = -1;
 };
 
 inline MYSQL* raw(soci::session& sql) {
@@ -33,8 +36,11 @@ class connector final : public detail::connector {
                                                const database_options&) const override;
   bool end_session(soci::session&, const session_ref& s,
                    std::chrono::milliseconds timeout) const override;
-  void set_lock_timeout(soci::session&, std::chrono::milliseconds) const override;
-  void end_transaction(soci::session&, const database_options&) const override;
+  void begin(soci::session&, const connection_state& st, const database_options& o,
+             std::optional<std::chrono::milliseconds> lock_timeout) const override;
+  void set_lock_timeout(soci::session&, const connection_state&,
+                        std::chrono::milliseconds) const override;
+  void to_session_defaults(soci::session&, const connection_state&) const override;
   bool in_transaction(soci::session&) const override;
   bool has_unique_index(soci::session&, const std::string& table,
                         const std::string& column) const override;
@@ -96,10 +102,16 @@ inline const std::string bell_sleep_suffix = " */";
 /// with IS_USED_LOCK(), so it never names anything else.
 inline const std::string bell_lock_prefix = "dblock-bell-";
 
+/// Sets the session's innodb_lock_wait_timeout to `seconds` (-1: the server's default) unless
+/// state::lock_wait_s says it has it already (connector.cpp).
+void set_lock_wait(soci::session& sql, const connection_state& st, long long seconds);
+
 class executor final : public detail::executor {
  public:
   sql_result run(session_scope&, const statement& st,
                  const std::vector<sql_param>& values) const override;
+  /// Outside a transaction, gives the session the server's lock wait back (set_lock_wait()).
+  void begin_statement(session_scope&) const override;
 };
 
 }  // namespace dblock::detail::my

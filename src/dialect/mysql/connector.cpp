@@ -104,23 +104,44 @@ bool connector::end_session(soci::session& sql, const session_ref& s,
   }
 }
 
-void connector::set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const {
+// A transaction's lock timeout stays set after it: the next transaction usually wants the same,
+// so it costs no SET round trip before or after. Anything else gets the server's default back
+// before it runs (executor::run() and begin_statement() outside a transaction, and
+// database::connect() through to_session_defaults()), as if it were reset after each transaction.
+void set_lock_wait(soci::session& sql, const connection_state& st, long long seconds) {
+  const auto& s = static_cast<const state&>(st);
+  if (s.lock_wait_s == seconds) return;
+  s.lock_wait_s = -2;  // unknown until the SET has succeeded
+  if (seconds < 0)
+    sql << "SET SESSION innodb_lock_wait_timeout = DEFAULT";
+  else
+    sql << "SET SESSION innodb_lock_wait_timeout = " << seconds;
+  s.lock_wait_s = seconds;
+}
+
+void connector::begin(soci::session& sql, const connection_state& st, const database_options&,
+                      std::optional<std::chrono::milliseconds> lock_timeout) const {
+  // Without a timeout the server's default applies, as on a fresh connection.
+  set_lock_wait(sql, st, lock_timeout ? ceil_seconds(*lock_timeout, 1) : -1);
+  sql << "BEGIN";
+}
+
+void connector::set_lock_timeout(soci::session& sql, const connection_state& st,
+                                 std::chrono::milliseconds ms) const {
   // InnoDB counts whole seconds. 0 would mean "do not wait", but MariaDB 10.11 then fails
   // statements with "Got error 1 'Operation not permitted' during COMMIT", so the shortest
   // wait is one second (NOWAIT and SKIP LOCKED, which dblock uses for "do not wait", are
   // unaffected).
-  sql << "SET SESSION innodb_lock_wait_timeout = " << ceil_seconds(ms, 1);
+  set_lock_wait(sql, st, ceil_seconds(ms, 1));
+}
+
+void connector::to_session_defaults(soci::session& sql, const connection_state& st) const {
+  set_lock_wait(sql, st, -1);
 }
 
 bool connector::in_transaction(soci::session& sql) const {
   auto* backend = static_cast<soci::mysql_session_backend*>(sql.get_backend());
   return (backend->conn_->server_status & SERVER_STATUS_IN_TRANS) != 0;
-}
-
-void connector::end_transaction(soci::session& sql, const database_options&) const {
-  // begin() set the session's lock wait; give the pooled connection its default
-  // back so that later users (lease statements, plain queries) do not inherit it.
-  sql << "SET SESSION innodb_lock_wait_timeout = DEFAULT";
 }
 
 bool connector::has_unique_index(soci::session& sql, const std::string& table,

@@ -45,9 +45,16 @@ std::string substitute(MYSQL* c, const statement& st, const std::vector<sql_para
 
 }  // namespace
 
+void executor::begin_statement(session_scope& s) const {
+  if (!(raw(s.sql())->server_status & SERVER_STATUS_IN_TRANS))
+    set_lock_wait(s.sql(), s.state(), -1);
+}
+
 sql_result executor::run(session_scope& s, const statement& st,
                          const std::vector<sql_param>& values) const {
   MYSQL* c = raw(s.sql());
+  // A statement of its own: with the server's lock wait, not a past transaction's.
+  if (!(c->server_status & SERVER_STATUS_IN_TRANS)) set_lock_wait(s.sql(), s.state(), -1);
   const std::string q = substitute(c, st, values);
   if (mysql_real_query(c, q.data(), static_cast<unsigned long>(q.size())) != 0) fail(c);
   sql_result out;

@@ -7,6 +7,7 @@
 #include <soci/postgresql/soci-postgresql.h>
 #include <soci/soci.h>
 
+#include <map>
 #include <set>
 #include <string>
 
@@ -17,6 +18,8 @@ namespace dblock::detail::pg {
 /// Per connection: the statements prepared on it.
 struct state final : connection_state {
   std::set<std::string> prepared;
+  /// Caller statements (statement::caller): text -> the name it is prepared under.
+  std::map<std::string, std::string> caller_names;
   /// Behind a transaction pooler: the server refused to create dblock's temporary routines (no
   /// TEMP privilege); routine statements run as unnamed statements.
   bool routines_refused = false;
@@ -39,7 +42,8 @@ class connector final : public detail::connector {
                    std::chrono::milliseconds timeout) const override;
   void begin(soci::session&, const connection_state& st, const database_options& o,
              std::optional<std::chrono::milliseconds> lock_timeout) const override;
-  void set_lock_timeout(soci::session&, std::chrono::milliseconds) const override;
+  void set_lock_timeout(soci::session&, const connection_state&,
+                        std::chrono::milliseconds) const override;
   // ON CONFLICT DO NOTHING never waits for a holder of the existing row (and a session-level
   // lock_timeout would outlive the call).
   bool insert_if_absent_waits() const override { return false; }

@@ -145,17 +145,19 @@ void connector::begin(soci::session& sql, const connection_state& st, const data
   // on whichever server session ran the SET): each transaction names it.
   const std::string iso = st.transaction_pooler ? isolation_sql(o.isolation) : std::string();
   const std::string session_form = "SET SESSION CHARACTERISTICS AS TRANSACTION";
-  if (iso.compare(0, session_form.size(), session_form) == 0)
-    sql << "BEGIN" + iso.substr(session_form.size());
-  else
-    sql << "BEGIN";
-  if (!lock_timeout) return;
-  // For this transaction only. lock_timeout 0 would mean "no limit"; 1 ms is "do not wait".
-  std::string value = std::to_string(std::max<long long>(lock_timeout->count(), 1)) + "ms", out;
-  sql << "SELECT set_config('lock_timeout', :v, true)", soci::use(value), soci::into(out);
+  std::string q = "BEGIN";
+  if (iso.compare(0, session_form.size(), session_form) == 0) q += iso.substr(session_form.size());
+  // The lock timeout for this transaction only (SET LOCAL ends with it), in the same round trip
+  // as BEGIN: one simple query of two statements. lock_timeout 0 would mean "no limit"; 1 ms
+  // is "do not wait". The value is an integer, so it is safe to splice.
+  if (lock_timeout)
+    q += "; SET LOCAL lock_timeout = '" +
+         std::to_string(std::max<long long>(lock_timeout->count(), 1)) + "ms'";
+  sql << q;
 }
 
-void connector::set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const {
+void connector::set_lock_timeout(soci::session& sql, const connection_state&,
+                                 std::chrono::milliseconds ms) const {
   std::string value = std::to_string(std::max<long long>(ms.count(), 1)) + "ms", out;
   sql << "SELECT set_config('lock_timeout', :v, false)", soci::use(value), soci::into(out);
 }

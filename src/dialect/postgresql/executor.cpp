@@ -178,14 +178,24 @@ sql_result executor::run(session_scope& s, const statement& st,
   if (cs.transaction_pooler && st.routine && !cs.routines_refused &&
       PQtransactionStatus(c) == PQTRANS_IDLE)
     return run_routine(c, cs, st, values, ptrs);
-  if (st.key.empty() || cs.transaction_pooler) {
+  // A caller statement is named by its connection's count of them, once there is room.
+  std::string name = "dblock_" + st.key;
+  if (st.caller) {
+    const auto it = cs.caller_names.find(st.text);
+    if (it != cs.caller_names.end())
+      name = it->second;
+    else if (cs.caller_names.size() < caller_statement_cache)
+      name = "dblock_caller_" + std::to_string(cs.caller_names.size());
+    else
+      name.clear();
+  }
+  if (st.key.empty() || name.empty() || cs.transaction_pooler) {
     const std::string positional = to_positional(st.text, st.params);
     PGresult* r = PQexecParams(c, positional.c_str(), n, nullptr, ptrs.data(), nullptr, nullptr, 0);
     if (!ok(r)) fail(c, r);
     return collect(result_ptr(r, PQclear).get());
   }
   auto& prepared = cs.prepared;
-  const std::string name = "dblock_" + st.key;
   for (int attempt = 0;; ++attempt) {
     if (!prepared.count(name)) {
       PGresult* r =
@@ -193,6 +203,7 @@ sql_result executor::run(session_scope& s, const statement& st,
       if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) fail(c, r);
       PQclear(r);
       prepared.insert(name);
+      if (st.caller) cs.caller_names.emplace(st.text, name);
     }
     PGresult* r = PQexecPrepared(c, name.c_str(), n, ptrs.data(), nullptr, nullptr, 0);
     if (ok(r)) return collect(result_ptr(r, PQclear).get());

@@ -29,7 +29,8 @@ inline sqlite3* raw(soci::session& sql) {
 struct state final : connection_state {
   sqlite3* db;
   std::map<std::string, sqlite3_stmt*> stmts;
-  bool own_write = false;  // begin_statement() opened the write transaction
+  std::size_t caller_stmts = 0;  // of those, caller statements (statement::caller)
+  bool own_write = false;        // begin_statement() opened the write transaction
   explicit state(sqlite3* d) : db(d) {}
   ~state() override;
   /// The cached statement for `key`, prepared from `text` on first use.
@@ -52,7 +53,8 @@ class connector final : public detail::connector {
   }
   void begin(soci::session&, const connection_state&, const database_options&,
              std::optional<std::chrono::milliseconds> lock_timeout) const override;
-  void set_lock_timeout(soci::session&, std::chrono::milliseconds) const override;
+  void set_lock_timeout(soci::session&, const connection_state&,
+                        std::chrono::milliseconds) const override;
   void end_transaction(soci::session&, const database_options&) const override;
   bool in_transaction(soci::session&) const override;
   bool has_unique_index(soci::session&, const std::string& table,

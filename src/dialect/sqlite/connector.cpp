@@ -53,19 +53,20 @@ std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
   return std::make_unique<state>(db);
 }
 
-void connector::begin(soci::session& sql, const connection_state&, const database_options&,
+void connector::begin(soci::session& sql, const connection_state& st, const database_options&,
                       std::optional<std::chrono::milliseconds> lock_timeout) const {
   // The wait for SQLite's single write lock happens here, not at the row.
-  if (lock_timeout) set_lock_timeout(sql, *lock_timeout);
+  if (lock_timeout) set_lock_timeout(sql, st, *lock_timeout);
   sql << "BEGIN IMMEDIATE";
 }
 
-void connector::set_lock_timeout(soci::session& sql, std::chrono::milliseconds ms) const {
+void connector::set_lock_timeout(soci::session& sql, const connection_state&,
+                                 std::chrono::milliseconds ms) const {
   sqlite3_busy_timeout(raw(sql), static_cast<int>(ms.count()));
 }
 
 void connector::end_transaction(soci::session& sql, const database_options& o) const {
-  set_lock_timeout(sql, o.sqlite_busy_timeout);
+  sqlite3_busy_timeout(raw(sql), static_cast<int>(o.sqlite_busy_timeout.count()));
 }
 
 bool connector::in_transaction(soci::session& sql) const {

@@ -82,14 +82,19 @@ sql_result executor::run(session_scope& s, const statement& st,
                          const std::vector<sql_param>& values) const {
   auto& c = static_cast<state&>(s.state());
   sqlite3_stmt* prepared = nullptr;
-  if (st.key.empty()) {
+  // A caller statement is cached under its text, once there is room.
+  std::string key = st.caller ? "caller:" + st.text : st.key;
+  const bool new_caller = st.caller && !c.stmts.count(key);
+  if (new_caller && c.caller_stmts >= caller_statement_cache) key.clear();
+  if (key.empty()) {
     int rc = sqlite3_prepare_v2(c.db, st.text.c_str(), static_cast<int>(st.text.size()), &prepared,
                                 nullptr);
     if (rc != SQLITE_OK) fail(c.db, sqlite3_extended_errcode(c.db));
   } else {
-    prepared = c.get(st.key, st.text);
+    prepared = c.get(key, st.text);
+    if (new_caller) ++c.caller_stmts;
   }
-  stmt_run r(c.db, prepared, st.key.empty());
+  stmt_run r(c.db, prepared, key.empty());
   for (std::size_t i = 0; i < st.params.size() && i < values.size(); ++i)
     r.bind(st.params[i], values[i]);
   sql_result out;
