@@ -3,6 +3,8 @@
 #include <soci/soci.h>
 
 #include <algorithm>
+#include <optional>
+#include <set>
 
 #include "identifier.hpp"
 #include "storage/session.hpp"
@@ -122,14 +124,41 @@ void validate(const cas_update& u) {
     detail::validate_identifier(p.first, "parameter name");
 }
 
+// The statement as dblock's executor runs it (prepared once per connection, like dblock's own
+// statements) when every value is an integer or a string and the parameters in the text are
+// exactly the ones given; nothing otherwise (then SOCI runs it, as before).
+std::optional<detail::statement> cached_form(const std::string& text, const cas_update& u,
+                                             std::vector<detail::sql_param>& values) {
+  std::set<std::string> in_text, given;
+  detail::scan_parameters(
+      text, [](std::string_view) {}, [&](const std::string& name) { in_text.insert(name); });
+  detail::statement st{"caller", text, {}, false, true};
+  for (const auto& p : u.params) {
+    if (!given.insert(p.first).second) return std::nullopt;
+    if (const auto* i = std::get_if<long long>(&p.second))
+      values.emplace_back(*i);
+    else if (const auto* str = std::get_if<std::string>(&p.second))
+      values.emplace_back(*str);
+    else
+      return std::nullopt;  // NULL or a double: SOCI binds those with their types
+    st.params.push_back(p.first);
+  }
+  if (in_text != given) return std::nullopt;
+  return st;
+}
+
 std::uint64_t run_cas(detail::session_scope& s, const cas_update& u) {
+  const std::string text =
+      "UPDATE " + s.dia().sql.quote(u.table) + " SET " + u.set + " WHERE " + u.where;
+  std::vector<detail::sql_param> values;
+  if (auto st = cached_form(text, u, values))
+    return static_cast<std::uint64_t>(s.run(*st, values).affected);
   detail::value_binder b;
   soci::statement st(s.sql());
   for (const auto& p : u.params)
     b.bind(st, p.second, p.first);
   st.alloc();
-  st.prepare("UPDATE " + s.dia().sql.quote(u.table) + " SET " + u.set + " WHERE " + u.where,
-             soci::details::st_one_time_query);
+  st.prepare(text, soci::details::st_one_time_query);
   st.define_and_bind();
   st.execute(true);
   return static_cast<std::uint64_t>(st.get_affected_rows());

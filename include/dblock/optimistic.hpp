@@ -94,6 +94,10 @@ struct cas_update {
  * Zero is an answer ("the condition did not hold"), not an error, and is never retried; only
  * retryable errors (deadlock, serialization failure, SQLite BUSY) are retried under `policy`.
  * Matched rows are counted the same on every backend, also when the new values equal the old.
+ * When every value in `params` is an integer or a string and `set` and `where` use exactly the
+ * parameters given, the statement is prepared once per connection (PostgreSQL, SQLite; up to
+ * 64 distinct statements per connection, then unprepared) and costs one round trip; otherwise
+ * (a NULL or a double) SOCI runs it unprepared, binding each value with its type.
  * Thread-safety: safe to call concurrently; each call uses its own pooled connection.
  *
  * @throws dblock::error errc::invalid_argument for a bad table or parameter name, an empty `set`

@@ -212,11 +212,98 @@ DBLOCK_TEST_ONLY("postgresql", "conditional and versioned updates cost one round
            " (id BIGINT PRIMARY KEY, stock BIGINT NOT NULL, version BIGINT NOT NULL)");
   ctx.exec("INSERT INTO " + t + " (id, stock, version) VALUES (1, 10, 0)");
   const dblock::cas_update cas{t, "stock = stock - 1", "id = :id AND stock > 0", {{"id", 1LL}}};
+  // Prepared on its first use (PREPARE, then EXECUTE), then one round trip each time.
+  CHECK(pg_round_trips(db, [&] { CHECK(dblock::compare_and_set(db, cas) == 1); }) == 2);
   CHECK(pg_round_trips(db, [&] { CHECK(dblock::compare_and_set(db, cas) == 1); }) == 1);
+  // A value SOCI must bind with its type (a double) takes SOCI's unprepared path: one round
+  // trip too, parsed and planned each time.
+  const dblock::cas_update typed{t,
+                                 "stock = stock - 1",
+                                 "id = :id AND stock > CAST(:floor AS DOUBLE PRECISION)",
+                                 {{"id", 1LL}, {"floor", 0.5}}};
+  CHECK(pg_round_trips(db, [&] { CHECK(dblock::compare_and_set(db, typed) == 1); }) == 1);
   const dblock::versioned_table spec{t, "id", "version", {"stock"}};
   dblock::versioned_update(db, spec, 1LL, [](dblock::record&) {});  // caches the index check
   CHECK(pg_round_trips(db, [&] {
           dblock::versioned_update(db, spec, 1LL,
                                    [](dblock::record& r) { std::get<long long>(r["stock"]) -= 1; });
         }) == 2);  // read, then the conditional UPDATE
+}
+
+// Statements a server session ran, from the server's own count: PostgreSQL through libpq's
+// protocol trace (pg_round_trips), MySQL from the session's "Questions" status (calibrated by
+// two reads with nothing between them). The MySQL session keeps a transaction's lock wait for
+// the next transaction until database::connect() hands it to a caller, who gets the default.
+int server_round_trips(dblock::test::context& ctx, dblock::database& db,
+                       const std::function<void()>& body) {
+  if (ctx.backend == "postgresql") return pg_round_trips(db, body);
+  auto questions = [&] {
+    // Not database::connect(), which would give the session its default lock wait back.
+    const auto& impl = dblock::detail::access::impl(db);
+    auto c = dblock::detail::access::make_connection(impl->lease(impl));
+    std::string name;
+    long long n = 0;
+    c.session() << "SHOW SESSION STATUS LIKE 'Questions'", soci::into(name), soci::into(n);
+    return n;
+  };
+  const long long a = questions(), b = questions();
+  body();
+  const long long c = questions();
+  return static_cast<int>((c - b) - (b - a));
+}
+
+DBLOCK_TEST_SERVERS("a transaction's lock timeout costs no round trip of its own",
+                    "[transaction][statements]") {
+  auto db = one_connection(ctx);
+  auto txn = [&] {
+    dblock::run_transaction(db, [](dblock::transaction& t) { t.session() << "SELECT 1"; });
+  };
+  txn();  // MySQL: the session gets the transactions' lock wait once
+  // BEGIN (PostgreSQL: with SET LOCAL lock_timeout in the same query), SELECT 1, COMMIT.
+  CHECK(server_round_trips(ctx, db, txn) == 3);
+  CHECK(server_round_trips(ctx, db, txn) == 3);
+  // Negative control: a different lock timeout costs MySQL one SET (PostgreSQL none: SET LOCAL).
+  auto other = [&] {
+    dblock::transaction_options o;
+    o.lock_timeout = std::chrono::seconds(3);
+    dblock::run_transaction(
+        db, [](dblock::transaction& t) { t.session() << "SELECT 1"; },
+        dblock::transaction_retry_policy(), o);
+  };
+  CHECK(server_round_trips(ctx, db, other) == (ctx.backend == "mysql" ? 4 : 3));
+}
+
+// compare_and_set() prepares its statements once per connection, at most 64 of them; more
+// distinct statements still run (uncached), and every one updates its row.
+DBLOCK_TEST("compare_and_set keeps at most 64 statements prepared per connection",
+            "[optimistic][statements]") {
+  auto db = one_connection(ctx);
+  const std::string t = ctx.table("cap_item");
+  ctx.exec("CREATE TABLE " + t + " (id BIGINT PRIMARY KEY, stock BIGINT NOT NULL)");
+  ctx.exec("INSERT INTO " + t + " (id, stock) VALUES (1, 1000)");
+  for (int round = 0; round < 2; ++round)
+    for (int k = 0; k < 70; ++k) {
+      const dblock::cas_update u{t,
+                                 "stock = stock - " + std::to_string(k % 7 + 1),
+                                 "id = :id AND stock >= " + std::to_string(k),
+                                 {{"id", 1LL}}};
+      INFO("statement " << k << " round " << round);
+      CHECK(dblock::compare_and_set(db, u) == 1);
+    }
+  long long stock = -1;
+  {
+    auto c = db.connect();
+    c.session() << "SELECT stock FROM " << t << " WHERE id = 1", soci::into(stock);
+    if (ctx.backend == "postgresql") {
+      long long prepared = -1;
+      c.session() << "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE "
+                     "'dblock\\_caller\\_%'",
+          soci::into(prepared);
+      CHECK(prepared == 64);
+    }
+  }
+  long long taken = 0;
+  for (int k = 0; k < 70; ++k)
+    taken += k % 7 + 1;
+  CHECK(stock == 1000 - 2 * taken);
 }
