@@ -9,6 +9,8 @@
 // then the exactness, fence and non-overlap checks of fault_support.hpp must hold.
 #include <soci/soci.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -46,6 +48,49 @@ bool kill_session(const context& ctx, int port) {
   }
 }
 
+// True while worker `pid` has not exited (a child that exited but is not reaped yet is 'Z').
+bool still_running(int pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+// What the server's sessions are doing, printed when workers outlive the stop: which session
+// waits, for what, and (PostgreSQL) which sessions block it.
+void print_server_sessions(const context& ctx) {
+  try {
+    auto c = ctx.db.connect();
+    std::cerr << "server sessions (" << ctx.backend << "), workers still running:\n";
+    if (ctx.backend == "postgresql") {
+      soci::rowset<soci::row> rows =
+          (c.session().prepare << "SELECT pid, coalesce(client_port, -1), "
+                                  "coalesce(state, ''), coalesce(wait_event_type, ''), "
+                                  "coalesce(wait_event, ''), "
+                                  "coalesce(extract(epoch FROM now() - xact_start), -1), "
+                                  "CAST(pg_blocking_pids(pid) AS TEXT), "
+                                  "left(coalesce(query, ''), 100) FROM pg_stat_activity "
+                                  "WHERE datname = current_database() AND pid <> "
+                                  "pg_backend_pid()");
+      for (const auto& r : rows)
+        std::cerr << "  pid " << r.get<int>(0) << " port " << r.get<int>(1) << " state '"
+                  << r.get<std::string>(2) << "' wait " << r.get<std::string>(3) << "/"
+                  << r.get<std::string>(4) << " xact_age_s " << r.get<double>(5) << " blocked_by "
+                  << r.get<std::string>(6) << " query: " << r.get<std::string>(7) << "\n";
+    } else {
+      soci::rowset<soci::row> rows =
+          (c.session().prepare << "SELECT CAST(ID AS CHAR), COMMAND, CAST(TIME AS CHAR), "
+                                  "coalesce(STATE, ''), left(coalesce(INFO, ''), 100) FROM "
+                                  "information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID()");
+      for (const auto& r : rows)
+        std::cerr << "  id " << r.get<std::string>(0) << " " << r.get<std::string>(1) << " "
+                  << r.get<std::string>(2) << " s state '" << r.get<std::string>(3)
+                  << "' query: " << r.get<std::string>(4) << "\n";
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "server sessions: cannot read them: " << e.what() << "\n";
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -67,8 +112,9 @@ void run_cuts(context& ctx, int seconds, const std::string& lock_kind,
   w.pool = 2;
   w.kind = lock_kind;
   process_set ps;
+  std::vector<int> pids;
   for (int i = 0; i < 4; ++i)
-    spawn_counter_worker(ps, w, i);
+    pids.push_back(spawn_counter_worker(ps, w, i));
   std::this_thread::sleep_for(milliseconds(800));
   const std::string lock_table = ctx.db.lock_table();
   long long server_kills = 0, commands = 0;
@@ -106,7 +152,17 @@ void run_cuts(context& ctx, int seconds, const std::string& lock_kind,
     }
   }
   stop_workers(w);
-  auto st = ps.wait_all(std::chrono::seconds(90));
+  // Workers normally stop within seconds. If they do not within 30 s, say what the server's
+  // sessions are doing before the deadline below kills the workers (it prints their stacks).
+  const long long look = monotonic_ns() + 30LL * 1000000000LL;
+  auto running = [&] {
+    return std::any_of(pids.begin(), pids.end(), [](int p) { return still_running(p); });
+  };
+  while (running() && monotonic_ns() < look)
+    std::this_thread::sleep_for(milliseconds(100));
+  // DBLOCK_FAULTS_SHOW_SESSIONS=1 prints them anyway (to check this report).
+  if (running() || std::getenv("DBLOCK_FAULTS_SHOW_SESSIONS")) print_server_sessions(ctx);
+  auto st = ps.wait_all(std::chrono::seconds(60));
   for (std::size_t i = 0; i < st.size(); ++i) {
     INFO("worker " << i << " exit status " << st[i] << "; the end of its log:\n"
                    << worker_log_tail(w, static_cast<int>(i)));
