@@ -106,51 +106,42 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
 
 }  // namespace
 
-DBLOCK_TEST("holders paused 1.5 x TTL and 3 x TTL: zero stale fenced writes accepted",
-            "[faults][pause]") {
-  const int trials = count(10, 100);
-  auto r = run_pauses(ctx, true, trials);
+namespace {
+
+// Fenced pauses of the lock `kind`: every paused holder is refused (lease_lost) and nothing
+// stale is accepted.
+void check_fenced_pauses(context& ctx, const std::string& kind, int trials,
+                         const std::string& scenario) {
+  auto r = run_pauses(ctx, true, trials, kind);
   INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
                      << r.stale_accepted);
   CHECK(r.trials == trials);
   CHECK(r.stale_accepted == 0);
   CHECK(r.a.violations == 0);
   CHECK(r.a.lost >= r.trials);  // every paused holder was told lease_lost
-  report("3-paused-holder", ctx.backend, r.trials, r.trials, r.stale_accepted + r.a.violations,
+  report(scenario, ctx.backend, r.trials, r.trials, r.stale_accepted + r.a.violations,
          "acked=" + std::to_string(r.a.acked) + " lease_lost=" + std::to_string(r.a.lost));
+}
+
+}  // namespace
+
+DBLOCK_TEST("holders paused 1.5 x TTL and 3 x TTL: zero stale fenced writes accepted",
+            "[faults][pause]") {
+  check_fenced_pauses(ctx, "lease", count(10, 100), "3-paused-holder");
 }
 
 // The same with the lock being the one permit of a semaphore: a paused permit holder's fenced
 // write is refused once its permit was taken over.
 DBLOCK_TEST("semaphore permits paused 1.5 x TTL and 3 x TTL: zero stale fenced writes accepted",
             "[faults][pause][semaphore]") {
-  const int trials = count(6, 60);
-  auto r = run_pauses(ctx, true, trials, "semaphore");
-  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
-                     << r.stale_accepted);
-  CHECK(r.trials == trials);
-  CHECK(r.stale_accepted == 0);
-  CHECK(r.a.violations == 0);
-  CHECK(r.a.lost >= r.trials);  // every paused permit holder was told lease_lost
-  report("3-paused-permit-holder", ctx.backend, r.trials, r.trials,
-         r.stale_accepted + r.a.violations,
-         "acked=" + std::to_string(r.a.acked) + " lease_lost=" + std::to_string(r.a.lost));
+  check_fenced_pauses(ctx, "semaphore", count(6, 60), "3-paused-permit-holder");
 }
 
 // The same with the lock being the leadership of an election: a paused leader's watchdog and
 // monitor thread are stopped with it, and its fenced write is refused once another candidate won.
 DBLOCK_TEST("leaders paused 1.5 x TTL and 3 x TTL: zero stale fenced writes accepted",
             "[faults][pause][election]") {
-  const int trials = count(6, 60);
-  auto r = run_pauses(ctx, true, trials, "election");
-  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
-                     << r.stale_accepted);
-  CHECK(r.trials == trials);
-  CHECK(r.stale_accepted == 0);
-  CHECK(r.a.violations == 0);
-  CHECK(r.a.lost >= r.trials);  // every paused leader was told lease_lost
-  report("3-paused-leader", ctx.backend, r.trials, r.trials, r.stale_accepted + r.a.violations,
-         "acked=" + std::to_string(r.a.acked) + " lease_lost=" + std::to_string(r.a.lost));
+  check_fenced_pauses(ctx, "election", count(6, 60), "3-paused-leader");
 }
 
 DBLOCK_TEST("negative control: paused holders writing without the fence are caught",
