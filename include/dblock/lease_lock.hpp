@@ -34,7 +34,14 @@ struct lease_options {
   /// (at least 1 ms). It absorbs clock-rate drift between this host and the database and
   /// scheduling delays.
   std::chrono::milliseconds safety_margin{0};
-  /// Renew automatically at ttl/3 from a background thread while the guard lives.
+  /**
+   * Renew automatically at ttl/3 while the guard lives. The leases of one database handle
+   * share one watchdog: two threads, started with its first watched lease, renew every lease
+   * that is due (and those due within ttl/6) in batches of up to 512 per write transaction,
+   * and report each loss by its local validity (see on_lost), whatever the number of leases.
+   * A lease whose row another transaction holds locked (its own fenced() write in progress) is
+   * skipped and retried soon; it delays no other lease.
+   */
   bool watchdog = false;
   /**
    * Called once per acquisition when it is first found lost: by the watchdog (lost, or not
@@ -114,7 +121,8 @@ class lease_lock {
    * When this object's current acquisition is still valid, the attempt re-enters it (the hold
    * count grows, the fence stays); if the row was taken over meanwhile, that acquisition is
    * marked lost (lease_options::on_lost) and a new one starts. With lease_options::watchdog it
-   * starts the watchdog thread.
+   * hands the new acquisition to the database handle's watchdog (starting its threads on first
+   * use).
    * @throws dblock::error on real failures: the @ref database_errors "database errors". A
    *         deadlock or busy error of the upsert itself is retried internally (9 attempts); when
    *         all fail, the last one's code (errc::deadlock, errc::serialization_failure or
@@ -122,7 +130,7 @@ class lease_lock {
    *         upsert was sent, the row is read back by owner token to resolve the outcome;
    *         errc::in_doubt only when even that read fails (the lease then expires on its own,
    *         nobody renews it).
-   * @throws std::system_error when the watchdog thread cannot be started.
+   * @throws std::system_error when the watchdog's threads cannot be started.
    */
   [[nodiscard]] std::optional<lease_guard> try_acquire();
 
@@ -167,8 +175,8 @@ class lease_lock {
  *
  * Move-only; a moved-from guard is disarmed. The destructor releases this hold and reports
  * failures to the error handler, never throwing. Thread-safety: a guard is used by one thread
- * at a time (it may be handed over between threads); the watchdog runs on its own thread and
- * shares only atomic state with it.
+ * at a time (it may be handed over between threads); the watchdog runs on the database handle's
+ * renewal threads and shares only atomic state with it.
  */
 class lease_guard {
  public:

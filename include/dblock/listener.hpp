@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -54,6 +55,13 @@ class listener {
   /// nothing. Must not throw.
   virtual void released(std::string_view name, std::chrono::microseconds held) {
     (void)name, (void)held;
+  }
+  /// The watchdog renewed `leases` leases of one batch (this database handle's leases that were
+  /// due together, at most 512; a lease whose row another transaction holds locked is skipped
+  /// and retried) with `round_trips` statements, BEGIN and COMMIT included. Called on the
+  /// handle's renewal thread. Default: nothing. Must not throw.
+  virtual void renewed(std::size_t leases, std::size_t round_trips) {
+    (void)leases, (void)round_trips;
   }
   /// A renewal failed with a transient error; the watchdog tries again while the lease is valid.
   /// Default: nothing. Must not throw.

@@ -62,6 +62,9 @@ class prometheus_listener : public listener {
   void released(std::string_view name, std::chrono::microseconds held) override;
   /// Counts `dblock_renew_failures_total`; never throws.
   void renew_failed(std::string_view name, const error& cause) override;
+  /// Adds `leases` to `dblock_renewed_total` and `round_trips` to
+  /// `dblock_renew_round_trips_total`; never throws.
+  void renewed(std::size_t leases, std::size_t round_trips) override;
   /// Counts `dblock_leases_lost_total`; never throws.
   void lease_lost(std::string_view name, const error& cause) override;
   /// Adds `rows` to `dblock_rows_reaped_total`; never throws.

@@ -223,6 +223,10 @@ class vocabulary {
   virtual std::string for_update() const { return " FOR UPDATE"; }
   virtual std::string for_update_nowait() const { return " FOR UPDATE NOWAIT"; }
   virtual std::string for_update_skip_locked() const { return " FOR UPDATE SKIP LOCKED"; }
+  /// After a table name: reach its rows by primary key only. MySQL's FORCE INDEX (PRIMARY):
+  /// InnoDB locks every row a locking statement reads, so an UPDATE of a few named rows that
+  /// scanned the expiry index would wait for rows other transactions hold.
+  virtual std::string by_primary_key() const { return ""; }
   /// The statement that begins a write transaction (SQLite: BEGIN IMMEDIATE).
   virtual std::string begin_write() const { return "BEGIN"; }
   /// Suffix making an INSERT of an existing key a no-op.

@@ -35,10 +35,7 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   std::atomic<bool> lost{false};
   std::atomic<int> holds{0};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stop = false;
-  std::thread watchdog;
+  std::atomic<bool> watched{false};  // the handle's renewer renews it (watchdog on)
 
   /// The local validity ends `lease - margin` after the request was sent.
   void set_deadline(steady::time_point sent, std::chrono::milliseconds lease) {
@@ -62,7 +59,9 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   bool renew_sql(std::chrono::milliseconds lease);
 
   // watchdog.cpp
+  /// Hands the lease to the database handle's renewer (lease/renewer.hpp).
   void start_watchdog();
+  /// Takes it back (idempotent); no loss is reported by the renewer afterwards.
   void stop_watchdog();
 
   // guard.cpp
@@ -70,9 +69,6 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   void release_one();
 
  private:
-  std::optional<bool> renew_bounded(std::optional<error>& failure);
-  bool watchdog_step(std::chrono::milliseconds interval, std::chrono::milliseconds& wait);
-  void watchdog_loop();
   bool release_sent(int left, bool& in_doubt, std::int64_t& ring_id);
   void report_released(int left, std::int64_t ring_id = 0);
 

@@ -15,6 +15,8 @@ struct prometheus_listener::impl {
   prometheus::Counter* retries;
   prometheus::Counter* released;
   prometheus::Counter* renew_failures;
+  prometheus::Counter* renewed;
+  prometheus::Counter* renew_round_trips;
   prometheus::Counter* lost;
   prometheus::Counter* reaped;
 
@@ -29,6 +31,9 @@ struct prometheus_listener::impl {
     retries = &counter("dblock_retries_total", "Operations retried after a transient error");
     released = &counter("dblock_released_total", "Lease holds released");
     renew_failures = &counter("dblock_renew_failures_total", "Renewals that failed transiently");
+    renewed = &counter("dblock_renewed_total", "Leases renewed by watchdogs");
+    renew_round_trips =
+        &counter("dblock_renew_round_trips_total", "Statements sent by watchdogs' batch renewals");
     lost = &counter("dblock_leases_lost_total", "Leases found lost");
     reaped = &counter("dblock_rows_reaped_total", "Expired lease rows deleted by reapers");
     acquire_seconds = &prometheus::BuildHistogram()
@@ -66,6 +71,10 @@ void prometheus_listener::released(std::string_view, std::chrono::microseconds) 
 }
 void prometheus_listener::renew_failed(std::string_view, const error&) {
   impl_->renew_failures->Increment();
+}
+void prometheus_listener::renewed(std::size_t leases, std::size_t round_trips) {
+  impl_->renewed->Increment(static_cast<double>(leases));
+  impl_->renew_round_trips->Increment(static_cast<double>(round_trips));
 }
 void prometheus_listener::lease_lost(std::string_view, const error&) {
   impl_->lost->Increment();

@@ -60,6 +60,29 @@ bool renew(session_scope&, const std::string& name, const std::string& token, st
 /// release freed the lease (else 0; see wait_queue::ring()).
 bool release(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
              std::int64_t* ring_id = nullptr);
+/// One lease of a batch renewal: the acquisition renew() would be given.
+struct renewal {
+  std::string name;
+  std::string token;
+  std::int64_t fence = 0;
+};
+/// What a batch renewal did to one lease.
+enum class renewal_outcome {
+  renewed,  ///< extended by the TTL
+  busy,     ///< still ours and unexpired, but its row is locked (a fenced write): not extended
+  lost,     ///< expired, released or taken over
+};
+/// The most leases renew_batch() takes at once.
+constexpr std::size_t renew_batch_max = 512;
+/**
+ * Extends the unexpired leases of `batch` (at most renew_batch_max) owned by their tokens and
+ * fences by `ttl_us`, in one write transaction that skips rows another transaction has locked,
+ * so that one fenced write in progress delays no other lease: locking SELECT, UPDATE, COMMIT.
+ * When some leases were not extended, one plain read tells busy from lost. Returns one outcome
+ * per lease, in order; `round_trips` receives the statements sent (BEGIN and COMMIT included).
+ */
+std::vector<renewal_outcome> renew_batch(session_scope&, const std::vector<renewal>& batch,
+                                         std::int64_t ttl_us, int& round_trips);
 /// Reads a lease row and the database clock; nothing when the row does not exist.
 std::optional<lease_row> read(session_scope&, const std::string& name);
 /// Inside a write transaction: locks the row and returns its fence when the lease is held by

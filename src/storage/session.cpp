@@ -1,6 +1,7 @@
 // The storage layer's two scopes: a borrowed pooled connection (session_scope) and a write on it
 // (write_scope).
 #include "storage/session.hpp"
+#include "lease/renewer.hpp"
 #include "storage/write_scope.hpp"
 #include "wake/hub.hpp"
 
@@ -62,7 +63,8 @@ std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<databa
 database_impl::database_impl(std::size_t size) : pool(size), slots(size) {}
 
 database_impl::~database_impl() {
-  hub.reset();  // stops the doorbell channel's thread first
+  renewer.reset();  // stops the watchdog's threads (no lease is watched any more)
+  hub.reset();      // stops the doorbell channel's thread first
   for (auto& sl : slots)
     sl.state.reset();
 }

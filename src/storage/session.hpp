@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@ namespace dblock::detail {
 
 class session_scope;
 class wake_hub;
+class lease_renewer;
 
 struct database_impl {
   std::string backend;
@@ -33,6 +35,9 @@ struct database_impl {
   soci::connection_pool pool;
   /// Wake-ups of waiters (see wake/hub.hpp); its channel opens when the first waiter enlists.
   std::unique_ptr<wake_hub> hub;
+  /// The watchdog of this handle's leases (see lease/renewer.hpp and renewer_of()).
+  std::mutex renewer_mu;
+  std::unique_ptr<lease_renewer> renewer;
 
   /// Per pool slot; only the slot's lessee touches it.
   struct slot {

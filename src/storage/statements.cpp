@@ -46,6 +46,13 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
                             " hold_count > 0 AND expires_at > " +
                             now + v.for_update(),
                         {"name", "token"});
+  const std::string held_now = " WHERE hold_count > 0 AND expires_at > " + now;
+  s.renew_batch_select = "SELECT resource_name, owner_token, fence FROM " + t.lock +
+                         v.by_primary_key() + held_now + " AND resource_name IN (";
+  s.renew_batch_update = "UPDATE " + t.lock + v.by_primary_key() +
+                         " SET expires_at = " + v.plus_us(now, "ttl") + held_now +
+                         " AND resource_name IN (";
+  s.renew_batch_skip_locked = v.for_update_skip_locked();
 }
 
 void waiter_statements(lock_statements& s, const vocabulary& v, const table_names& t) {

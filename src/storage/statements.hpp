@@ -83,6 +83,13 @@ struct lock_statements {
   std::string reap_recheck;  ///< ) AND still reapable (neg_retention)
   /// SELECT resource_name, expires (µs), now (µs) of held rows ... AND resource_name IN (
   std::string permits_held;
+  /// Batch renewal (renew_batch.cpp): SELECT resource_name, owner_token, fence of held rows
+  /// ... AND resource_name IN (
+  std::string renew_batch_select;
+  /// UPDATE lock table SET expires_at = now + :ttl WHERE held now AND resource_name IN (
+  std::string renew_batch_update;
+  /// FOR UPDATE SKIP LOCKED where the backend has row locks (SQLite: empty)
+  std::string renew_batch_skip_locked;
 };
 
 /// Builds the statements of one dialect for one set of tables.

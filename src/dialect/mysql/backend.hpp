@@ -82,6 +82,7 @@ class vocabulary final : public detail::vocabulary {
     return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + ts + ")";
   }
   // Not INSERT IGNORE: it would turn real errors (a too-long value) into warnings.
+  std::string by_primary_key() const override { return " FORCE INDEX (PRIMARY)"; }
   std::string insert_if_absent(const std::string& key) const override {
     return " ON DUPLICATE KEY UPDATE " + key + " = " + key;
   }

@@ -1,0 +1,257 @@
+#include "lease/renewer.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "lease/state.hpp"
+#include "storage/lock_table.hpp"
+
+namespace dblock::detail {
+
+using std::chrono::milliseconds;
+using state_ptr = std::shared_ptr<lease_state>;
+
+namespace {
+
+milliseconds interval_of(const lease_state& s) {
+  return std::max(s.ttl / 3, milliseconds(1));
+}
+
+// After a failed or busy renewal: try again soon (the watcher reports the loss if the validity
+// runs out first).
+milliseconds retry_of(const lease_state& s) {
+  return std::max(std::min(interval_of(s) / 4, milliseconds(250)), milliseconds(1));
+}
+
+}  // namespace
+
+struct lease_renewer::core {
+  struct entry {
+    state_ptr state;  // strong: dropped by unwatch() or by the loss report
+    steady::time_point due;
+    bool in_flight = false;
+  };
+
+  std::weak_ptr<database_impl> db;
+  std::mutex mu;
+  std::condition_variable runner_cv, watcher_cv;
+  std::unordered_map<const lease_state*, entry> entries;
+  // When each thread sleeps until (min: awake, it looks again before sleeping).
+  steady::time_point runner_wake = steady::time_point::min();
+  steady::time_point watcher_wake = steady::time_point::min();
+  bool stop = false;
+  // Held while losses are reported, so that unwatch() can wait for a report in progress.
+  std::recursive_mutex report_mu;
+  std::thread runner, watcher;
+
+  void run();
+  void watch_deadlines();
+  void renew(std::vector<state_ptr>& batch);
+  void report(std::vector<std::pair<state_ptr, error>>& lost);
+  // Sleeps until `until` (max: until notified); `wake` records it for watch().
+  void sleep(std::unique_lock<std::mutex>& lk, std::condition_variable& cv,
+             steady::time_point& wake, steady::time_point until) {
+    wake = until;
+    if (until == steady::time_point::max())
+      cv.wait(lk);
+    else
+      cv.wait_until(lk, until);
+    wake = steady::time_point::min();
+  }
+};
+
+// Reports each loss once, for leases still watched (dropping them first).
+void lease_renewer::core::report(std::vector<std::pair<state_ptr, error>>& lost) {
+  std::lock_guard<std::recursive_mutex> r(report_mu);
+  for (auto& [s, why] : lost) {
+    bool watched = false;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      auto it = entries.find(s.get());
+      if (it != entries.end() && it->second.state == s) {
+        entries.erase(it);
+        watched = true;
+      }
+    }
+    if (watched) s->mark_lost(why);
+  }
+  lost.clear();  // the last references may go here, outside the lock
+}
+
+// One batch of leases with the same TTL.
+void lease_renewer::core::renew(std::vector<state_ptr>& batch) {
+  std::vector<lock_table::renewal> rs;
+  for (const auto& s : batch)
+    rs.push_back({s->name, s->token, s->fence});
+  const milliseconds ttl = batch.front()->ttl;
+  std::vector<lock_table::renewal_outcome> out;
+  std::optional<error> failure;
+  int round_trips = 0;
+  const auto sent = steady::now();
+  if (auto dbi = db.lock()) {
+    try {
+      out = with_session(dbi, "renew leases", [&](session_scope& s) {
+        return lock_table::renew_batch(
+            s, rs, std::chrono::duration_cast<std::chrono::microseconds>(ttl).count(), round_trips);
+      });
+      const auto renewed = static_cast<std::size_t>(
+          std::count(out.begin(), out.end(), lock_table::renewal_outcome::renewed));
+      dbi->notify([&](listener& l) { l.renewed(renewed, round_trips); });
+    } catch (const error& e) {
+      failure = e;
+    } catch (const std::exception& e) {
+      failure = error(errc::backend_error, std::string("renew leases: ") + e.what());
+    }
+    if (failure)
+      for (const auto& s : batch)
+        dbi->notify([&](listener& l) { l.renew_failed(s->name, *failure); });
+  } else {
+    failure = error(errc::backend_error, "renew leases: the database handle is gone");
+  }
+  std::vector<std::pair<state_ptr, error>> lost;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    const auto now = steady::now();
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      auto it = entries.find(batch[k].get());
+      if (it == entries.end() || it->second.state != batch[k]) continue;  // unwatched meanwhile
+      entry& e = it->second;
+      e.in_flight = false;
+      const lease_state& s = *batch[k];
+      if (failure || out[k] == lock_table::renewal_outcome::busy) {
+        e.due = now + retry_of(s);
+      } else if (out[k] == lock_table::renewal_outcome::renewed) {
+        batch[k]->set_deadline(sent, ttl);
+        e.due = sent + interval_of(s);
+      } else {
+        lost.emplace_back(batch[k], error(errc::lease_lost, "lease '" + s.name +
+                                                                "' expired or was taken over;"
+                                                                " watchdog stopped"));
+      }
+    }
+  }
+  if (!lost.empty()) {
+    watcher_cv.notify_one();
+    report(lost);
+  }
+  batch.clear();
+}
+
+// The runner: sleeps until the first lease is due, then renews every lease within half an
+// interval of being due, grouped by TTL, in batches of at most renew_batch_max.
+void lease_renewer::core::run() {
+  std::unique_lock<std::mutex> lk(mu);
+  while (!stop) {
+    const auto now = steady::now();
+    auto next = steady::time_point::max();
+    for (const auto& [k, e] : entries)
+      if (!e.in_flight) next = std::min(next, e.due);
+    if (next > now) {
+      sleep(lk, runner_cv, runner_wake, next);
+      continue;
+    }
+    std::map<milliseconds::rep, std::vector<state_ptr>> due;
+    for (auto& [k, e] : entries)
+      if (!e.in_flight && e.due - interval_of(*e.state) / 2 <= now) {
+        e.in_flight = true;
+        due[e.state->ttl.count()].push_back(e.state);
+      }
+    lk.unlock();
+    for (auto& [ttl, group] : due)
+      for (std::size_t from = 0; from < group.size(); from += lock_table::renew_batch_max) {
+        const std::size_t to = std::min(group.size(), from + lock_table::renew_batch_max);
+        std::vector<state_ptr> batch(group.begin() + static_cast<std::ptrdiff_t>(from),
+                                     group.begin() + static_cast<std::ptrdiff_t>(to));
+        renew(batch);
+      }
+    due.clear();
+    lk.lock();
+  }
+}
+
+// The watcher: reports every watched lease whose local validity ran out before its renewal
+// completed (or that is known lost).
+void lease_renewer::core::watch_deadlines() {
+  std::unique_lock<std::mutex> lk(mu);
+  while (!stop) {
+    const auto now = steady::now();
+    auto next = steady::time_point::max();
+    std::vector<std::pair<state_ptr, error>> lost;
+    for (const auto& [k, e] : entries) {
+      const auto deadline = e.state->deadline_tp();
+      if (deadline <= now || e.state->lost.load())
+        lost.emplace_back(e.state,
+                          error(errc::lease_lost, "lease '" + e.state->name +
+                                                      "': a renewal did not complete before the "
+                                                      "local validity ran out; watchdog stopped"));
+      else
+        next = std::min(next, deadline);
+    }
+    if (!lost.empty()) {
+      lk.unlock();
+      report(lost);
+      lk.lock();
+      continue;
+    }
+    sleep(lk, watcher_cv, watcher_wake, next);
+  }
+}
+
+lease_renewer::lease_renewer(std::weak_ptr<database_impl> db) : core_(std::make_shared<core>()) {
+  core_->db = std::move(db);
+  core_->runner = std::thread([c = core_] { c->run(); });
+  core_->watcher = std::thread([c = core_] { c->watch_deadlines(); });
+}
+
+lease_renewer::~lease_renewer() {
+  {
+    std::lock_guard<std::mutex> lk(core_->mu);
+    core_->stop = true;
+  }
+  core_->runner_cv.notify_all();
+  core_->watcher_cv.notify_all();
+  for (std::thread* t : {&core_->runner, &core_->watcher}) {
+    if (!t->joinable()) continue;
+    if (t->get_id() == std::this_thread::get_id())
+      t->detach();  // the handle's last reference went on this thread
+    else
+      t->join();
+  }
+}
+
+void lease_renewer::watch(const std::shared_ptr<lease_state>& s) {
+  const auto due = steady::now() + interval_of(*s);
+  bool wake_runner = false, wake_watcher = false;
+  {
+    std::lock_guard<std::mutex> lk(core_->mu);
+    core_->entries[s.get()] = core::entry{s, due, false};
+    wake_runner = due < core_->runner_wake;
+    wake_watcher = s->deadline_tp() < core_->watcher_wake;
+  }
+  if (wake_runner) core_->runner_cv.notify_one();
+  if (wake_watcher) core_->watcher_cv.notify_one();
+}
+
+void lease_renewer::unwatch(const lease_state* s) {
+  std::lock_guard<std::recursive_mutex> r(core_->report_mu);
+  state_ptr keep;  // dropped outside the lock
+  std::lock_guard<std::mutex> lk(core_->mu);
+  auto it = core_->entries.find(s);
+  if (it == core_->entries.end()) return;
+  keep = std::move(it->second.state);
+  core_->entries.erase(it);
+}
+
+lease_renewer& renewer_of(const std::shared_ptr<database_impl>& db) {
+  std::lock_guard<std::mutex> lk(db->renewer_mu);
+  if (!db->renewer) db->renewer = std::make_unique<lease_renewer>(db);
+  return *db->renewer;
+}
+
+}  // namespace dblock::detail

@@ -1,0 +1,40 @@
+// Internal: the watchdog of every lease of one database handle. Two threads per handle, started
+// by the first watched lease: the runner renews all due leases in batches (one write
+// transaction of a few statements per batch, lock_table::renew_batch), and the watcher reports
+// a lease lost when its local validity runs out before a renewal completes (a batch stuck
+// behind a dead connection delays no loss report).
+#pragma once
+
+#include <memory>
+
+namespace dblock::detail {
+
+struct database_impl;
+struct lease_state;
+
+class lease_renewer {
+ public:
+  explicit lease_renewer(std::weak_ptr<database_impl> db);
+  /// Stops both threads (detaching the calling one when it is one of them). Never throws.
+  ~lease_renewer();
+  lease_renewer(const lease_renewer&) = delete;
+  lease_renewer& operator=(const lease_renewer&) = delete;
+
+  /// Renews `s` every ttl/3 (a batch going out anyway takes it up to ttl/6 early) until
+  /// unwatch() or until it is found lost (then lease_state::mark_lost() reports it, once).
+  void watch(const std::shared_ptr<lease_state>& s);
+  /// Stops renewing `s`. Once this returns, no loss of `s` is reported by the renewer (a loss
+  /// report running on another thread is waited for; from inside the loss report itself, this
+  /// does not wait). A batch in flight may still extend the lease once.
+  void unwatch(const lease_state* s);
+
+  struct core;
+
+ private:
+  std::shared_ptr<core> core_;
+};
+
+/// The renewer of `db`, made on first use (thread-safe).
+lease_renewer& renewer_of(const std::shared_ptr<database_impl>& db);
+
+}  // namespace dblock::detail
