@@ -400,17 +400,29 @@ DBLOCK_TEST("cli release --force of a missing name exits 1", "[cli]") {
 
 // The benchmark suite cannot rot: every operation runs briefly on every backend, without a single
 // error, and the table and the JSON (bench/README.md) have every row.
-DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row", "[cli][bench]") {
+namespace {
+
+// `dblock bench ARGS --json FILE`: the run and the file's results (null when there is none).
+std::pair<cli_result, nlohmann::json> bench_json(const dblock::test::context& ctx,
+                                                 std::vector<std::string> args) {
   const std::string json_path = "/tmp/dblock-bench-test-" + dblock::test::random_suffix() + ".json";
-  auto r = cli(ctx, "bench",
-               {"--seconds", "0.05", "--rounds", "2", "--clients", "1,2", "--keys", "20",
-                "--hold-us", "100", "--json", json_path});
+  args.insert(args.end(), {"--json", json_path});
+  auto r = cli(ctx, "bench", args);
+  std::ifstream in(json_path);
+  nlohmann::json j;
+  if (in) j = nlohmann::json::parse(in);
+  std::remove(json_path.c_str());
+  return {r, j};
+}
+
+}  // namespace
+
+DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row", "[cli][bench]") {
+  const auto [r, j] = bench_json(ctx, {"--seconds", "0.05", "--rounds", "2", "--clients", "1,2",
+                                       "--keys", "20", "--hold-us", "100"});
   INFO(r);
   REQUIRE(r.status == 0);
-  std::ifstream in(json_path);
-  REQUIRE(in);
-  const auto j = nlohmann::json::parse(in);
-  std::remove(json_path.c_str());
+  REQUIRE(!j.is_null());
   CHECK(j.at("format") == "dblock-bench/1");
   CHECK(j.at("rounds") == 2);
   REQUIRE(j.at("backends").size() == 1);
@@ -502,6 +514,33 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
   CHECK(j.at("contention_collapse").at(label).contains("dblock.lease_hot"));
   CHECK(contains(r.err, "bench: ["));  // progress
   CHECK(contains(r.err, "redis.lock skipped"));
+}
+
+DBLOCK_TEST("cli bench: dblock.watchdog holds many watched leases on two threads, none lost",
+            "[cli][bench]") {
+  const auto [r, j] = bench_json(ctx, {"--only", "dblock.watchdog", "--leases", "300"});
+  INFO(r);
+  REQUIRE(r.status == 0);
+  REQUIRE(!j.is_null());
+  std::set<std::string> seen;
+  for (const auto& row : j.at("results")) {
+    INFO(row.dump());
+    seen.insert(row.at("operation").get<std::string>());
+    CHECK(row.at("errors") == 0);
+    CHECK(row.at("successes") == 300);
+    if (row.at("operation") != "dblock.watchdog") continue;
+    CHECK(row.at("floor") == "raw.acquire_many");
+    CHECK(row.at("ratio").get<double>() > 0);
+    CHECK(row.at("lost") == 0);
+    CHECK(row.at("still_valid") == 300);
+    CHECK(row.at("threads_added").get<double>() <= 2);
+    // Held for three TTLs, renewed every third of one: at least six rounds of 300.
+    CHECK(row.at("renewals").get<double>() >= 6 * 300);
+    CHECK(row.at("renewal_statements").get<double>() > 0);
+  }
+  CHECK(seen == std::set<std::string>{"raw.acquire_many", "dblock.watchdog"});
+  CHECK(contains(r.out, "watchdog, " + j.at("backends").at(0).at("label").get<std::string>() +
+                            ": 300 leases"));
 }
 
 DBLOCK_TEST("cli reap: deletes released rows, keeps held ones, says how many", "[cli]") {

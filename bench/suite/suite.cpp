@@ -1,5 +1,6 @@
 #include "suite.hpp"
 
+#include <dirent.h>
 #include <libpq-fe.h>
 #include <sys/select.h>
 #include <unistd.h>
@@ -61,6 +62,7 @@ struct result {
   /// Handoff rows: waiters woken per release, and the longest acquire wait over the mean one.
   std::optional<double> woken_per_release, fairness;
   double wait_mean_us = 0, wait_max_us = 0;  ///< handoff rows: acquire() waits
+  std::map<std::string, double> figures;     ///< further named figures (the watchdog rows)
 };
 
 double percentile(std::vector<float>& v, double q) {
@@ -650,6 +652,132 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
   return ops;
 }
 
+// ---- many watched leases ---------------------------------------------------------------------
+
+// Counts the watchdog's batches and losses.
+class renewal_counter : public dblock::listener {
+ public:
+  void renewed(std::size_t leases, std::size_t round_trips) override {
+    renewals += static_cast<long long>(leases);
+    statements += static_cast<long long>(round_trips);
+    ++batches;
+  }
+  void lease_lost(std::string_view, const dblock::error&) override { ++lost; }
+  std::atomic<long long> renewals{0}, statements{0}, batches{0}, lost{0};
+};
+
+int thread_count() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+double rss_mb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return 0;
+}
+
+// The floor of acquiring `n` distinct names: the very acquire statement, through the C client,
+// one after another; then the releases.
+result raw_acquire_many(backend_ctx& b, int n) {
+  auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+  const std::string base = fresh_name("bench/raw_many") + "/";
+  std::vector<std::pair<std::string, long long>> held;
+  const std::string tok = token();
+  const auto t0 = clk::now();
+  for (int i = 0; i < n; ++i) {
+    const std::string name = base + std::to_string(i);
+    if (auto f = raw_acquire(*c, b, name, tok)) held.emplace_back(name, *f);
+  }
+  const double took = std::chrono::duration<double>(clk::now() - t0).count();
+  for (const auto& [name, fence] : held)
+    raw_release(*c, b, name, tok, fence);
+  result r;
+  r.clients = 1;
+  r.operations = n;
+  r.successes = static_cast<long long>(held.size());
+  r.errors = n - r.successes;
+  r.per_second = static_cast<double>(held.size()) / took;
+  return r;
+}
+
+// `n` leases of distinct names acquired with the watchdog on one database handle, held for
+// three TTLs, then released: the acquire rate, and what holding them cost.
+result watchdog_scale(backend_ctx& b, int n, std::ostream& progress) {
+  const auto ttl = std::chrono::seconds(3);
+  auto events = std::make_shared<renewal_counter>();
+  dblock::database_options o = b.db.options();
+  o.events = events;
+  dblock::database db(b.url, o);
+  const std::string base = fresh_name("bench/watchdog") + "/";
+  dblock::lease_options lo;
+  lo.ttl = ttl;
+  lo.watchdog = true;
+  std::vector<dblock::lease_lock> locks;
+  std::vector<dblock::lease_guard> guards;
+  locks.reserve(static_cast<std::size_t>(n));
+  const int threads0 = thread_count();
+  const double rss0 = rss_mb();
+  const auto t0 = clk::now();
+  for (int i = 0; i < n; ++i) {
+    locks.emplace_back(db, base + std::to_string(i), lo);
+    if (auto g = locks.back().try_acquire()) guards.push_back(std::move(*g));
+  }
+  const double took = std::chrono::duration<double>(clk::now() - t0).count();
+  const int threads1 = thread_count();
+  const double rss1 = rss_mb();
+  const long long renewals0 = events->renewals.load(), statements0 = events->statements.load(),
+                  batches0 = events->batches.load();
+  progress << "bench: " << b.label << " dblock.watchdog: " << guards.size()
+           << " leases held; holding them for 3 TTLs (" << 3 * ttl.count() << " s)\n";
+  std::this_thread::sleep_for(3 * ttl);
+  long long valid = 0;
+  for (const auto& g : guards)
+    valid += g.valid() ? 1 : 0;
+  const long long renewals = events->renewals.load() - renewals0,
+                  statements = events->statements.load() - statements0,
+                  batches = events->batches.load() - batches0;
+  for (auto& g : guards) {
+    try {
+      g.release();
+    } catch (const std::exception&) {
+    }
+  }
+  result r;
+  r.clients = 1;
+  r.operations = n;
+  r.successes = static_cast<long long>(guards.size());
+  r.errors = n - r.successes + (r.successes - valid);
+  r.per_second = static_cast<double>(guards.size()) / took;
+  r.figures = {{"leases", n},
+               {"still_valid", static_cast<double>(valid)},
+               {"lost", static_cast<double>(events->lost.load())},
+               {"threads_added", threads1 - threads0},
+               {"rss_added_mb", rss1 - rss0},
+               {"renewals", static_cast<double>(renewals)},
+               {"renewal_batches", static_cast<double>(batches)},
+               {"renewal_statements", static_cast<double>(statements)},
+               {"statements_per_100_renewals",
+                renewals > 0 ? 100.0 * static_cast<double>(statements) / renewals : 0}};
+  char note[320];
+  std::snprintf(note, sizeof note,
+                "%d leases, watchdog on, TTL 3 s, held 9 s: acquire/s as ops/s; %d threads "
+                "added, RSS +%.1f MB; %lld renewals in %lld batches, %.2f statements per 100 "
+                "renewals; %lld lost, %lld still valid",
+                n, threads1 - threads0, rss1 - rss0, renewals, batches,
+                renewals > 0 ? 100.0 * static_cast<double>(statements) / renewals : 0.0,
+                events->lost.load(), valid);
+  r.note = note;
+  return r;
+}
+
 // ---- handoff latency -------------------------------------------------------------------------
 
 // A releaser stays out of the race until another thread has taken the lock (at most 2 s), so that
@@ -961,6 +1089,8 @@ nlohmann::json to_json(const result& r) {
     j["wait_mean_us"] = r.wait_mean_us;
     j["wait_max_us"] = r.wait_max_us;
   }
+  for (const auto& [k, v] : r.figures)
+    j[k] = v;
   if (r.errors) j["first_error"] = r.first_error;
   return j;
 }
@@ -969,7 +1099,8 @@ nlohmann::json to_json(const result& r) {
 bool plot(const std::string& path, const std::vector<result>& rs, std::ostream& progress) {
   std::map<std::string, std::map<std::string, std::vector<std::pair<int, double>>>> series;
   for (const auto& r : rs)
-    if (r.kind != "handoff") series[r.label][r.operation].push_back({r.clients, r.per_second});
+    if (r.kind != "handoff" && r.kind != "scale")
+      series[r.label][r.operation].push_back({r.clients, r.per_second});
   char dir[] = "/tmp/dblock-plot-XXXXXX";
   if (!mkdtemp(dir)) return false;
   std::ofstream gp(std::string(dir) + "/plot.gp");
@@ -1070,6 +1201,9 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
                            b->db.options().pooler != dblock::pooler_mode::transaction
                        ? 2
                        : 1;
+  // Costs a long set-up (and minutes at 10,000 leases): only when --only names it.
+  const bool want_watchdog = !o.only.empty() && selected(o.only, "dblock.watchdog");
+  if (want_watchdog) total += 2 * ctxs.size();
   const bool want_redis = selected(o.only, "redis.lock");
   if (want_redis && !o.redis.empty()) total += o.clients.size();
   progress << "bench: " << total << " measurements of " << o.seconds << " s each (" << o.repeat
@@ -1163,6 +1297,31 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
           report(std::move(q));
         }
       }
+  if (want_watchdog)
+    for (auto& b : ctxs) {
+      result f = raw_acquire_many(*b, o.watchdog_leases);
+      f.backend = b->backend;
+      f.label = b->label;
+      f.operation = "raw.acquire_many";
+      f.kind = "floor";
+      f.note = std::to_string(o.watchdog_leases) +
+               " distinct names acquired one after another (the acquire statement, C client)";
+      report(std::move(f));
+      result r;
+      try {
+        r = watchdog_scale(*b, o.watchdog_leases, progress);
+      } catch (const std::exception& e) {
+        r.clients = 1;
+        r.errors = 1;
+        r.first_error = e.what();
+      }
+      r.backend = b->backend;
+      r.label = b->label;
+      r.operation = "dblock.watchdog";
+      r.kind = "scale";
+      r.floor = "raw.acquire_many";
+      report(std::move(r));
+    }
   if (want_redis && !o.redis.empty()) {
 #ifdef DBLOCK_HAVE_HIREDIS
     for (int c : o.clients) {
@@ -1202,6 +1361,12 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
   });
   out << "\n";
   print_table(out, results);
+
+  // Many watched leases: what holding them cost.
+  for (const auto& r : results)
+    if (r.operation == "dblock.watchdog")
+      out << "\nwatchdog, " << r.label << ": " << r.note
+          << (r.errors && !r.first_error.empty() ? " (" + r.first_error + ")" : "") << "\n";
 
   // Contention collapse: hot-key successful cycles at the most clients over one client.
   nlohmann::json collapse = nlohmann::json::object();

@@ -21,6 +21,7 @@ struct options {
   std::string plot_path;                 ///< draw throughput against clients here (SVG, gnuplot)
   int keys = 1000;                       ///< distinct keys per client for the spread operations
   int hold_us = 1000;
+  int watchdog_leases = 10000;  ///< leases held with the watchdog by dblock.watchdog
   int poll_max_ms = 0;  ///< lease_options::poll_max for waiting acquires; 0: default ///< how long
                         ///< a holder keeps the lock in the handoff test
 };

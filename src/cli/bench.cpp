@@ -49,6 +49,11 @@ CLI::App* add_bench(CLI::App& app, common_options& common, bench_options& b) {
                    "how long a holder keeps the lock in the handoff measurement (µs)")
       ->check(CLI::Range(0, 10000000))
       ->capture_default_str();
+  bench
+      ->add_option("--leases", o.watchdog_leases,
+                   "leases held with the watchdog by dblock.watchdog (run when --only names it)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   return bench;
 }
 
