@@ -6,10 +6,13 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "dblock/admin.hpp"
+#include "dblock/error.hpp"
 #include "dblock/lease_lock.hpp"
 #include "dblock/listener.hpp"
 #include "harness.hpp"
@@ -165,4 +168,55 @@ DBLOCK_TEST("a fenced write in progress delays only its own lease's renewal", "[
     CHECK(g.valid());
     g.release();
   }
+}
+
+DBLOCK_TEST("on_lost may release its own guard; a slow report delays no other lease's release",
+            "[watchdog]") {
+  const std::string stem = "report/" + dblock::test::random_suffix() + "/";
+  const milliseconds ttl(900);
+  // A: on_lost releases A's own guard (it finds the lease lost), on the watchdog's thread.
+  std::mutex mu;
+  std::optional<dblock::lease_guard> guard_a;
+  std::promise<std::string> a_released;
+  lease_options oa = watched(ttl);
+  oa.on_lost = [&](const dblock::error&) {
+    std::lock_guard<std::mutex> lk(mu);
+    try {
+      guard_a->release();
+      a_released.set_value("released");
+    } catch (const dblock::error& e) {
+      a_released.set_value(dblock::to_string(e.code()));
+    }
+  };
+  // B: on_lost takes 800 ms; meanwhile C (same handle, not lost) is released on this thread.
+  std::promise<void> b_reporting;
+  lease_options ob = watched(ttl);
+  ob.on_lost = [&](const dblock::error&) {
+    b_reporting.set_value();
+    std::this_thread::sleep_for(milliseconds(800));
+  };
+  lease_lock a(ctx.db, stem + "a", oa), b(ctx.db, stem + "b", ob),
+      c(ctx.db, stem + "c", watched(ttl));
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    guard_a = a.try_acquire();
+    REQUIRE(guard_a);
+  }
+  auto gb = b.try_acquire();
+  auto gc = c.try_acquire();
+  REQUIRE(gb);
+  REQUIRE(gc);
+  dblock::force_release(ctx.db, stem + "a", "test", "watchdog_test");
+  auto a_outcome = a_released.get_future();
+  REQUIRE(a_outcome.wait_for(milliseconds(3000)) == std::future_status::ready);
+  CHECK(a_outcome.get() == "lease_lost");  // the release itself found the lease taken
+
+  dblock::force_release(ctx.db, stem + "b", "test", "watchdog_test");
+  REQUIRE(b_reporting.get_future().wait_for(milliseconds(3000)) == std::future_status::ready);
+  const auto t0 = steady::now();
+  gc->release();
+  CHECK(steady::now() - t0 < milliseconds(500));  // not behind B's 800 ms report
+  CHECK_FALSE(gb->valid());
+  // B's own release waits for B's report to end, then finds the lease lost.
+  CHECK(dblock::test::code_of([&] { gb->release(); }) == dblock::errc::lease_lost);
 }

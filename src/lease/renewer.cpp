@@ -46,8 +46,10 @@ struct lease_renewer::core {
   steady::time_point runner_wake = steady::time_point::min();
   steady::time_point watcher_wake = steady::time_point::min();
   bool stop = false;
-  // Held while losses are reported, so that unwatch() can wait for a report in progress.
-  std::recursive_mutex report_mu;
+  // Leases whose loss is being reported, and the reporting thread: unwatch() of one of them
+  // waits for its report (unless called from inside it).
+  std::unordered_map<const lease_state*, std::thread::id> reporting;
+  std::condition_variable reported_cv;
   std::thread runner, watcher;
 
   void run();
@@ -68,18 +70,20 @@ struct lease_renewer::core {
 
 // Reports each loss once, for leases still watched (dropping them first).
 void lease_renewer::core::report(std::vector<std::pair<state_ptr, error>>& lost) {
-  std::lock_guard<std::recursive_mutex> r(report_mu);
   for (auto& [s, why] : lost) {
-    bool watched = false;
     {
       std::lock_guard<std::mutex> lk(mu);
       auto it = entries.find(s.get());
-      if (it != entries.end() && it->second.state == s) {
-        entries.erase(it);
-        watched = true;
-      }
+      if (it == entries.end() || it->second.state != s) continue;  // unwatched meanwhile
+      entries.erase(it);
+      reporting[s.get()] = std::this_thread::get_id();
     }
-    if (watched) s->mark_lost(why);
+    s->mark_lost(why);
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      reporting.erase(s.get());
+    }
+    reported_cv.notify_all();
   }
   lost.clear();  // the last references may go here, outside the lock
 }
@@ -239,13 +243,20 @@ void lease_renewer::watch(const std::shared_ptr<lease_state>& s) {
 }
 
 void lease_renewer::unwatch(const lease_state* s) {
-  std::lock_guard<std::recursive_mutex> r(core_->report_mu);
   state_ptr keep;  // dropped outside the lock
-  std::lock_guard<std::mutex> lk(core_->mu);
+  std::unique_lock<std::mutex> lk(core_->mu);
   auto it = core_->entries.find(s);
-  if (it == core_->entries.end()) return;
-  keep = std::move(it->second.state);
-  core_->entries.erase(it);
+  if (it != core_->entries.end()) {
+    keep = std::move(it->second.state);
+    core_->entries.erase(it);
+    lk.unlock();
+    return;
+  }
+  // Its loss is being reported: wait for the report, unless this is the reporting thread.
+  core_->reported_cv.wait(lk, [&] {
+    auto r = core_->reporting.find(s);
+    return r == core_->reporting.end() || r->second == std::this_thread::get_id();
+  });
 }
 
 lease_renewer& renewer_of(const std::shared_ptr<database_impl>& db) {

@@ -23,9 +23,10 @@ class lease_renewer {
   /// Renews `s` every ttl/3 (a batch going out anyway takes it up to ttl/6 early) until
   /// unwatch() or until it is found lost (then lease_state::mark_lost() reports it, once).
   void watch(const std::shared_ptr<lease_state>& s);
-  /// Stops renewing `s`. Once this returns, no loss of `s` is reported by the renewer (a loss
-  /// report running on another thread is waited for; from inside the loss report itself, this
-  /// does not wait). A batch in flight may still extend the lease once.
+  /// Stops renewing `s`. Once this returns, no loss of `s` is reported by the renewer (a report
+  /// of `s` running on another thread is waited for, as the end of a lease's own watchdog
+  /// thread used to be; from inside that report, this does not wait). Reports of other leases
+  /// are never waited for. A batch in flight may still extend the lease once.
   void unwatch(const lease_state* s);
 
   struct core;

@@ -1,0 +1,218 @@
+// Batch renewal under delayed replies (#19): 2,000 watched leases across 8 worker processes,
+// each process's leases renewed in batches by its database handle's watchdog, held for three
+// TTLs while the fault proxy delays every reply of the worker's connections.
+// - Renewable delays (0-100 ms a reply: a batch of 4 round trips ends well inside the slack
+//   between a renewal and the local validity's end): no lease is lost, every guard is valid.
+// - Unrenewable delays (2 x TTL a reply): every lease is reported lost, and each report comes
+//   while the row, read directly on the database clock, still carries our unexpired lease.
+// SQLite has no connection to delay: another connection holds the whole database (BEGIN
+// EXCLUSIVE) for 300 ms of every 700 ms instead, which every renewal must wait out.
+#include <soci/soci.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "dblock/admin.hpp"
+#include "fault_support.hpp"
+#include "harness.hpp"
+#include "proxy.hpp"
+
+using namespace dblock;
+using namespace dblock::test;
+using namespace dblock::test::faults;
+using std::chrono::milliseconds;
+
+namespace {
+
+// Checks each loss report against the rows, read directly: the reported lease must still be
+// ours and unexpired when the report comes.
+class loss_checker {
+ public:
+  loss_checker(database direct, std::string pattern)
+      : direct_(std::move(direct)), pattern_(std::move(pattern)), thread_([this] { run(); }) {}
+  ~loss_checker() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void reported(const std::string& name, const std::string& token) {
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_.emplace_back(name, token);
+    cv_.notify_all();
+  }
+  // Reports checked so far, and those whose lease was gone or expired when checked.
+  std::pair<long long, long long> counts() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, milliseconds(2000), [&] { return pending_.empty(); });
+    return {checked_, late_};
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_) {
+      cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+      if (pending_.empty()) continue;
+      auto batch = std::move(pending_);
+      pending_.clear();
+      lk.unlock();
+      list_options lo;
+      lo.pattern = pattern_;
+      lo.limit = 100000;
+      std::map<std::string, std::string> held;  // held now (unexpired), by owner
+      for (const auto& li : list_locks(direct_, lo))
+        held[li.name] = li.owner_token;
+      lk.lock();
+      for (const auto& [name, token] : batch) {
+        ++checked_;
+        auto it = held.find(name);
+        if (it == held.end() || it->second != token) ++late_;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  database direct_;
+  std::string pattern_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<std::string, std::string>> pending_;
+  long long checked_ = 0, late_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+// args: backend url prefix leases ttl_ms delay_ms stem out_file
+// Writes "R <acquired> <lost> <checked> <late> <valid>".
+DBLOCK_WORKER(batch_renewal_worker) {
+  const std::string backend = args.at(0), url = args.at(1), prefix = args.at(2);
+  const int leases = std::stoi(args.at(3)), ttl_ms = std::stoi(args.at(4));
+  const int delay_ms = std::stoi(args.at(5));
+  const std::string stem = args.at(6);
+  std::unique_ptr<tcp_proxy> proxy;
+  std::string via = url;
+  if (backend != "sqlite") {
+    auto [host, port] = url_host_port(url);
+    proxy = std::make_unique<tcp_proxy>(host, port);
+    via = url_via(url, proxy->port());
+  }
+  database_options o = with_prefix(prefix);
+  o.pool_size = 3;
+  database db(via, o);
+  loss_checker checker(open_db(url, prefix, 2), stem + "*");
+  std::atomic<long long> lost{0};
+  std::vector<lease_lock> locks;
+  std::vector<lease_guard> guards;
+  std::vector<std::string> tokens(static_cast<std::size_t>(leases));
+  locks.reserve(static_cast<std::size_t>(leases));
+  for (int i = 0; i < leases; ++i) {
+    lease_options lo;
+    lo.ttl = milliseconds(ttl_ms);
+    lo.watchdog = true;
+    const std::string name = stem + std::to_string(i);
+    lo.on_lost = [&, name, i](const error&) {
+      ++lost;
+      checker.reported(name, tokens[static_cast<std::size_t>(i)]);
+    };
+    locks.emplace_back(db, name, lo);
+    auto g = locks.back().try_acquire();
+    if (!g) return 10;
+    tokens[static_cast<std::size_t>(i)] = g->owner_token();
+    guards.push_back(std::move(*g));
+  }
+  if (proxy) proxy->delay_all_replies(milliseconds(delay_ms));
+  std::this_thread::sleep_for(milliseconds(3 * ttl_ms));
+  long long valid = 0;
+  for (const auto& g : guards)
+    valid += g.valid() ? 1 : 0;
+  const auto [checked, late] = checker.counts();
+  if (proxy) {
+    proxy->delay_all_replies(milliseconds(0));
+    proxy->cut_all();  // batches still waiting for delayed replies give up
+  }
+  for (auto& g : guards) {
+    try {
+      g.release();
+    } catch (const std::exception&) {
+    }
+  }
+  std::ostringstream out;
+  out << "R " << guards.size() << " " << lost.load() << " " << checked << " " << late << " "
+      << valid << "\n";
+  write_file_atomic(args.at(7), out.str());
+  return 0;
+}
+
+DBLOCK_TEST("watched leases in batches: renewable delays lose none, others are reported in time",
+            "[faults][renewal]") {
+  const int workers = 8, per_worker = 250, ttl_ms = 3000;
+  const bool sqlite = ctx.backend == "sqlite";
+  // Per worker: the delay of every reply (ms); the last two cannot renew (not on SQLite).
+  std::vector<int> delays = {0, 20, 40, 60, 80, 100, 2 * ttl_ms, 2 * ttl_ms};
+  if (sqlite) delays = {0, 0, 0, 0, 0, 0, 0, 0};
+  temp_dir dir("faults-batch-renew");
+  process_set ps;
+  const std::string stem = "batch/" + random_suffix() + "/";
+  for (int w = 0; w < workers; ++w)
+    ps.spawn("batch_renewal_worker",
+             {ctx.backend, ctx.url, ctx.prefix, std::to_string(per_worker), std::to_string(ttl_ms),
+              std::to_string(delays[static_cast<std::size_t>(w)]),
+              stem + "w" + std::to_string(w) + "/", dir.file("w" + std::to_string(w))});
+  // SQLite: the whole database held 300 ms of every 700 ms while the workers run.
+  std::atomic<bool> done{false};
+  std::thread blocker;
+  long long blocks = 0;
+  if (sqlite)
+    blocker = std::thread([&] {
+      auto c = ctx.db.connect();
+      while (!done.load()) {
+        c.session() << "BEGIN EXCLUSIVE";
+        std::this_thread::sleep_for(milliseconds(300));
+        c.session() << "COMMIT";
+        ++blocks;
+        std::this_thread::sleep_for(milliseconds(400));
+      }
+    });
+  const auto statuses = ps.wait_all(std::chrono::seconds(180));
+  done = true;
+  if (blocker.joinable()) blocker.join();
+  long long renewable_lost = 0, unrenewable_unreported = 0, late = 0, held = 0;
+  for (int w = 0; w < workers; ++w) {
+    INFO("worker " << w << " exit status " << statuses[static_cast<std::size_t>(w)]);
+    REQUIRE(statuses[static_cast<std::size_t>(w)] == 0);
+    std::istringstream in(read_file(dir.file("w" + std::to_string(w))));
+    std::string k;
+    long long acquired = 0, lost = 0, checked = 0, late_w = 0, valid = 0;
+    REQUIRE(in >> k >> acquired >> lost >> checked >> late_w >> valid);
+    const int delay = delays[static_cast<std::size_t>(w)];
+    INFO("delay " << delay << " ms: acquired " << acquired << ", lost " << lost << ", checked "
+                  << checked << ", late " << late_w << ", valid " << valid);
+    CHECK(acquired == per_worker);
+    held += acquired;
+    CHECK(checked == lost);
+    CHECK(late_w == 0);
+    late += late_w;
+    if (delay < ttl_ms) {
+      CHECK(lost == 0);
+      CHECK(valid == per_worker);
+      renewable_lost += lost;
+    } else {
+      CHECK(lost == per_worker);
+      CHECK(valid == 0);
+      unrenewable_unreported += per_worker - lost;
+    }
+  }
+  if (sqlite) CHECK(blocks >= 10);
+  report("19-batch-renewal-delays", ctx.backend, held,
+         sqlite ? blocks : 2LL * per_worker + 6 * per_worker,
+         renewable_lost + unrenewable_unreported + late);
+}
