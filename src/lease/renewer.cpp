@@ -50,6 +50,11 @@ struct lease_renewer::core {
   // waits for its report (unless called from inside it).
   std::unordered_map<const lease_state*, std::thread::id> reporting;
   std::condition_variable reported_cv;
+  // True while the runner renews a round of batches (it then holds their leases and the
+  // database); idle_cv is notified when the round is over.
+  bool round_running = false;
+  std::thread::id runner_id;
+  std::condition_variable idle_cv;
   std::thread runner, watcher;
 
   void run();
@@ -166,6 +171,7 @@ void lease_renewer::core::run() {
         e.in_flight = true;
         due[e.state->ttl.count()].push_back(e.state);
       }
+    round_running = true;
     lk.unlock();
     for (auto& [ttl, group] : due)
       for (std::size_t from = 0; from < group.size(); from += lock_table::renew_batch_max) {
@@ -176,6 +182,8 @@ void lease_renewer::core::run() {
       }
     due.clear();
     lk.lock();
+    round_running = false;
+    idle_cv.notify_all();
   }
 }
 
@@ -210,6 +218,10 @@ void lease_renewer::core::watch_deadlines() {
 lease_renewer::lease_renewer(std::weak_ptr<database_impl> db) : core_(std::make_shared<core>()) {
   core_->db = std::move(db);
   core_->runner = std::thread([c = core_] { c->run(); });
+  {
+    std::lock_guard<std::mutex> lk(core_->mu);
+    core_->runner_id = core_->runner.get_id();
+  }
   core_->watcher = std::thread([c = core_] { c->watch_deadlines(); });
 }
 
@@ -247,8 +259,16 @@ void lease_renewer::unwatch(const lease_state* s) {
   std::unique_lock<std::mutex> lk(core_->mu);
   auto it = core_->entries.find(s);
   if (it != core_->entries.end()) {
+    const bool in_flight = it->second.in_flight;
     keep = std::move(it->second.state);
     core_->entries.erase(it);
+    // A renewal of it is in flight: wait (briefly, and never on the runner itself) until the
+    // round is over, so that once the last watched lease is released no renewal still runs on
+    // the handle's connections (a process may exit right after).
+    if (in_flight && std::this_thread::get_id() != core_->runner_id) {
+      const auto until = std::min(keep->deadline_tp(), steady::now() + std::chrono::seconds(2));
+      core_->idle_cv.wait_until(lk, until, [&] { return !core_->round_running; });
+    }
     lk.unlock();
     return;
   }

@@ -26,7 +26,9 @@ class lease_renewer {
   /// Stops renewing `s`. Once this returns, no loss of `s` is reported by the renewer (a report
   /// of `s` running on another thread is waited for, as the end of a lease's own watchdog
   /// thread used to be; from inside that report, this does not wait). Reports of other leases
-  /// are never waited for. A batch in flight may still extend the lease once.
+  /// are never waited for. When a renewal of `s` is in flight, this waits for that round of
+  /// batches to end (at most 2 s, and not past the lease's local validity), so that no renewal
+  /// runs on the handle once its last watched lease is released.
   void unwatch(const lease_state* s);
 
   struct core;
