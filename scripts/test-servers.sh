@@ -28,8 +28,9 @@
 # Single-server control, for fault-injection tests (the exported
 # DBLOCK_TEST_*_CMD variables are ready-made calls of these):
 #   test-servers.sh pg-start DIR
-#   test-servers.sh pg-stop DIR [fast|smart|immediate]    (default: fast)
-#   test-servers.sh pg-restart DIR [fast|smart|immediate] (default: fast)
+#   test-servers.sh pg-stop DIR [fast|smart|immediate|kill9]    (default: fast)
+#   test-servers.sh pg-restart DIR [fast|smart|immediate|kill9] (default: fast)
+#       (kill9: SIGKILL to the postmaster and all its processes, a crash)
 #   test-servers.sh mysql-start DIR
 #   test-servers.sh mysql-stop DIR [TERM|KILL]             (default: TERM)
 #   test-servers.sh mysql-restart DIR [TERM|KILL]          (default: TERM)
@@ -269,13 +270,28 @@ pg_start() {
     msg "PostgreSQL up on 127.0.0.1:$(read_port "$dir" pg) ($(elapsed "$t0"))"
 }
 
-pg_stop() { # pg_stop DIR [fast|smart|immediate]
+pg_stop() { # pg_stop DIR [fast|smart|immediate|kill9]
     local dir=$1 mode=${2:-fast} data pid t0
     data=$(pg_data "$dir")
     [ -f "$data/postmaster.pid" ] || return 0
     pid=$(head -n 1 "$data/postmaster.pid")
     proc_alive "$pid" || return 0
     t0=$(now_ms)
+    if [ "$mode" = kill9 ]; then
+        # A crash: SIGKILL to the postmaster and every server process at once (the WAL writer
+        # among them, so what it had not flushed yet is lost), then wait until all are gone;
+        # the next start runs crash recovery (and empties UNLOGGED tables).
+        local kids
+        kids=$(pgrep -P "$pid" || true)
+        # shellcheck disable=SC2086
+        kill -KILL "$pid" $kids 2>/dev/null || true
+        for k in $pid $kids; do wait_gone "$k" 10 || msg "WARNING: server process $k does not die"; done
+        # A killed postmaster may linger as a zombie until its parent reaps it, and the next
+        # postmaster would take the pid in its lock files for a live server: they go now.
+        rm -f "$data/postmaster.pid" "$(pg_sock_dir "$dir")"/.s.PGSQL.*.lock
+        msg "PostgreSQL killed (SIGKILL, $(elapsed "$t0"))"
+        return 0
+    fi
     if ! as_pg "$PG_BIN/pg_ctl" -w -t "$PG_STOP_TIMEOUT" -D "$data" -m "$mode" stop >/dev/null 2>&1; then
         msg "PostgreSQL did not stop with -m $mode; trying -m immediate"
         if ! as_pg "$PG_BIN/pg_ctl" -w -t 10 -D "$data" -m immediate stop >/dev/null 2>&1; then

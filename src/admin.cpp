@@ -65,4 +65,15 @@ std::vector<forced_release> recent_forced_releases(const database& db, std::size
   });
 }
 
+lease_durability lease_durability_of(const database& db) {
+  return detail::with_session(access::impl(db), "read the lease table's durability",
+                              [&](session_scope& s) { return detail::lock_table::durability(s); });
+}
+
+void set_lease_durability(const database& db, lease_durability durability) {
+  detail::with_session(access::impl(db), "set the lease table's durability", [&](session_scope& s) {
+    detail::lock_table::set_durability(s, durability);
+  });
+}
+
 }  // namespace dblock

@@ -651,3 +651,41 @@ DBLOCK_TEST("cli migrate: applies a fresh prefix once, then nothing", "[cli]") {
   INFO(r.output);
   CHECK(r.status == 0);
 }
+
+DBLOCK_TEST("cli migrate --lease-durability: fast on PostgreSQL, a clear refusal elsewhere",
+            "[cli][durability][direct]") {
+  const std::string fresh = ctx.new_prefix();
+  auto durable = run_cli({"migrate", "--url", ctx.url, "--table-prefix", fresh});
+  {
+    INFO(durable.output);
+    REQUIRE(durable.status == 0);
+    CHECK(contains(durable.output, "resource_lock: durable"));
+  }
+  auto fast =
+      run_cli({"migrate", "--url", ctx.url, "--table-prefix", fresh, "--lease-durability", "fast"});
+  INFO(fast.output);
+  if (ctx.backend == "postgresql") {
+    CHECK(fast.status == 0);
+    CHECK(contains(fast.output, "resource_lock: fast"));
+    // exec on the fast table: a fence above the first epoch.
+    auto r = run_cli({"exec", "--url", ctx.url, "--table-prefix", fresh, "--lock", lock_name(),
+                      "--", "sh", "-c", "echo fence=$DBLOCK_FENCE"});
+    INFO(r.output);
+    CHECK(r.status == 0);
+    std::smatch m;
+    REQUIRE(std::regex_search(r.output, m, std::regex("fence=([0-9]+)")));
+    CHECK(std::stoll(m[1].str()) >= (1LL << 32));
+    auto back = run_cli(
+        {"migrate", "--url", ctx.url, "--table-prefix", fresh, "--lease-durability", "durable"});
+    INFO(back.output);
+    CHECK(back.status == 0);
+    CHECK(contains(back.output, "resource_lock: durable"));
+  } else {
+    CHECK(fast.status != 0);
+    CHECK(contains(fast.output, "fast lease mode is not available on " + ctx.backend));
+  }
+  auto bad = run_cli(
+      {"migrate", "--url", ctx.url, "--table-prefix", fresh, "--lease-durability", "quick"});
+  INFO(bad.output);
+  CHECK(bad.status == 2);
+}

@@ -77,7 +77,9 @@ lease_options watched(milliseconds ttl) {
 }  // namespace
 
 DBLOCK_TEST("the watchdog renews a thousand leases in batches from two threads", "[watchdog]") {
-  const int leases = dblock::test::full_run() ? 10000 : 1000;
+  const int leases = dblock::test::full_run()          ? 10000
+                     : dblock::test::sanitized_build() ? 300
+                                                       : 1000;
   const milliseconds ttl(1500);
   auto events = std::make_shared<renewal_counter>();
   auto db = open_counted(ctx, events);

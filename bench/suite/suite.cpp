@@ -192,11 +192,14 @@ struct backend_ctx {
   std::string begin_write;
   /// The dblock.tablesize_* operations' databases: N -> tables holding N released lease rows.
   std::map<long long, dblock::database> sized;
+  /// PostgreSQL's fast lease mode: the same set-up on tables of their own (prefix + "fast_")
+  /// whose lease table is UNLOGGED (set_lease_durability); made when an operation needs it.
+  std::unique_ptr<backend_ctx> fast;
 };
 
 // A raw lease acquire: the very statements dblock runs, through the C client.
 std::optional<long long> raw_acquire(raw_client& c, const backend_ctx& b, const std::string& name,
-                                     const std::string& tok) {
+                                     const std::string& tok, long long floor = 0) {
   if (b.sql.write_transaction) c.run("begin", "BEGIN IMMEDIATE", {});
   outcome o;
   try {
@@ -206,7 +209,8 @@ std::optional<long long> raw_acquire(raw_client& c, const backend_ctx& b, const 
                {"ttl", kTtlUs},
                {"host", std::string("bench")},
                {"pid", static_cast<long long>(::getpid())},
-               {"thread", std::string("1")}});
+               {"thread", std::string("1")},
+               {"floor", floor}});
   } catch (...) {
     if (b.sql.write_transaction) c.exec("ROLLBACK");
     throw;
@@ -414,6 +418,42 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
                  "the same with 1,000,000 released rows (filled once, kept; runs only when --only "
                  "names it); ratio to 10 rows",
                  tablesize_op(1000000), true});
+
+  // PostgreSQL's fast lease mode: the lease cycle on an UNLOGGED lease table (b.fast), the raw
+  // client raising the fence epoch once per connection as dblock does. Compare with pg.advisory.
+  if (pg && b.fast) {
+    ops.push_back(
+        {"raw.lease_fast", "floor", "",
+         "acquire+release, distinct keys, UNLOGGED lease table (fast mode), fence epoch raised "
+         "once per connection",
+         [key_name](backend_ctx& b, int t) {
+           backend_ctx& f = *b.fast;
+           auto c = std::shared_ptr<raw_client>(connect_raw(f.url));
+           c->exec("BEGIN");
+           c->exec("SET LOCAL synchronous_commit = remote_apply");
+           const std::optional<long long> epoch =
+               c->run("epoch",
+                      "UPDATE " + f.prefix +
+                          "resource_lock_fence_floor SET epoch = epoch + 1 WHERE id = 1"
+                          " RETURNING epoch",
+                      {})
+                   .value;
+           c->exec("COMMIT");
+           if (!epoch) throw std::runtime_error("raising the fence epoch returned nothing");
+           const long long floor = *epoch << 32;
+           return cycle_fn([c, &f, t, key_name, floor] {
+             const std::string name = key_name(t), tok = token();
+             auto fence = raw_acquire(*c, f, name, tok, floor);
+             return fence && raw_release(*c, f, name, tok, *fence);
+           });
+         }});
+    ops.push_back({"dblock.lease_fast", "dblock", "raw.lease_fast",
+                   "try_acquire()+release(), distinct keys, fast lease mode "
+                   "(set_lease_durability(fast)); compare with pg.advisory",
+                   [keys](backend_ctx& b, int t) {
+                     return lease_cycle(b.fast->db, "bench/" + std::to_string(t) + "/", keys);
+                   }});
+  }
 
   ops.push_back({"raw.lease_hot", "floor", "",
                  "one key, polling: one try per operation, successes counted",
@@ -953,7 +993,7 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   dblock::database db(url, dbo);
   dblock::migrate(db);
   auto b = std::unique_ptr<backend_ctx>(
-      new backend_ctx{url, db.backend(), "", "", "", {}, db, {}, "", "", "", {}});
+      new backend_ctx{url, db.backend(), "", "", "", {}, db, {}, "", "", "", {}, nullptr});
   const auto& impl = detail::access::impl(db);
   b->sql = {impl->statements.acquire.text, impl->statements.release.text,
             impl->statements.renew.text, impl->dia->exec.statement_in_transaction()};
@@ -963,6 +1003,13 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   b->begin_write = impl->dia->sql.begin_write();
   b->version = connect_raw(url)->server_version();
   if (o.poll_max_ms > 0) b->wait_options.poll_max = milliseconds(o.poll_max_ms);
+  if (b->backend == "postgresql" && db.options().pooler != dblock::pooler_mode::transaction &&
+      selected(o.only, "lease_fast") && o.prefix.find("fast_") == std::string::npos) {
+    options fo = o;
+    fo.prefix = o.prefix + "fast_";
+    b->fast = open_backend(url, fo);
+    dblock::set_lease_durability(b->fast->db, dblock::lease_durability::fast);
+  }
   auto c = db.connect();
   c.session() << "DROP TABLE IF EXISTS " << b->item;
   c.session() << "DROP TABLE IF EXISTS " << b->prefix << "order_row";

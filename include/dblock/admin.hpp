@@ -11,7 +11,7 @@
 
 /// @file
 /// @brief Administration of the lease table: list_locks(), force_release(),
-/// recent_forced_releases().
+/// recent_forced_releases(), lease_durability_of() and set_lease_durability().
 
 namespace dblock {
 
@@ -96,5 +96,41 @@ forced_release force_release(const database& db, const std::string& name, const 
 /// @throws dblock::error errc::invalid_argument for a limit outside 1..10000; the
 ///         @ref database_errors "database errors".
 std::vector<forced_release> recent_forced_releases(const database& db, std::size_t limit = 5);
+
+/// Whether writes to the lease table wait for durability (see set_lease_durability()).
+enum class lease_durability {
+  durable,  ///< every acquire, renew and release is flushed before it is acknowledged (default)
+  fast,     ///< they are not (PostgreSQL: an UNLOGGED lease table); fences stay monotonic
+};
+
+/// The lease table's durability: a plain read (always durable on MySQL and SQLite).
+/// Thread-safety: safe to call concurrently.
+/// @throws dblock::error errc::schema_missing before `dblock migrate`; the
+///         @ref database_errors "database errors".
+lease_durability lease_durability_of(const database& db);
+
+/**
+ * @brief Switches the lease table between durable and fast lease mode (PostgreSQL only).
+ *
+ * Fast mode makes `<prefix>resource_lock` an UNLOGGED table: acquire, renew and release skip the
+ * WAL flush (about 2-2.7x the lease cycles per second here, see docs/fast-leases.md). The
+ * trade: a server crash (not a clean restart) and a failover empty the table, so every lease
+ * held then is lost (its holder's renew, release and fenced() report errc::lease_lost), and
+ * standbys never see the table. What is kept: TTLs on the database clock, owner tokens, fenced
+ * writes in the holder's transaction (which are durable), and fences that never go back, also
+ * across a crash that lost acknowledged grants: each connection raises a durable fence epoch
+ * before its first acquire and grants fences of at least epoch x 2^32 (so fences are large
+ * numbers in fast mode). Every handle on the same tables follows the table; the change takes
+ * an exclusive lock on it and rewrites it (PostgreSQL's ALTER TABLE SET UNLOGGED / SET LOGGED).
+ * Connections behind a transaction-mode pooler refuse to acquire on a fast table.
+ *
+ * Does nothing when the table already has that durability. Thread-safety: safe to call
+ * concurrently (the DDL serialises).
+ * @throws dblock::error errc::invalid_argument for lease_durability::fast on MySQL/MariaDB (the
+ *         log flush is a server-wide setting) or SQLite (durability is per connection: the
+ *         URL's `synchronous=normal`); errc::schema_missing before `dblock migrate`; the
+ *         @ref database_errors "database errors".
+ */
+void set_lease_durability(const database& db, lease_durability durability);
 
 }  // namespace dblock

@@ -14,9 +14,10 @@
 
 namespace dblock::cli {
 
-// migrate.cpp: dblock migrate [--dry-run]
+// migrate.cpp: dblock migrate [--dry-run] [--lease-durability durable|fast]
 struct migrate_options {
   bool dry_run = false;
+  std::string lease_durability;  // empty: leave as it is
 };
 CLI::App* add_migrate(CLI::App& app, common_options& common, migrate_options& m);
 int run_migrate(const common_options& c, const migrate_options& m);

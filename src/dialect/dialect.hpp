@@ -73,6 +73,9 @@ struct connection_state {
   session_ref server;
   /// Behind a transaction-mode pooler: nothing on the server outlives a transaction.
   bool transaction_pooler = false;
+  /// The least fence a lease acquire on this connection grants (lock_table::fence_floor()),
+  /// once known.
+  std::optional<std::int64_t> fence_floor;
 };
 
 // ---- statements ---------------------------------------------------------------------------
@@ -244,10 +247,27 @@ class vocabulary {
   /**
    * The lease acquire statement: one atomic upsert that takes the row when absent, expired,
    * released or already ours (reentry keeps the fence). Parameters name, token, ttl (µs), host,
-   * pid, thread. Yields the fence when acquired (RETURNING; MySQL: LAST_INSERT_ID() from the OK
-   * packet, 0 when held by another owner).
+   * pid, thread, floor (a new grant's fence is at least floor: the connection's fence epoch,
+   * see lock_table::fence_floor()). Yields the fence when acquired (RETURNING; MySQL:
+   * LAST_INSERT_ID() from the OK packet, 0 when held by another owner).
    */
   virtual std::string lease_acquire(const table_names&) const = 0;
+  /**
+   * Fast leases (docs/fast-leases.md). A query, parameter `table` (the lock table's name in the
+   * current schema), yielding one row: 1 when the lock table is durable, 0 when its writes skip
+   * the flush and a crash loses them (PostgreSQL: UNLOGGED). Empty where it is always durable.
+   */
+  virtual std::string lock_table_durable() const { return {}; }
+  /// The DDL making the lock table non-durable (`fast`) or durable again; empty where the
+  /// backend has no such table (see no_fast_leases()).
+  virtual std::string set_lock_table_durability(const table_names&, bool /*fast*/) const {
+    return {};
+  }
+  /// Why the backend has no fast lease mode (set_lock_table_durability() is empty).
+  virtual std::string no_fast_leases() const { return {}; }
+  /// Inside a write transaction: a statement that makes its COMMIT wait until the transaction
+  /// is durable, whatever the session's settings. Empty where every commit is.
+  virtual std::string durable_commit() const { return {}; }
   /**
    * Reserves IDs of a generator: `next_id = max(next_id, (now_ms - :epoch_ms) * :per_ms) + :n`
    * on the database clock, for the row `generator = :name`. Yields the new next_id (RETURNING;

@@ -55,11 +55,68 @@ lock_info to_lock_info(const sql_result& r, std::size_t i) {
 
 }  // namespace
 
+std::int64_t fence_floor(session_scope& s) {
+  connection_state& st = s.state();
+  if (st.fence_floor) return *st.fence_floor;
+  std::int64_t floor = 0;
+  if (durability(s) == lease_durability::fast) {
+    if (st.transaction_pooler)
+      throw error(errc::invalid_argument,
+                  "the lock table " + s.tables().lock +
+                      " is in fast lease mode (not durable), which needs connections straight to "
+                      "the server or through a session-mode pooler: behind a transaction-mode "
+                      "pooler dblock cannot tell a server restart, so fences could go back after a "
+                      "crash (make it durable with set_lease_durability() or `dblock migrate "
+                      "--lease-durability durable`, or use a direct URL)");
+    const lock_statements& t = s.statements();
+    sql_result r;
+    try {
+      write_scope w(s, write_kind::transaction, "raise the fence epoch");
+      if (!t.durable_commit.text.empty()) s.run(t.durable_commit, {});
+      r = s.run(t.epoch_raise, {});
+      w.commit();
+    } catch (const error& e) {
+      // An epoch raised or not is harmless either way (epochs may skip); nothing was acquired.
+      if (e.code() != errc::in_doubt) throw;
+      throw error(errc::connection_lost, e.what(), e.backend(), e.sqlstate(), e.native_code());
+    }
+    if (r.empty() || r.is_null(0, 0))
+      throw error(errc::schema_missing, "the fence floor row of " + s.tables().floor +
+                                            " is missing (run `dblock migrate`)");
+    floor = r.integer(0, 0) << fence_epoch_shift;
+  }
+  st.fence_floor = floor;
+  return floor;
+}
+
+lease_durability durability(session_scope& s) {
+  const statement& q = s.statements().lock_durable;
+  if (q.text.empty()) return lease_durability::durable;
+  const sql_result r = s.run(q, {s.tables().lock});
+  if (r.empty())
+    throw error(errc::schema_missing,
+                "the lock table " + s.tables().lock + " does not exist (run `dblock migrate`)");
+  return r.integer(0, 0) == 0 ? lease_durability::fast : lease_durability::durable;
+}
+
+void set_durability(session_scope& s, lease_durability d) {
+  const std::string ddl =
+      s.dia().sql.set_lock_table_durability(s.tables(), d == lease_durability::fast);
+  if (ddl.empty()) {
+    if (d == lease_durability::durable) return;  // it always is
+    throw error(errc::invalid_argument, "fast lease mode is not available on " + s.db().backend +
+                                            ": " + s.dia().sql.no_fast_leases());
+  }
+  if (durability(s) == d) return;
+  s.run(statement{"", ddl, {}}, {});
+}
+
 std::optional<std::int64_t> acquire(session_scope& s, const acquire_params& p) {
+  const long long floor = fence_floor(s);
   const sql_result r =
       write_statement(s, s.statements().acquire,
                       {p.name, p.owner_token, static_cast<long long>(p.ttl_us), p.holder_host,
-                       static_cast<long long>(p.holder_pid), p.holder_thread});
+                       static_cast<long long>(p.holder_pid), p.holder_thread, floor});
   if (!r.empty()) {
     if (r.is_null(0, 0)) return std::nullopt;
     return r.integer(0, 0);

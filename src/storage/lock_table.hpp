@@ -49,6 +49,21 @@ struct applied_migration {
 namespace lock_table {
 
 // ---- lease (autocommit statements; SQLite wraps each in its write transaction) --------------
+/// The bits of a fence below the epoch (fence_floor()).
+constexpr int fence_epoch_shift = 32;
+/**
+ * The least fence an acquire on this connection may grant, found at its first acquire and kept
+ * with the connection: 0 while the lock table is durable. When it is not (PostgreSQL UNLOGGED,
+ * set_durability()), a crash may lose acknowledged grants, so the connection first raises the
+ * fence epoch by one in a durable transaction and grants fences of at least epoch << 32: every
+ * connection open after a crash raised the epoch above all those before it. Refused behind a
+ * transaction-mode pooler, whose client connections outlive the server's sessions.
+ */
+std::int64_t fence_floor(session_scope&);
+/// Whether the lock table's writes wait for durability (a plain read).
+lease_durability durability(session_scope&);
+/// Makes the lock table durable or fast (DDL; see set_lease_durability()).
+void set_durability(session_scope&, lease_durability);
 /// One atomic upsert; the fence when acquired, nothing when another owner holds the lease.
 std::optional<std::int64_t> acquire(session_scope&, const acquire_params&);
 /// Extends an unexpired lease owned by `token`; false when no longer ours or expired.

@@ -21,7 +21,7 @@ const char* const ours_and_held =
 void lease_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
   s.acquire = routine("lease_acquire", v.lease_acquire(t),
-                      {"name", "token", "ttl", "host", "pid", "thread"});
+                      {"name", "token", "ttl", "host", "pid", "thread", "floor"});
   s.renew = routine(
       "lease_renew",
       "UPDATE " + t.lock + " SET expires_at = " + v.plus_us(now, "ttl") + ours_and_held + now,
@@ -53,13 +53,19 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
                          " SET expires_at = " + v.plus_us(now, "ttl") + held_now +
                          " AND resource_name IN (";
   s.renew_batch_skip_locked = v.for_update_skip_locked();
+  // The fence epoch (lock_table::fence_floor()).
+  const std::string durable = v.lock_table_durable();
+  if (!durable.empty()) s.lock_durable = make("lock_durable", durable, {"table"});
+  s.durable_commit = make("", v.durable_commit(), {});
+  s.epoch_raise = make(
+      "", "UPDATE " + t.floor + " SET epoch = epoch + 1 WHERE id = 1" + v.returning("epoch"), {});
 }
 
 void waiter_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
   const std::string dq = v.lease_acquire_dequeue(t);
   s.acquire_dequeue = routine(dq.empty() ? "" : "lease_acquire_dequeue", dq,
-                              {"name", "token", "ttl", "host", "pid", "thread", "ticket"});
+                              {"name", "token", "ttl", "host", "pid", "thread", "floor", "ticket"});
   s.waiter_insert =
       make("waiter_insert",
            "INSERT INTO " + t.waiters +

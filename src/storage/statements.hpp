@@ -11,12 +11,20 @@ namespace dblock::detail {
 
 struct lock_statements {
   // ---- lease ----------------------------------------------------------------------------------
-  statement acquire;  ///< name, token, ttl, host, pid, thread -> fence (see vocabulary)
+  /// name, token, ttl, host, pid, thread, floor -> fence (see vocabulary::lease_acquire)
+  statement acquire;
   statement renew;    ///< ttl, name, token, fence; one row affected when renewed
   statement release;  ///< name, token, fence; one row affected when a hold was released
   statement read;     ///< name -> the row and the database clock
   /// name, token -> fence, locking the row (inside a write transaction): the fenced-write check
   statement fenced_check;
+  /// table -> 1 when the lock table is durable, 0 when a crash may lose its writes (PostgreSQL:
+  /// UNLOGGED). Empty text where it is always durable.
+  statement lock_durable;
+  /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
+  statement durable_commit;
+  /// Raises the fence epoch by one -> the new epoch (PostgreSQL; see fence_floor())
+  statement epoch_raise;
   // ---- waiting: the fair queue (lock_waiter) ---------------------------------------------------
   /// acquire's parameters, then ticket -> fence; deletes the queue entry when acquired. Empty
   /// text where the dialect cannot do both in one statement (see vocabulary).

@@ -86,14 +86,16 @@ void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& nam
 std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_params& p,
                                             std::int64_t ticket) {
   const statement& st = s.statements().acquire_dequeue;
+  const long long floor = lock_table::fence_floor(s);
   std::vector<sql_param> v;
-  v.reserve(7);
+  v.reserve(8);
   v.emplace_back(p.name);
   v.emplace_back(p.owner_token);
   v.emplace_back(static_cast<long long>(p.ttl_us));
   v.emplace_back(p.holder_host);
   v.emplace_back(static_cast<long long>(p.holder_pid));
   v.emplace_back(p.holder_thread);
+  v.emplace_back(floor);
   if (!st.text.empty()) {
     v.emplace_back(std::in_place_type<long long>, static_cast<long long>(ticket));
     const sql_result r = write_statement(s, st, v);

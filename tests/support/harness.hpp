@@ -57,6 +57,16 @@ inline bool full_run() {
   return v && std::string(v) == "1";
 }
 
+/// True in a sanitizer build (ASan, TSan): the heaviest load tests scale their counts down there,
+/// where they check memory and thread safety, not capacity (which the plain build checks).
+constexpr bool sanitized_build() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return true;
+#else
+  return false;
+#endif
+}
+
 /// Runs `body` on `backend` (skipping loudly when it is not configured, failing under CI).
 void run_on(const std::string& backend, const std::function<void(context&)>& body);
 

@@ -65,6 +65,11 @@ class classifier final : public detail::classifier {
 
 class vocabulary final : public detail::vocabulary {
  public:
+  std::string no_fast_leases() const override {
+    return "MySQL and MariaDB flush the log at commit for the whole server "
+           "(innodb_flush_log_at_trx_commit is a global setting), so one lock table cannot skip "
+           "the flush";
+  }
   std::string quote(std::string_view ident) const override {
     return "`" + std::string(ident) + "`";
   }

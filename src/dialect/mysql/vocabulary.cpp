@@ -19,10 +19,11 @@ std::string vocabulary::lease_acquire(const table_names& t) const {
   return "INSERT INTO " + t.lock +
          " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
          " holder_host, holder_pid, holder_thread) VALUES (:name, :token,"
-         " LAST_INSERT_ID(COALESCE((SELECT max_fence FROM " +
-         t.floor + " WHERE id = 1), 0) + 1), 1, " + now + ", " + plus_us(now, "ttl") +
+         " LAST_INSERT_ID(GREATEST(COALESCE((SELECT max_fence FROM " +
+         t.floor + " WHERE id = 1), 0) + 1, :floor)), 1, " + now + ", " + plus_us(now, "ttl") +
          ", :host, :pid, :thread) ON DUPLICATE KEY UPDATE" + " fence = IF(" + take +
-         ", LAST_INSERT_ID(IF(" + reentry + ", fence, fence + 1)), fence + LAST_INSERT_ID(0))," +
+         ", LAST_INSERT_ID(IF(" + reentry +
+         ", fence, GREATEST(fence + 1, :floor))), fence + LAST_INSERT_ID(0))," +
          " acquired_at = IF(" + reentry + ", acquired_at, IF(" + take + ", " + now +
          ", acquired_at))," + " holder_host = IF(" + take + ", VALUES(holder_host), holder_host)," +
          " holder_pid = IF(" + take + ", VALUES(holder_pid), holder_pid)," +

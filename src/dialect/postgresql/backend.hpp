@@ -86,6 +86,19 @@ class vocabulary final : public detail::vocabulary {
   std::string lease_acquire(const table_names& t) const override;
   std::string lease_acquire_dequeue(const table_names& t) const override;
   std::string id_reserve(const table_names& t) const override;
+  std::string lock_table_durable() const override {
+    return "SELECT CASE WHEN c.relpersistence = 'u' THEN 0 ELSE 1 END FROM pg_catalog.pg_class c"
+           " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+           " WHERE n.nspname = current_schema() AND c.relname = :table";
+  }
+  std::string set_lock_table_durability(const table_names& t, bool fast) const override {
+    return "ALTER TABLE " + t.lock + (fast ? " SET UNLOGGED" : " SET LOGGED");
+  }
+  // remote_apply: with a synchronous standby, the epoch is on it before any fence of the epoch
+  // is granted; without one it is a local flush.
+  std::string durable_commit() const override {
+    return "SET LOCAL synchronous_commit = remote_apply";
+  }
 };
 
 /// Behind a transaction-mode pooler, a statement::routine statement runs as a PL/pgSQL routine

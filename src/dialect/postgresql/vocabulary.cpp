@@ -4,21 +4,22 @@ namespace dblock::detail::pg {
 
 std::string vocabulary::lease_acquire(const table_names& t) const {
   // One statement. EXCLUDED.acquired_at is this statement's clock reading, so every comparison
-  // below uses the same instant. Reentry (our token, unexpired) keeps the fence. A released row
-  // (hold_count 0) is free whatever the clock says (also after it stepped back).
+  // below uses the same instant. Reentry (our token, unexpired) keeps the fence; a new grant's
+  // fence is at least :floor (the connection's fence epoch, lock_table::fence_floor()). A released
+  // row (hold_count 0) is free whatever the clock says (also after it stepped back).
   const std::string reentry =
       "(l.owner_token = EXCLUDED.owner_token AND l.expires_at > EXCLUDED.acquired_at AND "
       "l.hold_count > 0)";
   return "INSERT INTO " + t.lock +
          " AS l (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
-         " holder_host, holder_pid, holder_thread) VALUES (:name, :token, COALESCE((SELECT"
+         " holder_host, holder_pid, holder_thread) VALUES (:name, :token, GREATEST(COALESCE((SELECT"
          " max_fence FROM " +
-         t.floor + " WHERE id = 1), 0) + 1, 1, " + now() + ", " + plus_us(now(), "ttl") +
+         t.floor + " WHERE id = 1), 0) + 1, :floor), 1, " + now() + ", " + plus_us(now(), "ttl") +
          ", :host, :pid, :thread)"
          " ON CONFLICT (resource_name) DO UPDATE SET"
          " fence = CASE WHEN " +
-         reentry + " THEN l.fence ELSE l.fence + 1 END, hold_count = CASE WHEN " + reentry +
-         " THEN l.hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
+         reentry + " THEN l.fence ELSE GREATEST(l.fence + 1, :floor) END, hold_count = CASE WHEN " +
+         reentry + " THEN l.hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
          " THEN l.acquired_at ELSE EXCLUDED.acquired_at END,"
          " owner_token = EXCLUDED.owner_token, expires_at = EXCLUDED.expires_at,"
          " holder_host = EXCLUDED.holder_host, holder_pid = EXCLUDED.holder_pid,"

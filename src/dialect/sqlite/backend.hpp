@@ -84,6 +84,10 @@ class classifier final : public detail::classifier {
 
 class vocabulary final : public detail::vocabulary {
  public:
+  std::string no_fast_leases() const override {
+    return "SQLite sets durability per connection: add ?synchronous=normal to the URL (a power "
+           "loss, not a process crash, may then undo the last grants; see docs/fast-leases.md)";
+  }
   // SQLite's LIKE ignores ASCII case; GLOB compares exactly and speaks `*` and `?` already.
   std::string name_pattern(const std::string& column, const std::string& param) const override {
     return column + " GLOB :" + param;

@@ -34,13 +34,13 @@ std::string vocabulary::lease_acquire(const table_names& t) const {
       "hold_count > 0)";
   return "INSERT INTO " + t.lock +
          " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
-         " holder_host, holder_pid, holder_thread) VALUES (:name, :token, COALESCE((SELECT"
+         " holder_host, holder_pid, holder_thread) VALUES (:name, :token, MAX(COALESCE((SELECT"
          " max_fence FROM " +
-         t.floor + " WHERE id = 1), 0) + 1, 1, " + now() + ", " + plus_us(now(), "ttl") +
+         t.floor + " WHERE id = 1), 0) + 1, :floor), 1, " + now() + ", " + plus_us(now(), "ttl") +
          ", :host, :pid, :thread) ON CONFLICT (resource_name) DO UPDATE SET"
          " fence = CASE WHEN " +
-         reentry + " THEN fence ELSE fence + 1 END, hold_count = CASE WHEN " + reentry +
-         " THEN hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
+         reentry + " THEN fence ELSE MAX(fence + 1, :floor) END, hold_count = CASE WHEN " +
+         reentry + " THEN hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
          " THEN acquired_at ELSE excluded.acquired_at END,"
          " owner_token = excluded.owner_token, expires_at = excluded.expires_at,"
          " holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,"

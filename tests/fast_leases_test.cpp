@@ -1,0 +1,136 @@
+// Lease durability (admin.hpp): the fast lease mode (PostgreSQL: an UNLOGGED lease table) and
+// its fence epoch, and the clear refusal on the backends without it. The crash itself is in the
+// fault suite (tests/faults/restart_test.cpp, "fast lease mode").
+#include <soci/soci.h>
+
+#include "harness.hpp"
+#include "internals.hpp"
+
+using dblock::errc;
+using dblock::lease_durability;
+using dblock::lease_lock;
+using dblock::test::code_of;
+
+namespace {
+
+constexpr std::int64_t epoch_unit = std::int64_t{1} << 32;
+
+long long fence_epoch(dblock::test::context& ctx) {
+  auto c = ctx.db.connect();
+  long long e = -1;
+  c.session() << "SELECT epoch FROM " << ctx.prefix << "resource_lock_fence_floor WHERE id = 1",
+      soci::into(e);
+  return e;
+}
+
+}  // namespace
+
+DBLOCK_TEST("lease durability: durable by default, fast mode with fences above the epoch",
+            "[lease][durability][direct]") {
+  const std::string name = "job/" + dblock::test::random_suffix();
+  CHECK(dblock::lease_durability_of(ctx.db) == lease_durability::durable);
+  dblock::set_lease_durability(ctx.db, lease_durability::durable);  // already: nothing to do
+  std::int64_t last = 0;
+  {
+    lease_lock lock(ctx.db, name);
+    auto g = lock.try_acquire();
+    REQUIRE(g);
+    CHECK(g->fence() == 1);  // durable tables: no epoch in the fences
+    last = g->fence();
+  }
+  CHECK(fence_epoch(ctx) == 0);
+  if (ctx.backend != "postgresql") {
+    std::string message;
+    try {
+      dblock::set_lease_durability(ctx.db, lease_durability::fast);
+    } catch (const dblock::error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find("not available on " + ctx.backend) != std::string::npos);
+    CHECK(message.find(ctx.backend == "mysql" ? "innodb_flush_log_at_trx_commit"
+                                              : "synchronous=normal") != std::string::npos);
+    CHECK(dblock::lease_durability_of(ctx.db) == lease_durability::durable);
+    return;
+  }
+  dblock::set_lease_durability(ctx.db, lease_durability::fast);
+  CHECK(dblock::lease_durability_of(ctx.db) == lease_durability::fast);
+  {
+    auto c = ctx.db.connect();
+    std::string p;
+    c.session() << "SELECT relpersistence::text FROM pg_class WHERE relname = :t",
+        soci::use(ctx.db.lock_table()), soci::into(p);
+    CHECK(p == "u");
+  }
+  // Handles opened after the switch raise the epoch before their first acquire, once per
+  // connection: every fence they grant is at least epoch x 2^32.
+  std::int64_t first_epoch = 0;
+  auto one_connection = ctx.options();
+  one_connection.pool_size = 1;  // so that "the same connection" below is certain
+  for (int h = 0; h < 3; ++h) {
+    auto db = ctx.open(one_connection);
+    lease_lock lock(db, name);
+    auto g = lock.try_acquire();
+    REQUIRE(g);
+    const long long e = fence_epoch(ctx);
+    INFO("handle " << h << ": fence " << g->fence() << ", epoch " << e);
+    CHECK(e >= 1);
+    if (h == 0) first_epoch = e;
+    CHECK(e >= first_epoch + h);  // each new connection raised it
+    CHECK(g->fence() > last);
+    CHECK(g->fence() >= e * epoch_unit);
+    CHECK(g->fence() < (e + 1) * epoch_unit);
+    last = g->fence();
+    // The rest of the lease works as on a durable table: reentry, renew, fenced writes, release.
+    auto again = lock.try_acquire();
+    REQUIRE(again);
+    CHECK(again->fence() == g->fence());
+    again->release();
+    CHECK_NOTHROW(g->renew());
+    g->fenced([&](soci::session& sql) {
+      sql << "UPDATE " << ctx.db.lock_table() << " SET holder_thread = 'fenced'"
+          << " WHERE resource_name = :n",
+          soci::use(name);
+    });
+    g->release();
+    // Another lock object on the same handle (same connection, no new epoch) grants the next
+    // fence of the row.
+    lease_lock other(db, name);
+    auto g2 = other.try_acquire();
+    REQUIRE(g2);
+    CHECK(g2->fence() == last + 1);
+    last = g2->fence();
+  }
+  // Back to durable: fences keep growing from the row (never back below an epoch's fences).
+  dblock::set_lease_durability(ctx.db, lease_durability::durable);
+  CHECK(dblock::lease_durability_of(ctx.db) == lease_durability::durable);
+  auto db = ctx.open();
+  lease_lock lock(db, name);
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  CHECK(g->fence() == last + 1);
+}
+
+DBLOCK_TEST_ONLY("postgresql", "fast lease mode is refused behind a transaction-mode pooler",
+                 "[lease][durability][direct]") {
+  // The pooler's client connections outlive the server's sessions, so dblock could not tell that
+  // a crash lost grants: it refuses to acquire on a fast table through one (a direct URL works).
+  dblock::set_lease_durability(ctx.db, lease_durability::fast);
+  auto o = ctx.options();
+  o.pooler = dblock::pooler_mode::transaction;
+  dblock::database pooled(ctx.url, o);
+  lease_lock lock(pooled, "job/" + dblock::test::random_suffix());
+  std::string message;
+  try {
+    (void)lock.try_acquire();
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("transaction-mode pooler") != std::string::npos);
+  // A direct handle on the same table acquires.
+  lease_lock direct(ctx.open(), lock.name());
+  CHECK(direct.try_acquire());
+}
