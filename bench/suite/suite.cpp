@@ -1004,7 +1004,8 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   b->version = connect_raw(url)->server_version();
   if (o.poll_max_ms > 0) b->wait_options.poll_max = milliseconds(o.poll_max_ms);
   if (b->backend == "postgresql" && db.options().pooler != dblock::pooler_mode::transaction &&
-      selected(o.only, "lease_fast") && o.prefix.find("fast_") == std::string::npos) {
+      (selected(o.only, "raw.lease_fast") || selected(o.only, "dblock.lease_fast")) &&
+      o.prefix.find("fast_") == std::string::npos) {
     options fo = o;
     fo.prefix = o.prefix + "fast_";
     b->fast = open_backend(url, fo);
