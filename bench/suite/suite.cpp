@@ -29,6 +29,7 @@
 #include <tuple>
 
 #include "raw.hpp"
+#include "round_trips.hpp"
 #include "storage/session.hpp"
 #include "url.hpp"
 
@@ -63,6 +64,8 @@ struct result {
   std::optional<double> woken_per_release, fairness;
   double wait_mean_us = 0, wait_max_us = 0;  ///< handoff rows: acquire() waits
   std::map<std::string, double> figures;     ///< further named figures (the watchdog rows)
+  /// Requests sent per operation by the measuring threads (round_trips.hpp): round trips.
+  std::optional<double> round_trips;
 };
 
 double percentile(std::vector<float>& v, double q) {
@@ -77,6 +80,7 @@ double percentile(std::vector<float>& v, double q) {
 result measure(int clients, double seconds, const setup_fn& setup) {
   std::vector<std::vector<float>> lat(clients);
   std::vector<long long> ok(clients, 0), ops(clients, 0), errs(clients, 0);
+  std::vector<std::uint64_t> sent(clients, 0);
   std::vector<std::string> first_err(clients);
   std::mutex mu;
   std::condition_variable cv;
@@ -119,8 +123,10 @@ result measure(int clients, double seconds, const setup_fn& setup) {
       };
       while (clk::now() < start)
         run_one(false);
+      const std::uint64_t sent_before = sends_on_this_thread();
       while (clk::now() < end)
         run_one(true);
+      sent[i] = sends_on_this_thread() - sent_before;
     });
   {
     std::unique_lock<std::mutex> l(mu);
@@ -136,7 +142,9 @@ result measure(int clients, double seconds, const setup_fn& setup) {
   result r;
   r.clients = clients;
   std::vector<float> all;
+  std::uint64_t sent_all = 0;
   for (int i = 0; i < clients; ++i) {
+    sent_all += sent[i];
     all.insert(all.end(), lat[i].begin(), lat[i].end());
     r.operations += ops[i];
     r.successes += ok[i];
@@ -146,6 +154,7 @@ result measure(int clients, double seconds, const setup_fn& setup) {
   r.per_second = r.successes / seconds;
   r.p50_us = percentile(all, 0.50);
   r.p99_us = percentile(all, 0.99);
+  if (r.operations > 0) r.round_trips = static_cast<double>(sent_all) / r.operations;
   return r;
 }
 
@@ -1093,7 +1102,7 @@ constexpr int label_width = 20;
 void print_table(std::ostream& out, const std::vector<result>& rs) {
   out << std::left << std::setw(label_width) << "backend" << std::setw(26) << "operation"
       << std::right << std::setw(8) << "clients" << std::setw(12) << "ops/s" << std::setw(10)
-      << "p50 us" << std::setw(10) << "p99 us" << std::setw(8) << "ratio"
+      << "p50 us" << std::setw(10) << "p99 us" << std::setw(7) << "rt/op" << std::setw(8) << "ratio"
       << "  vs\n";
   std::string last;
   for (const auto& r : rs) {
@@ -1104,7 +1113,11 @@ void print_table(std::ostream& out, const std::vector<result>& rs) {
     out << std::left << std::setw(label_width) << r.label << std::setw(26) << r.operation
         << std::right << std::setw(8) << r.clients << std::setw(12) << fmt_rate(r.per_second)
         << std::setw(10) << std::fixed << std::setprecision(0) << r.p50_us << std::setw(10)
-        << r.p99_us;
+        << r.p99_us << std::setw(7) << std::setprecision(1);
+    if (r.round_trips)
+      out << *r.round_trips;
+    else
+      out << "";
     if (r.ratio) {
       out << std::setw(8) << std::setprecision(2) << *r.ratio << "  " << r.floor;
     } else {
@@ -1131,6 +1144,7 @@ nlohmann::json to_json(const result& r) {
                       {"note", r.note}};
   if (!r.floor.empty()) j["floor"] = r.floor;
   if (r.ratio) j["ratio"] = *r.ratio;
+  if (r.round_trips) j["round_trips_per_op"] = *r.round_trips;
   if (r.woken_per_release) j["woken_per_release"] = *r.woken_per_release;
   if (r.fairness) {
     j["fairness_max_over_mean_wait"] = *r.fairness;
