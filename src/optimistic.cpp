@@ -29,6 +29,47 @@ void validate(const versioned_table& spec) {
   }
 }
 
+// The statement as dblock's executor runs it (prepared once per connection, like dblock's own
+// statements) when every value is an integer or a string and the parameters in the text are
+// exactly the ones given; nothing otherwise (then SOCI runs it, as before).
+std::optional<detail::statement> cached_form(
+    const std::string& text, const std::vector<std::pair<std::string, value>>& params,
+    std::vector<detail::sql_param>& values) {
+  std::set<std::string> in_text, given;
+  detail::scan_parameters(
+      text, [](std::string_view) {}, [&](const std::string& name) { in_text.insert(name); });
+  detail::statement st{"caller", text, {}, false, true};
+  for (const auto& p : params) {
+    if (!given.insert(p.first).second) return std::nullopt;
+    if (const auto* i = std::get_if<long long>(&p.second))
+      values.emplace_back(*i);
+    else if (const auto* str = std::get_if<std::string>(&p.second))
+      values.emplace_back(*str);
+    else
+      return std::nullopt;  // NULL or a double: SOCI binds those with their types
+    st.params.push_back(p.first);
+  }
+  if (in_text != given) return std::nullopt;
+  return st;
+}
+
+// Runs an UPDATE of the caller's (cached_form() when it can) and returns the rows affected.
+std::uint64_t run_update(detail::session_scope& s, const std::string& text,
+                         const std::vector<std::pair<std::string, value>>& params) {
+  std::vector<detail::sql_param> values;
+  if (auto st = cached_form(text, params, values))
+    return static_cast<std::uint64_t>(s.run(*st, values).affected);
+  detail::value_binder b;
+  soci::statement st(s.sql());
+  for (const auto& p : params)
+    b.bind(st, p.second, p.first);
+  st.alloc();
+  st.prepare(text, soci::details::st_one_time_query);
+  st.define_and_bind();
+  st.execute(true);
+  return static_cast<std::uint64_t>(st.get_affected_rows());
+}
+
 // Reads the columns and the version of the row with `key`; returns the version.
 long long read_row(detail::session_scope& s, const versioned_table& spec, const value& key,
                    record& values) {
@@ -80,22 +121,17 @@ void write_row(detail::session_scope& s, const versioned_table& spec, const valu
   const auto& d = s.dia().sql;
   const std::string ver_col = d.quote(spec.version_column);
   std::string update = "UPDATE " + d.quote(spec.table) + " SET ";
-  detail::value_binder b;
-  soci::statement st(s.sql());
+  std::vector<std::pair<std::string, value>> params;
   for (std::size_t i = 0; i < spec.columns.size(); ++i) {
     const std::string param = "v" + std::to_string(i);
     update += d.quote(spec.columns[i]) + " = :" + param + ", ";
-    b.bind(st, values.at(spec.columns[i]), param);
+    params.emplace_back(param, values.at(spec.columns[i]));
   }
   update += ver_col + " = " + ver_col + " + 1 WHERE " + d.quote(spec.key_column) + " = :k AND " +
             ver_col + " = :old_version";
-  b.bind(st, key, "k");
-  b.bind(st, old_version, "old_version");
-  st.alloc();
-  st.prepare(update, soci::details::st_one_time_query);
-  st.define_and_bind();
-  st.execute(true);
-  if (st.get_affected_rows() != 1)
+  params.emplace_back("k", key);
+  params.emplace_back("old_version", old_version);
+  if (run_update(s, update, params) != 1)
     throw error(errc::version_conflict, "versioned update of " + spec.table + " " +
                                             spec.key_column + " = " + detail::describe(key) +
                                             ": version " + std::to_string(old_version) +
@@ -124,44 +160,9 @@ void validate(const cas_update& u) {
     detail::validate_identifier(p.first, "parameter name");
 }
 
-// The statement as dblock's executor runs it (prepared once per connection, like dblock's own
-// statements) when every value is an integer or a string and the parameters in the text are
-// exactly the ones given; nothing otherwise (then SOCI runs it, as before).
-std::optional<detail::statement> cached_form(const std::string& text, const cas_update& u,
-                                             std::vector<detail::sql_param>& values) {
-  std::set<std::string> in_text, given;
-  detail::scan_parameters(
-      text, [](std::string_view) {}, [&](const std::string& name) { in_text.insert(name); });
-  detail::statement st{"caller", text, {}, false, true};
-  for (const auto& p : u.params) {
-    if (!given.insert(p.first).second) return std::nullopt;
-    if (const auto* i = std::get_if<long long>(&p.second))
-      values.emplace_back(*i);
-    else if (const auto* str = std::get_if<std::string>(&p.second))
-      values.emplace_back(*str);
-    else
-      return std::nullopt;  // NULL or a double: SOCI binds those with their types
-    st.params.push_back(p.first);
-  }
-  if (in_text != given) return std::nullopt;
-  return st;
-}
-
 std::uint64_t run_cas(detail::session_scope& s, const cas_update& u) {
-  const std::string text =
-      "UPDATE " + s.dia().sql.quote(u.table) + " SET " + u.set + " WHERE " + u.where;
-  std::vector<detail::sql_param> values;
-  if (auto st = cached_form(text, u, values))
-    return static_cast<std::uint64_t>(s.run(*st, values).affected);
-  detail::value_binder b;
-  soci::statement st(s.sql());
-  for (const auto& p : u.params)
-    b.bind(st, p.second, p.first);
-  st.alloc();
-  st.prepare(text, soci::details::st_one_time_query);
-  st.define_and_bind();
-  st.execute(true);
-  return static_cast<std::uint64_t>(st.get_affected_rows());
+  return run_update(
+      s, "UPDATE " + s.dia().sql.quote(u.table) + " SET " + u.set + " WHERE " + u.where, u.params);
 }
 
 }  // namespace

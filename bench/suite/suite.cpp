@@ -528,15 +528,18 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
            return true;
          });
        }});
+  // The UPDATE through compare_and_set() on the transaction's connection: prepared once per
+  // connection like the raw floor's (an UPDATE sent through t.session() is parsed every time).
   ops.push_back({"dblock.for_update", "dblock", "raw.for_update",
-                 "run_transaction + lock_rows + UPDATE on a random row", [](backend_ctx& b, int) {
+                 "run_transaction + lock_rows + compare_and_set(t.connection()) UPDATE on a "
+                 "random row",
+                 [](backend_ctx& b, int) {
                    return cycle_fn([&b] {
                      const long long id = 1 + rand_below(kItems);
                      dblock::run_transaction(b.db, [&](dblock::transaction& t) {
                        t.lock_rows({b.item, "id", id, {"stock"}});
-                       t.session()
-                           << "UPDATE " << b.item << " SET stock = stock - 1 WHERE id = :id",
-                           soci::use(id, "id");
+                       dblock::compare_and_set(
+                           t.connection(), {b.item, "stock = stock - 1", "id = :id", {{"id", id}}});
                      });
                      return true;
                    });

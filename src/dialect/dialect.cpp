@@ -88,6 +88,10 @@ void connector::begin(soci::session& sql, const connection_state& st, const data
   sql << "BEGIN";
 }
 
+void connector::commit(soci::session& sql, const connection_state&) const {
+  sql << "COMMIT";
+}
+
 std::uint64_t name_hash(const std::string& name) {
   std::uint64_t h = 1469598103934665603ULL;
   for (unsigned char c : name) {

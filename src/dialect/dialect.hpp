@@ -167,6 +167,8 @@ class connector {
   /// `o` the database's options.
   virtual void begin(soci::session&, const connection_state& st, const database_options& o,
                      std::optional<std::chrono::milliseconds> lock_timeout) const;
+  /// Commits the write transaction begin() began.
+  virtual void commit(soci::session&, const connection_state& st) const;
   /// Sets how long lock waits last in this session until end_transaction() (outside a
   /// transaction: for the next statements). `st` is the connection's state.
   virtual void set_lock_timeout(soci::session&, const connection_state& st,

@@ -216,7 +216,7 @@ void write_scope::commit() {
     if (kind_ == write_kind::statement)
       s_.dia().exec.commit_statement(s_);
     else
-      s_.sql() << "COMMIT";
+      s_.dia().conn.commit(s_.sql(), s_.state());
   } catch (...) {
     error e = s_.failure(what_ + " (COMMIT)");
     if (e.code() == errc::connection_lost) {

@@ -28,15 +28,16 @@ inline sqlite3* raw(soci::session& sql) {
 /// Per connection: statements prepared on it, by cache key.
 struct state final : connection_state {
   sqlite3* db;
-  std::map<std::string, sqlite3_stmt*> stmts;
-  std::size_t caller_stmts = 0;  // of those, caller statements (statement::caller)
-  bool own_write = false;        // begin_statement() opened the write transaction
+  // A cache: filled also through a const state (connector::begin() and commit() see one).
+  mutable std::map<std::string, sqlite3_stmt*> stmts;
+  mutable std::size_t caller_stmts = 0;  // of those, caller statements (statement::caller)
+  bool own_write = false;                // begin_statement() opened the write transaction
   explicit state(sqlite3* d) : db(d) {}
   ~state() override;
   /// The cached statement for `key`, prepared from `text` on first use.
-  sqlite3_stmt* get(const std::string& key, const std::string& text);
+  sqlite3_stmt* get(const std::string& key, const std::string& text) const;
   /// Steps a cached statement without results (BEGIN IMMEDIATE, COMMIT, ROLLBACK).
-  void exec(const std::string& key, const char* text);
+  void exec(const std::string& key, const char* text) const;
 };
 
 class connector final : public detail::connector {
@@ -51,6 +52,7 @@ class connector final : public detail::connector {
   bool end_session(soci::session&, const session_ref&, std::chrono::milliseconds) const override {
     return true;  // no server: nothing outlives a connection
   }
+  void commit(soci::session&, const connection_state& st) const override;
   void begin(soci::session&, const connection_state&, const database_options&,
              std::optional<std::chrono::milliseconds> lock_timeout) const override;
   void set_lock_timeout(soci::session&, const connection_state&,

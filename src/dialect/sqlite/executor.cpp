@@ -60,7 +60,7 @@ state::~state() {
     sqlite3_finalize(kv.second);  // before the connection closes, or it cannot
 }
 
-sqlite3_stmt* state::get(const std::string& key, const std::string& text) {
+sqlite3_stmt* state::get(const std::string& key, const std::string& text) const {
   auto it = stmts.find(key);
   if (it != stmts.end()) return it->second;
   sqlite3_stmt* s = nullptr;
@@ -71,7 +71,7 @@ sqlite3_stmt* state::get(const std::string& key, const std::string& text) {
   return s;
 }
 
-void state::exec(const std::string& key, const char* text) {
+void state::exec(const std::string& key, const char* text) const {
   sqlite3_stmt* s = get(key, text);
   int rc = sqlite3_step(s);
   sqlite3_reset(s);
