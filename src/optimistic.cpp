@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <set>
 
 #include "identifier.hpp"
 #include "storage/session.hpp"
@@ -29,35 +28,11 @@ void validate(const versioned_table& spec) {
   }
 }
 
-// The statement as dblock's executor runs it (prepared once per connection, like dblock's own
-// statements) when every value is an integer or a string and the parameters in the text are
-// exactly the ones given; nothing otherwise (then SOCI runs it, as before).
-std::optional<detail::statement> cached_form(
-    const std::string& text, const std::vector<std::pair<std::string, value>>& params,
-    std::vector<detail::sql_param>& values) {
-  std::set<std::string> in_text, given;
-  detail::scan_parameters(
-      text, [](std::string_view) {}, [&](const std::string& name) { in_text.insert(name); });
-  detail::statement st{"caller", text, {}, false, true};
-  for (const auto& p : params) {
-    if (!given.insert(p.first).second) return std::nullopt;
-    if (const auto* i = std::get_if<long long>(&p.second))
-      values.emplace_back(*i);
-    else if (const auto* str = std::get_if<std::string>(&p.second))
-      values.emplace_back(*str);
-    else
-      return std::nullopt;  // NULL or a double: SOCI binds those with their types
-    st.params.push_back(p.first);
-  }
-  if (in_text != given) return std::nullopt;
-  return st;
-}
-
-// Runs an UPDATE of the caller's (cached_form() when it can) and returns the rows affected.
+// Runs an UPDATE of the caller's (detail::caller_statement() when it can); the rows affected.
 std::uint64_t run_update(detail::session_scope& s, const std::string& text,
                          const std::vector<std::pair<std::string, value>>& params) {
   std::vector<detail::sql_param> values;
-  if (auto st = cached_form(text, params, values))
+  if (auto st = detail::caller_statement(text, params, values))
     return static_cast<std::uint64_t>(s.run(*st, values).affected);
   detail::value_binder b;
   soci::statement st(s.sql());
@@ -79,20 +54,14 @@ long long read_row(detail::session_scope& s, const versioned_table& spec, const 
     select += d.select_value(c) + ", ";
   select += d.select_value(spec.version_column) + " FROM " + d.quote(spec.table) + " WHERE " +
             d.quote(spec.key_column) + " = :k";
-  soci::row row;
-  detail::value_binder b;
-  soci::statement st(s.sql());
-  b.bind(st, key, "k");
-  st.exchange(soci::into(row));
-  st.alloc();
-  st.prepare(select, soci::details::st_one_time_query);
-  st.define_and_bind();
-  if (!st.execute(true))
+  const detail::fetched_rows f = detail::fetch_rows(s, select, {{"k", key}});
+  if (f.rows.empty())
     throw error(errc::not_found, "versioned update of " + spec.table + ": no row with " +
                                      spec.key_column + " = " + detail::describe(key));
+  const std::vector<value>& row = f.rows.front();
   for (std::size_t i = 0; i < spec.columns.size(); ++i)
-    values[spec.columns[i]] = d.decode_value(row, i);
-  value version = d.decode_value(row, spec.columns.size());
+    values[spec.columns[i]] = row[i];
+  const value& version = row.at(spec.columns.size());
   if (!std::holds_alternative<long long>(version))
     throw error(errc::invalid_argument, "versioned update of " + spec.table + ": column " +
                                             spec.version_column + " must be a non-NULL integer");

@@ -75,26 +75,17 @@ struct transaction::impl {
     return out;
   }
 
-  // Runs a row-returning query with bound params and returns the rows as records.
-  std::vector<record> fetch(const std::string& query,
-                            const std::vector<std::pair<std::string, value>>& params) {
+  // Runs a row-returning query with bound params and returns the rows as records (prepared once
+  // per connection after its first run: detail::fetch_rows()).
+  std::vector<record> fetch(const std::string& query, const detail::named_values& params) {
+    const detail::fetched_rows f = detail::fetch_rows(scope(), query, params);
     std::vector<record> out;
-    detail::value_binder b;
-    soci::row row;
-    soci::statement st(sql());
-    for (const auto& p : params)
-      b.bind(st, p.second, p.first);
-    st.exchange(soci::into(row));
-    st.alloc();
-    st.prepare(query, soci::details::st_one_time_query);
-    st.define_and_bind();
-    if (st.execute(true)) {
-      do {
-        record r;
-        for (std::size_t i = 0; i < row.size(); ++i)
-          r[row.get_properties(i).get_name()] = dia().sql.decode_value(row, i);
-        out.push_back(std::move(r));
-      } while (st.fetch());
+    out.reserve(f.rows.size());
+    for (const auto& row : f.rows) {
+      record r;
+      for (std::size_t i = 0; i < row.size(); ++i)
+        r[f.names[i]] = row[i];
+      out.push_back(std::move(r));
     }
     return out;
   }

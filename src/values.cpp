@@ -1,6 +1,10 @@
 #include "values.hpp"
 
+#include <set>
+#include <string_view>
+
 #include "dblock/error.hpp"
+#include "storage/session.hpp"
 
 namespace dblock::detail {
 
@@ -49,6 +53,80 @@ std::string describe(const value& v) {
   if (auto* i = std::get_if<long long>(&v)) return std::to_string(*i);
   if (auto* d = std::get_if<double>(&v)) return std::to_string(*d);
   return "'" + std::get<std::string>(v).substr(0, 64) + "'";
+}
+
+std::optional<statement> caller_statement(const std::string& text, const named_values& params,
+                                          std::vector<sql_param>& values) {
+  std::set<std::string> in_text, given;
+  scan_parameters(
+      text, [](std::string_view) {}, [&](const std::string& name) { in_text.insert(name); });
+  statement st{"caller", text, {}, false, true};
+  for (const auto& p : params) {
+    if (!given.insert(p.first).second) return std::nullopt;
+    if (const auto* i = std::get_if<long long>(&p.second))
+      values.emplace_back(*i);
+    else if (const auto* str = std::get_if<std::string>(&p.second))
+      values.emplace_back(*str);
+    else
+      return std::nullopt;  // NULL or a double: SOCI binds those with their types
+    st.params.push_back(p.first);
+  }
+  if (in_text != given) return std::nullopt;
+  return st;
+}
+
+fetched_rows fetch_rows(session_scope& s, const std::string& text, const named_values& params) {
+  connection_state& cs = s.state();
+  const vocabulary& voc = s.dia().sql;
+  auto shape = cs.caller_shapes.find(text);
+  if (shape != cs.caller_shapes.end()) {
+    std::vector<sql_param> values;
+    if (auto st = caller_statement(text, params, values)) {
+      const sql_result r = s.run(*st, values);
+      fetched_rows out{shape->second.names, {}};
+      bool exact = true;
+      for (std::size_t i = 0; exact && i < r.rows.size(); ++i) {
+        const auto& cells = r.rows[i];
+        exact = cells.size() == shape->second.types.size();
+        std::vector<value> row;
+        for (std::size_t j = 0; exact && j < cells.size(); ++j) {
+          auto v = voc.decode_text(cells[j], shape->second.types[j]);
+          if (v)
+            row.push_back(std::move(*v));
+          else
+            exact = false;
+        }
+        if (exact) out.rows.push_back(std::move(row));
+      }
+      if (exact) return out;
+    }
+  }
+  fetched_rows out;
+  soci::row row;
+  value_binder b;
+  soci::statement st(s.sql());
+  for (const auto& p : params)
+    b.bind(st, p.second, p.first);
+  st.exchange(soci::into(row));
+  st.alloc();
+  st.prepare(text, soci::details::st_one_time_query);
+  st.define_and_bind();
+  if (st.execute(true)) {
+    connection_state::caller_shape seen;
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      out.names.push_back(row.get_properties(i).get_name());
+      seen.types.push_back(row.get_properties(i).get_data_type());
+    }
+    seen.names = out.names;
+    do {
+      std::vector<value> values;
+      for (std::size_t i = 0; i < row.size(); ++i)
+        values.push_back(voc.decode_value(row, i));
+      out.rows.push_back(std::move(values));
+    } while (st.fetch());
+    if (cs.caller_shapes.size() < caller_statement_cache) cs.caller_shapes[text] = std::move(seen);
+  }
+  return out;
 }
 
 }  // namespace dblock::detail

@@ -1676,3 +1676,54 @@ DBLOCK_TEST("transaction: its lock timeout does not leak into the pooled connect
   CHECK(out.code == errc::lock_not_available);
   if (held) held->rollback();
 }
+
+// #19: after its first run on a connection, a lock_rows() or versioned_update() read runs as a
+// statement prepared once per connection (no SOCI re-parse), decoded to the types SOCI gave it
+// the first time: integers past 2^53, doubles, text and NULL come back identical on every run.
+DBLOCK_TEST("lock_rows and versioned_update read the same typed values through the cache",
+            "[rowlock][optimistic]") {
+  const std::string t = ctx.table("typed");
+  table_cleanup drop{ctx, {t}};
+  ctx.exec("CREATE TABLE " + t +
+           " (id BIGINT NOT NULL PRIMARY KEY, i BIGINT, d DOUBLE PRECISION, s VARCHAR(64),"
+           " n BIGINT, version BIGINT NOT NULL)");
+  ctx.exec("INSERT INTO " + t + " (id, i, d, s, n, version) VALUES" +
+           " (1, 9007199254740993, 0.1, 'text', NULL, 0)");
+  auto one = ctx.options();
+  one.pool_size = 1;  // every run on the same connection
+  auto db = ctx.open(one);
+  for (int run = 0; run < 4; ++run) {
+    INFO("run " << run);
+    dblock::run_transaction(db, [&](transaction& tx) {
+      auto rows = tx.lock_rows(row_selector{t, "id", 1LL, {"i", "d", "s", "n"}});
+      REQUIRE(rows.size() == 1);
+      auto& r = rows[0];
+      CHECK(std::get<long long>(r.at("id")) == 1);
+      CHECK(std::get<long long>(r.at("i")) == 9007199254740993LL);
+      CHECK(std::get<double>(r.at("d")) == 0.1);
+      CHECK(std::get<std::string>(r.at("s")) == "text");
+      CHECK(std::holds_alternative<std::monostate>(r.at("n")));
+      CHECK(tx.lock_rows(row_selector{t, "id", 2LL, {"i"}}).empty());  // no row: no record
+    });
+    dblock::versioned_table spec{t, "id", "version", {"i", "d", "s", "n"}};
+    auto w = dblock::versioned_update(db, spec, 1LL, [&](dblock::record& v) {
+      CHECK(std::get<long long>(v.at("i")) == 9007199254740993LL);
+      CHECK(std::get<double>(v.at("d")) == 0.1);
+      CHECK(std::get<std::string>(v.at("s")) == "text");
+      CHECK(std::holds_alternative<std::monostate>(v.at("n")));
+      v["i"] = std::get<long long>(v.at("i")) + 1;
+    });
+    CHECK(w.version == run + 1);
+    // Back to the first value for the next run (written outside the cache).
+    ctx.exec("UPDATE " + t + " SET i = i - 1 WHERE id = 1");
+  }
+  if (ctx.backend == "postgresql" && ctx.url.find("pooler=transaction") == std::string::npos) {
+    // The reads were prepared on the connection (its named statements).
+    auto c = db.connect();
+    long long prepared = 0;
+    const std::string pattern = "%" + t + "%";
+    c.session() << "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE :p",
+        soci::use(pattern), soci::into(prepared);
+    CHECK(prepared >= 2);
+  }
+}

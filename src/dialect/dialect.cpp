@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 
 #include "../identifier.hpp"
 #include "../values.hpp"
@@ -47,6 +49,36 @@ std::string vocabulary::quote(std::string_view ident) const {
 
 value vocabulary::decode_value(const soci::row& r, std::size_t i) const {
   return value_from_row(r, i);
+}
+
+std::optional<value> vocabulary::decode_text(const std::optional<std::string>& cell,
+                                             soci::data_type t) const {
+  if (!cell) return value(std::monostate{});
+  const std::string& s = *cell;
+  switch (t) {
+    case soci::dt_string:
+      return value(s);
+    case soci::dt_integer:
+    case soci::dt_long_long:
+    case soci::dt_unsigned_long_long: {
+      if (s.empty()) return std::nullopt;
+      errno = 0;
+      char* end = nullptr;
+      const long long v = std::strtoll(s.c_str(), &end, 10);
+      if (errno != 0 || end != s.c_str() + s.size()) return std::nullopt;
+      return value(v);
+    }
+    case soci::dt_double: {
+      if (s.empty()) return std::nullopt;
+      errno = 0;
+      char* end = nullptr;
+      const double v = std::strtod(s.c_str(), &end);
+      if (errno != 0 || end != s.c_str() + s.size()) return std::nullopt;
+      return value(v);
+    }
+    default:
+      return std::nullopt;  // SOCI's path says what it cannot carry
+  }
 }
 
 std::string vocabulary::name_pattern_value(const std::string& glob) const {

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,8 @@
 #include "dblock/error.hpp"
 #include "dblock/listener.hpp"
 #include "dblock/value.hpp"
+
+#include <soci/soci-backend.h>  // soci::data_type
 
 namespace soci {
 class session;
@@ -76,6 +79,13 @@ struct connection_state {
   /// The least fence a lease acquire on this connection grants (lock_table::fence_floor()),
   /// once known.
   std::optional<std::int64_t> fence_floor;
+  /// Row-returning caller statements (values.hpp fetch_rows()) by text: their columns' names
+  /// and types as SOCI described them on their first run here, at most caller_statement_cache.
+  struct caller_shape {
+    std::vector<std::string> names;
+    std::vector<soci::data_type> types;
+  };
+  std::map<std::string, caller_shape> caller_shapes;
 };
 
 // ---- statements ---------------------------------------------------------------------------
@@ -246,6 +256,10 @@ class vocabulary {
   virtual std::string select_value(const std::string& column) const { return quote(column); }
   /// Reads column `i` of a row selected with select_value() as a dblock::value.
   virtual value decode_value(const soci::row& r, std::size_t i) const;
+  /// A cell of dblock's executor (text, or NULL) as decode_value() would give it for a column
+  /// SOCI types as `t`; nothing when it does not convert exactly (then SOCI reads the row).
+  virtual std::optional<value> decode_text(const std::optional<std::string>& cell,
+                                           soci::data_type t) const;
   /**
    * The lease acquire statement: one atomic upsert that takes the row when absent, expired,
    * released or already ours (reentry keeps the fence). Parameters name, token, ttl (µs), host,

@@ -97,6 +97,8 @@ class vocabulary final : public detail::vocabulary {
   std::string name_pattern_value(const std::string& glob) const override;
   std::string select_value(const std::string& column) const override;
   value decode_value(const soci::row& r, std::size_t i) const override;
+  std::optional<value> decode_text(const std::optional<std::string>& cell,
+                                   soci::data_type t) const override;
   std::string now() const override { return "dblock_now_us()"; }
   std::string plus_us(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + :" + param + ")";

@@ -19,6 +19,18 @@ std::string vocabulary::select_value(const std::string& column) const {
          " WHEN 'real' THEN 'r' || printf('%!.17g', " + c + ") WHEN 'null' THEN NULL ELSE 't' || " +
          "CAST(" + c + " AS TEXT) END AS " + c;
 }
+std::optional<value> vocabulary::decode_text(const std::optional<std::string>& cell,
+                                             soci::data_type t) const {
+  // The tagged text of select_value() (SOCI describes it as text), decoded as decode_value().
+  if (!cell) return value(std::monostate{});
+  if (t != soci::dt_string) return detail::vocabulary::decode_text(cell, t);
+  const std::string& s = *cell;
+  if (s.empty()) return value(std::string());
+  if (s[0] == 'i') return detail::vocabulary::decode_text(s.substr(1), soci::dt_long_long);
+  if (s[0] == 'r') return detail::vocabulary::decode_text(s.substr(1), soci::dt_double);
+  return value(s.substr(1));
+}
+
 value vocabulary::decode_value(const soci::row& r, std::size_t i) const {
   if (r.get_indicator(i) == soci::i_null) return std::monostate{};
   const std::string s = r.get<std::string>(i);
