@@ -51,7 +51,10 @@ class waiting_acquire {
       check();
       // Rung: the lease was just freed. Unfair waiters, and a fair one named the head by the
       // ring, try at once without reading first.
-      if (rung && !entry_->relook() && (!lk_.options.fair || entry_->named_head())) {
+      // Both flags are consumed on every round, so a ring that named this waiter the head once
+      // cannot make a later, anonymous ring look like one.
+      const bool relook = entry_->relook(), named = entry_->named_head();
+      if (rung && !relook && (!lk_.options.fair || named)) {
         if (auto g = lk_.attempt(token_, ticket_)) return done(std::move(*g));
       }
       const bool live = entry_->live();  // before the read: a later release will ring

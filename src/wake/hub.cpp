@@ -165,6 +165,7 @@ void wake_hub::deliver(const ring_event& ev) {
 void wake_hub::wake_all() {
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& w : waiters_) {
+    w->named_head.store(false);  // woken to look, not named the head of its queue
     w->rung.store(true);
     cancel_access::poke(w->slot);
   }
