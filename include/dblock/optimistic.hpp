@@ -42,6 +42,9 @@ struct versioned_result {
  * `mutate` may be called several times and must not have side effects outside `values`.
  * Affected rows mean matched rows on every backend (dblock's MySQL connections set
  * CLIENT_FOUND_ROWS), so writing unchanged values is not mistaken for a conflict.
+ * The read and the UPDATE are prepared once per pooled connection (the read after its first
+ * run there) when the key and the values written are integers or strings (a NULL or a double
+ * goes through SOCI, parsed each time): an attempt then costs two round trips and no re-parse.
  * Thread-safety: safe to call concurrently; each call uses its own pooled connection.
  *
  * @throws dblock::error errc::version_conflict (or the starving error's own code: deadlock,

@@ -152,7 +152,9 @@ class transaction {
    * @brief Locks the caller's rows selected by key and returns them (empty when none match).
    *
    * With lock_wait::nowait a locked row throws errc::lock_not_available; with skip_locked a
-   * locked row is left out of the result.
+   * locked row is left out of the result. The statement is prepared once per pooled connection
+   * after its first run there (when the key is an integer or a string), so a repeated lock
+   * costs one round trip and no re-parse; values come back with the same types every time.
    * @throws dblock::error errc::invalid_argument for bad identifiers, a column of a type dblock
    *         cannot carry, or a key column without a single-column unique index (unless
    *         allow_unindexed); errc::lock_not_available (nowait, or a wait past lock_timeout);
