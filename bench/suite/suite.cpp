@@ -30,6 +30,7 @@
 
 #include "raw.hpp"
 #include "round_trips.hpp"
+#include "storage/lock_table.hpp"
 #include "storage/session.hpp"
 #include "url.hpp"
 
@@ -438,18 +439,15 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
          [key_name](backend_ctx& b, int t) {
            backend_ctx& f = *b.fast;
            auto c = std::shared_ptr<raw_client>(connect_raw(f.url));
+           // dblock's own statements for the raise (the dialect's durable commit, the floor
+           // table's epoch), as lock_table::fence_floor() runs them.
+           const auto& st = detail::access::impl(f.db)->statements;
            c->exec("BEGIN");
-           c->exec("SET LOCAL synchronous_commit = remote_apply");
-           const std::optional<long long> epoch =
-               c->run("epoch",
-                      "UPDATE " + f.prefix +
-                          "resource_lock_fence_floor SET epoch = epoch + 1 WHERE id = 1"
-                          " RETURNING epoch",
-                      {})
-                   .value;
+           if (!st.durable_commit.text.empty()) c->exec(st.durable_commit.text);
+           const std::optional<long long> epoch = c->run("epoch", st.epoch_raise.text, {}).value;
            c->exec("COMMIT");
            if (!epoch) throw std::runtime_error("raising the fence epoch returned nothing");
-           const long long floor = *epoch << 32;
+           const long long floor = *epoch << detail::lock_table::fence_epoch_shift;
            return cycle_fn([c, &f, t, key_name, floor] {
              const std::string name = key_name(t), tok = token();
              auto fence = raw_acquire(*c, f, name, tok, floor);
