@@ -464,7 +464,8 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
   // Behind a transaction-mode pooler (the pgbouncer entry) session-level advisory locks and
   // LISTEN do not work: the bench leaves those two out.
   if (ctx.backend == "postgresql" && ctx.url.find("pooler=transaction") == std::string::npos)
-    expected.insert({"pg.advisory", "pg.notify_handoff", "raw.lease_fast", "dblock.lease_fast"});
+    expected.insert({"pg.advisory", "pg.notify_handoff", "raw.lease_fast", "dblock.lease_fast",
+                     "dblock.handoff_fast"});
   if (ctx.backend == "mysql") expected.insert("mysql.get_lock");
   std::map<std::string, std::set<int>> seen;
   for (const auto& row : j.at("results")) {
@@ -614,7 +615,7 @@ DBLOCK_TEST("cli migrate --dry-run: lists applied and pending files, changes not
                             std::regex(R"(  0001_resource_lock\.sql  [0-9a-f]{16}  pending\n)")));
     CHECK(std::regex_search(
         d.out, std::regex(R"(  0002_force_release_audit\.sql  [0-9a-f]{16}  pending\n)")));
-    CHECK(contains(d.out, "8 pending migration(s)"));
+    CHECK(contains(d.out, "9 pending migration(s)"));
   }
   // Nothing was created: the fresh prefix still has no schema.
   auto s = run_cli({"status", "--url", ctx.url, "--table-prefix", fresh});

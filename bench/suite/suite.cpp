@@ -1014,7 +1014,8 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   b->version = connect_raw(url)->server_version();
   if (o.poll_max_ms > 0) b->wait_options.poll_max = milliseconds(o.poll_max_ms);
   if (b->backend == "postgresql" && db.options().pooler != dblock::pooler_mode::transaction &&
-      (selected(o.only, "raw.lease_fast") || selected(o.only, "dblock.lease_fast")) &&
+      (selected(o.only, "raw.lease_fast") || selected(o.only, "dblock.lease_fast") ||
+       selected(o.only, "dblock.handoff_fast")) &&
       o.prefix.find("fast_") == std::string::npos) {
     options fo = o;
     fo.prefix = o.prefix + "fast_";
@@ -1252,18 +1253,19 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
         prepare_sized(b, rows, progress);
   }
   bool want_handoff = false;
-  for (const char* h :
-       {"dblock.handoff", "dblock.handoff_shared", "dblock.handoff_fair", "pg.notify_handoff"})
+  for (const char* h : {"dblock.handoff", "dblock.handoff_shared", "dblock.handoff_fair",
+                        "dblock.handoff_fast", "pg.notify_handoff"})
     want_handoff = want_handoff || selected(o.only, h);
   std::size_t total = plan.size();
   if (want_handoff)
     for (auto& b : ctxs)
       for (int c : o.clients)
         if (c > 1)
-          total += b->backend == "postgresql" &&
-                           b->db.options().pooler != dblock::pooler_mode::transaction
-                       ? 2
-                       : 1;
+          total += (b->backend == "postgresql" &&
+                            b->db.options().pooler != dblock::pooler_mode::transaction
+                        ? 4
+                        : 3) +
+                   (b->fast ? 1 : 0);
   // Costs a long set-up (and minutes at 10,000 leases): only when --only names it.
   const bool want_watchdog = !o.only.empty() && selected(o.only, "dblock.watchdog");
   if (want_watchdog) total += 2 * ctxs.size();
@@ -1346,6 +1348,20 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
                    "; K=clients-1 waiters; latency from release() start to the next acquire() "
                    "return (p50/p99); ops/s = handoffs/s; hold " +
                    std::to_string(o.hold_us) + " us" + extra;
+          report(std::move(r));
+        }
+        // The same across handles on PostgreSQL's fast lease table: the wake-up path without
+        // the two commits' WAL flushes.
+        if (b->fast) {
+          result r = handoff_dblock(*b->fast, c, o.seconds, o.hold_us, true, b->wait_options);
+          r.backend = b->backend;
+          r.label = b->label;
+          r.operation = "dblock.handoff_fast";
+          r.kind = "handoff";
+          r.note =
+              "as dblock.handoff on the fast lease table (UNLOGGED, docs/fast-leases.md): the "
+              "wake-up path without the WAL flushes of the release and the acquire; hold " +
+              std::to_string(o.hold_us) + " us";
           report(std::move(r));
         }
         // LISTEN does not work through a transaction-mode pooler.

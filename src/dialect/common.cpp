@@ -95,4 +95,43 @@ bool poke_fd::wait(int fd, int ms) {
   return fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR));
 }
 
+void watched_waiters::watch(const std::string& token, bool on) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (on) {
+    wanted_.insert(token);
+    unconfirmed_.insert(token);
+  } else {
+    wanted_.erase(token);
+    unconfirmed_.erase(token);
+  }
+}
+
+bool watched_waiters::any() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return !wanted_.empty();
+}
+
+std::optional<std::string> watched_waiters::only() const {
+  std::lock_guard<std::mutex> l(mu_);
+  if (wanted_.size() != 1) return std::nullopt;
+  return *wanted_.begin();
+}
+
+void watched_waiters::confirm(const confirm_fn& confirmed) {
+  std::set<std::string> now;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    now.swap(unconfirmed_);
+  }
+  for (const auto& t : now)
+    confirmed(t, true);
+}
+
+void watched_waiters::unconfirm_all(const confirm_fn& confirmed) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& t : wanted_)
+    confirmed(t, false);
+  unconfirmed_ = wanted_;
+}
+
 }  // namespace dblock::detail

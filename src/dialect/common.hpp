@@ -2,7 +2,10 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -47,6 +50,29 @@ class poke_fd {
 
  private:
   int fd_ = -1;
+};
+
+/// The waiters an addressed wake-up channel serves (bell_channel::watch()), and which of them
+/// it has not yet confirmed as reachable. Thread-safe; `confirmed` is bell_callbacks::confirmed.
+class watched_waiters {
+ public:
+  using confirm_fn = std::function<void(const std::string& token, bool)>;
+  /// Adds (`on`, unconfirmed) or removes the waiter with owner token `token`.
+  void watch(const std::string& token, bool on);
+  /// True while there is a waiter.
+  bool any() const;
+  /// The token of the only waiter, if there is exactly one.
+  std::optional<std::string> only() const;
+  /// The channel can reach its waiters now: confirms those not yet confirmed.
+  void confirm(const confirm_fn& confirmed);
+  /// The channel's connection broke: every waiter is reported unreachable and will be
+  /// confirmed again by the next connection.
+  void unconfirm_all(const confirm_fn& confirmed);
+
+ private:
+  mutable std::mutex mu_;
+  std::set<std::string> wanted_;       // tokens of the handle's waiters
+  std::set<std::string> unconfirmed_;  // of those, not yet known to be reachable
 };
 
 }  // namespace dblock::detail

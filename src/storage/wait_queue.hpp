@@ -1,7 +1,7 @@
 // Internal: typed operations on the queue of waiters (<prefix>lock_waiter). Every waiting
 // acquire has an entry, itself a lease (refreshed while it waits, skipped once expired); the
 // ticket the database assigns orders the queue. Fair waiters take the lease only at the head;
-// wake-ups name the head (PostgreSQL's trigger) so that only that waiter is woken.
+// wake-ups name the head (PostgreSQL's release statement) so that only that waiter is woken.
 #pragma once
 
 #include <chrono>

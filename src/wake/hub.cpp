@@ -59,7 +59,9 @@ void wake_hub::confirmed(const std::string& token, bool on) {
   for (const auto& w : waiters_) {
     if (w->token != token) continue;
     w->subscribed.store(on);
-    // Now reachable: let it look again at once and then sleep relying on rings.
+    // Now reachable: let it look again at once and then sleep relying on rings, unless its
+    // last read already knew that rings reach it.
+    if (on && !w->polling.load()) continue;
     w->relook.store(true);
     w->rung.store(true);
     cancel_access::poke(w->slot);

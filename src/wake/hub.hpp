@@ -36,6 +36,9 @@ struct wake_waiter {
   std::atomic<bool> subscribed{false};
   /// Woken to look again (its subscription was confirmed), not by a release.
   std::atomic<bool> relook{false};
+  /// It read the lock without rings reaching it (it polls): a confirmation wakes it to look
+  /// again. One that confirmed before its read needs no second read.
+  std::atomic<bool> polling{false};
 };
 
 /// The wake-ups of one database handle (see the file comment). Thread-safe.
@@ -112,8 +115,14 @@ class hub_entry {
   hub_entry& operator=(const hub_entry&) = delete;
   /// Sleeps up to `d`; true when rung.
   bool wait(std::chrono::nanoseconds d) { return hub_.wait(*w_, d); }
-  /// True while rings from other processes reach this waiter (wake_hub::live()).
-  bool live() const { return hub_.live(*w_); }
+  /// True while rings from other processes reach this waiter (wake_hub::live()); a waiter
+  /// asks before each read, and a confirmation wakes it to read again only when it was false.
+  bool live() const {
+    w_->polling.store(true);
+    const bool l = hub_.live(*w_);
+    if (l) w_->polling.store(false);
+    return l;
+  }
   /// True (once) when it was woken only to look again, not by a release.
   bool relook() { return w_->relook.exchange(false); }
   /// True (once) when the ring that woke it named it the head of the queue.

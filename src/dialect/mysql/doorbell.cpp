@@ -11,8 +11,6 @@
 // bounded by the holder's expiry).
 
 #include <atomic>
-#include <mutex>
-#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -76,16 +74,7 @@ class channel final : public bell_channel {
   std::string address() const override { return mark_; }
   bool is_self(std::int64_t id) const override { return id > 0 && id == session_.load(); }
   void watch(const std::string& token, bool on) override {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (on) {
-        wanted_.insert(token);
-        unconfirmed_.insert(token);
-      } else {
-        wanted_.erase(token);
-        unconfirmed_.erase(token);
-      }
-    }
+    watched_.watch(token, on);
     poke();
   }
 
@@ -154,15 +143,12 @@ class channel final : public bell_channel {
   }
   /// Rung: delivers one ring to each waiter of this handle that heads its queue.
   bool ring(MYSQL* m) {
-    {
-      // One waiter in this handle: the ring is for it (the release found its bell), no read.
-      std::lock_guard<std::mutex> l(mu_);
-      if (wanted_.size() == 1) {
-        ring_event ev;
-        ev.head = *wanted_.begin();
-        cb_.deliver(ev);
-        return true;
-      }
+    // One waiter in this handle: the ring is for it (the release found its bell), no read.
+    if (auto only = watched_.only()) {
+      ring_event ev;
+      ev.head = *only;
+      cb_.deliver(ev);
+      return true;
     }
     const std::string now = "UTC_TIMESTAMP(6)";
     const std::string sql = "SELECT w.resource_name, w.owner_token FROM " + waiters_ +
@@ -183,19 +169,8 @@ class channel final : public bell_channel {
     return true;
   }
   /// Tells the hub that the waiters watched so far are reachable (a sleep is in flight).
-  void confirm() {
-    std::set<std::string> now;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      now.swap(unconfirmed_);
-    }
-    for (const auto& t : now)
-      cb_.confirmed(t, true);
-  }
-  bool wanted() {
-    std::lock_guard<std::mutex> l(mu_);
-    return !wanted_.empty();
-  }
+  void confirm() { watched_.confirm(cb_.confirmed); }
+  bool wanted() const { return watched_.any(); }
   /// One sleep: true when it ended normally or by a ring, false when the connection broke.
   bool sleep_once(MYSQL* m) {
     const std::string q = bell_sleep_prefix + mark_ + bell_sleep_suffix;
@@ -231,10 +206,8 @@ class channel final : public bell_channel {
     }
     live_.store(false);
     session_.store(0);
-    std::lock_guard<std::mutex> l(mu_);
-    for (const auto& t : wanted_)
-      cb_.confirmed(t, false);
-    unconfirmed_ = wanted_;  // confirmed again after the next connection's first sleep
+    watched_.unconfirm_all(
+        cb_.confirmed);  // confirmed again after the next connection's first sleep
   }
   void run() {
     int backoff_ms = 10;
@@ -263,9 +236,7 @@ class channel final : public bell_channel {
   poke_fd poke_;
   std::atomic<bool> stop_{false}, live_{false};
   std::atomic<std::int64_t> session_{0};  // the server session id of the connection
-  std::mutex mu_;
-  std::set<std::string> wanted_;       // tokens of this handle's waiters
-  std::set<std::string> unconfirmed_;  // of those, not yet known to be reachable
+  watched_waiters watched_;               // this handle's waiters
   std::thread thread_;
 };
 

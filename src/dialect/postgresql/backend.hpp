@@ -61,7 +61,7 @@ class connector final : public detail::connector {
   void unlock_migrations(soci::session&, const std::string& key) const override;
 };
 
-/// LISTEN/NOTIFY wake-ups (doorbell.cpp).
+/// LISTEN/NOTIFY wake-ups while a handle has waiters (doorbell.cpp).
 class doorbell final : public detail::doorbell {
  public:
   std::string target(const parsed_url& u, const database_options& o) const override;
@@ -86,6 +86,7 @@ class vocabulary final : public detail::vocabulary {
   std::string lease_acquire(const table_names& t) const override;
   std::string lease_acquire_dequeue(const table_names& t) const override;
   std::string id_reserve(const table_names& t) const override;
+  std::string release_returning(const table_names& t) const override;
   std::string lock_table_durable() const override {
     return "SELECT CASE WHEN c.relpersistence = 'u' THEN 0 ELSE 1 END FROM pg_catalog.pg_class c"
            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"

@@ -1,13 +1,18 @@
-// PostgreSQL wake-ups: the lock table's trigger (migrations 0004, 0005) notifies the head of a
-// freed lease's waiter queue in the release's own transaction, on the channel of the handle that
-// holds that waiter: dblock_w_<bell>, the bell its queue entry carries. Each database handle
-// keeps one connection outside its pool that LISTENs on its own channel only (once, when it
-// connects: no subscription per waiter), delivers the notifications to the wake hub, which wakes
-// the waiter the payload names, and reconnects when the connection breaks (a lost ring costs
-// latency only).
+// PostgreSQL wake-ups: the release statement notifies the head of a freed lease's waiter
+// queue in the release's own transaction (vocabulary::release_returning(), migration 0009), on
+// the channel of the handle that holds that waiter: dblock_w_<bell>, the bell its queue entry
+// carries. Each database handle keeps one connection outside its pool that LISTENs on its own
+// channel only, and only while the handle has waiters (and a second after the last one left):
+// PostgreSQL signals every listening backend of the database at each NOTIFY, whatever its
+// channel, so a handle that listened for its whole life would slow down the handoffs of every
+// other process while it had nothing to wait for. Waiters are reachable once the LISTEN is in
+// place (bell_channel::addressed(): they poll until then); the notifications go to the wake
+// hub, which wakes the waiter the payload names. The connection reconnects when it breaks (a
+// lost ring costs latency only).
 #include <libpq-fe.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <utility>
 
@@ -19,6 +24,8 @@ namespace dblock::detail::pg {
 namespace {
 
 const std::string channel_prefix = "dblock_w_";
+/// How long the connection keeps listening after the handle's last waiter left.
+constexpr auto linger = std::chrono::seconds(1);
 
 class channel final : public bell_channel {
  public:
@@ -32,17 +39,20 @@ class channel final : public bell_channel {
     thread_.join();
   }
   bool live() const override { return live_.load(); }
+  bool addressed() const override { return true; }
   std::string address() const override { return bell_; }
+  void watch(const std::string& token, bool on) override {
+    watched_.watch(token, on);
+    poke_.poke();
+  }
 
  private:
   void log(const std::string& m) {
     if (cb_.log) cb_.log(log_level::warning, "wake-up listener: " + m);
   }
-  /// Waits for the socket or a poke up to `ms` (-1: forever); false when stopping.
-  bool wait(int fd, int ms) {
-    poke_.wait(fd, ms);
-    return !stop_.load();
-  }
+  /// Waits for the socket or a poke up to `ms` (-1: forever); true when the socket is readable.
+  bool wait(int fd, int ms) { return poke_.wait(fd, ms); }
+  bool wanted() const { return watched_.any(); }
   PGconn* connect() {
     PGconn* c = PQconnectdb(conninfo_.c_str());
     if (PQstatus(c) == CONNECTION_OK) return c;
@@ -50,14 +60,15 @@ class channel final : public bell_channel {
     PQfinish(c);
     return nullptr;
   }
-  bool listen(PGconn* c) {
-    const std::string sql = "LISTEN \"" + channel_prefix + bell_ + "\"";
+  bool command(PGconn* c, const std::string& sql) {
     PGresult* r = PQexec(c, sql.c_str());
     const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
     PQclear(r);
-    if (!ok) log(std::string("LISTEN failed (waiters poll meanwhile): ") + PQerrorMessage(c));
+    if (!ok) log(sql + " failed (waiters poll meanwhile): " + PQerrorMessage(c));
     return ok;
   }
+  /// Tells the hub that the waiters watched so far are reachable (the LISTEN is in place).
+  void confirm() { watched_.confirm(cb_.confirmed); }
   void drain(PGconn* c) {
     while (PGnotify* n = PQnotifies(c)) {
       // "<fence>:<head token>:<name>"; the name may itself contain ':'.
@@ -73,33 +84,60 @@ class channel final : public bell_channel {
       cb_.deliver(ev);
     }
   }
-  /// One connection's life: listen on this handle's channel, then serve until it breaks.
+  /// One connection's life: listens while the handle has waiters, until the connection breaks.
   void serve(PGconn* c) {
-    if (!listen(c)) return;
-    live_.store(true);
-    cb_.lost();  // releases while we were not listening went unheard: every waiter looks again
-    while (wait(PQsocket(c), -1)) {
-      if (!PQconsumeInput(c)) {
-        log(std::string("connection lost, reconnecting: ") + PQerrorMessage(c));
-        break;
+    using clock = std::chrono::steady_clock;
+    auto idle_since = clock::now();
+    bool listening = false;
+    while (!stop_.load()) {
+      const bool want = wanted();
+      if (want) idle_since = clock::now();
+      if (want && !listening) {
+        if (!command(c, "LISTEN \"" + channel_prefix + bell_ + "\"")) break;
+        listening = true;
+        live_.store(true);
+      } else if (!want && listening && clock::now() - idle_since >= linger) {
+        live_.store(false);
+        if (!command(c, "UNLISTEN *")) break;
+        listening = false;
       }
-      drain(c);
+      if (listening) confirm();
+      int ms = -1;             // waiters, or not listening: until a poke (or a notification)
+      if (!want && listening)  // until the linger ends
+        ms = std::max(0, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              idle_since + linger - clock::now())
+                                              .count()) +
+                             1);
+      if (wait(PQsocket(c), ms)) {
+        if (!PQconsumeInput(c)) {
+          if (!stop_.load())
+            log(std::string("connection lost, reconnecting: ") + PQerrorMessage(c));
+          break;
+        }
+        drain(c);
+      }
     }
     live_.store(false);
+    watched_.unconfirm_all(cb_.confirmed);  // confirmed again once the next connection listens
   }
   void run() {
     int backoff_ms = 10;
     while (!stop_.load()) {
+      if (!wanted()) {
+        wait(-1, -1);  // connect only once the handle has a waiter
+        continue;
+      }
       PGconn* c = connect();
       if (!c) {
-        if (!wait(-1, backoff_ms)) return;
+        wait(-1, backoff_ms);
         backoff_ms = std::min(backoff_ms * 2, 1000);
         continue;
       }
       backoff_ms = 10;
       serve(c);
       PQfinish(c);
-      if (!stop_.load() && !wait(-1, backoff_ms)) return;
+      // Releases while nobody listened went unheard: every waiter looks again.
+      if (!stop_.load()) cb_.lost();
     }
   }
 
@@ -108,6 +146,7 @@ class channel final : public bell_channel {
   const std::string bell_;  // this handle's channel: dblock_w_<bell>
   poke_fd poke_;
   std::atomic<bool> stop_{false}, live_{false};
+  watched_waiters watched_;  // this handle's waiters
   std::thread thread_;
 };
 

@@ -36,6 +36,21 @@ std::string vocabulary::lease_acquire_dequeue(const table_names& t) const {
          " WHERE ticket = :ticket AND EXISTS (SELECT 1 FROM acq)) SELECT fence FROM acq";
 }
 
+std::string vocabulary::release_returning(const table_names& t) const {
+  // The head's channel is its handle's bell (doorbell.cpp), or its own token's for an entry
+  // without one; the payload is "<fence>:<head token>:<name>". The lock row's columns are its
+  // new values: hold_count 0 once the lease is free.
+  const std::string row = t.lock + ".";
+  return " RETURNING (SELECT count(pg_notify('dblock_w_' || CASE WHEN h.bell = '' THEN"
+         " h.owner_token ELSE h.bell END, CAST(" +
+         row + "fence AS TEXT) || ':' || h.owner_token || ':' || " + row +
+         "resource_name)) FROM (SELECT CAST(w.owner_token AS TEXT) AS owner_token,"
+         " CAST(w.bell AS TEXT) AS bell FROM " +
+         t.waiters + " w WHERE w.resource_name = :name AND w.owner_token <> :token AND" +
+         " w.expires_at > " + now() + " ORDER BY w.ticket LIMIT 1) h WHERE " + row +
+         "hold_count = 0)";
+}
+
 std::string vocabulary::id_reserve(const table_names& t) const {
   return "UPDATE " + t.ids + " SET next_id = GREATEST(next_id, (" + epoch_us(now()) +
          " / 1000 - :epoch_ms) * :per_ms) + :n WHERE generator = :name RETURNING next_id";
