@@ -207,6 +207,69 @@ DBLOCK_TEST("wake-up channel cut while a waiter waits: no lost grant, the channe
   CHECK(events->woken_n.load() > woken_before);  // the ring crossed handles
 }
 
+namespace {
+
+// What the handle's wake-up connection last ran (PostgreSQL: its application_name is `tag`;
+// MySQL: how many wake-up sleeps are in flight on the server). Empty on SQLite.
+std::string listener_state(const dblock::test::context& ctx, const std::string& tag) {
+  auto c = ctx.db.connect();
+  if (ctx.backend == "postgresql") {
+    std::vector<std::string> q(4);
+    c.session() << "SELECT query FROM pg_stat_activity WHERE application_name = :a", soci::use(tag),
+        soci::into(q);
+    std::string out;
+    for (const auto& x : q)
+      out += (out.empty() ? "" : " | ") + x;
+    return out;
+  }
+  if (ctx.backend == "mysql") {
+    long long n = 0;
+    c.session() << "SELECT count(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' "
+                   "AND INFO LIKE 'SELECT SLEEP(2) /* dblock-bell %'",
+        soci::into(n);
+    return std::to_string(n) + " sleeps";
+  }
+  return {};
+}
+
+}  // namespace
+
+// PostgreSQL signals every LISTENing backend of the database at each NOTIFY, so a handle stops
+// listening a second after its last waiter left (MySQL: its sleeps end within 2 s); the next
+// waiter is rung again. SQLite: the rings before and after a pause.
+DBLOCK_TEST("an idle handle stops listening for wake-ups and listens again for its next waiter",
+            "[waiting][direct]") {
+  const std::string tag = "dblock_idle_" + dblock::test::random_suffix();
+  auto events = std::make_shared<counting_listener>();
+  auto o = ctx.options();
+  o.events = events;
+  if (ctx.backend == "postgresql")
+    o.listen_url =
+        ctx.url + (ctx.url.find('?') == std::string::npos ? "?" : "&") + "application_name=" + tag;
+  auto wdb = ctx.open(o);
+  const std::string name = "idle-" + dblock::test::random_suffix();
+  const long long ttl_ns = std::chrono::nanoseconds(cut_ttl).count();
+  for (int round = 1; round <= 2; ++round) {
+    const auto woken_before = events->woken_n.load();
+    const auto r = handoff(ctx, wdb, name, tag, false);
+    const std::string just_after = listener_state(ctx, tag);
+    INFO("round " << round << ": " << r.error << "; granted " << r.latency_ns / ns_per_ms
+                  << " ms after the release; wake-ups " << events->woken_n.load() - woken_before
+                  << "; listener right after: " << just_after);
+    REQUIRE(r.error.empty());
+    CHECK(r.latency_ns >= 0);
+    CHECK(r.latency_ns <= ttl_ns / 2);
+    CHECK(events->woken_n.load() > woken_before);  // rung across handles, also after the pause
+    // Still listening at once (the second of grace), not listening once idle.
+    if (ctx.backend == "postgresql") CHECK(just_after.rfind("LISTEN \"dblock_w_", 0) == 0);
+    std::this_thread::sleep_for(milliseconds(ctx.backend == "mysql" ? 2600 : 1600));
+    const std::string idle = listener_state(ctx, tag);
+    INFO("listener when idle: " << idle);
+    if (ctx.backend == "postgresql") CHECK(idle == "UNLISTEN *");
+    if (ctx.backend == "mysql") CHECK(idle == "0 sleeps");
+  }
+}
+
 // ---- interrupt storm --------------------------------------------------------------------------
 
 namespace {
