@@ -29,6 +29,13 @@ inline PGconn* raw(soci::session& sql) {
   return static_cast<soci::postgresql_session_backend*>(sql.get_backend())->conn_;
 }
 
+/// Throws what SOCI would throw for failed result `r` (or for the connection's error when `r`
+/// is null), so that the classifier treats libpq and SOCI paths alike; clears `r`.
+[[noreturn]] void fail(PGconn* c, PGresult* r);
+/// Runs a command without parameters or rows through libpq (no SOCI statement object); throws
+/// as fail().
+void command(PGconn* c, const std::string& sql);
+
 class connector final : public detail::connector {
  public:
   const soci::backend_factory& factory() const override { return *soci::factory_postgresql(); }
@@ -42,6 +49,7 @@ class connector final : public detail::connector {
                    std::chrono::milliseconds timeout) const override;
   void begin(soci::session&, const connection_state& st, const database_options& o,
              std::optional<std::chrono::milliseconds> lock_timeout) const override;
+  void commit(soci::session&, const connection_state& st) const override;
   void set_lock_timeout(soci::session&, const connection_state&,
                         std::chrono::milliseconds) const override;
   // ON CONFLICT DO NOTHING never waits for a holder of the existing row (and a session-level

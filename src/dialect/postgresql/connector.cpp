@@ -153,7 +153,11 @@ void connector::begin(soci::session& sql, const connection_state& st, const data
   if (lock_timeout)
     q += "; SET LOCAL lock_timeout = '" +
          std::to_string(std::max<long long>(lock_timeout->count(), 1)) + "ms'";
-  sql << q;
+  command(raw(sql), q);
+}
+
+void connector::commit(soci::session& sql, const connection_state&) const {
+  command(raw(sql), "COMMIT");
 }
 
 void connector::set_lock_timeout(soci::session& sql, const connection_state&,

@@ -21,12 +21,7 @@
 #include "backend.hpp"
 
 namespace dblock::detail::pg {
-namespace {
-
-using result_ptr = std::unique_ptr<PGresult, void (*)(PGresult*)>;
-
-// Throws what SOCI would throw, so the classifier treats both paths alike.
-[[noreturn]] void fail(PGconn* c, PGresult* r) {
+void fail(PGconn* c, PGresult* r) {
   std::string msg = r ? PQresultErrorMessage(r) : "";
   if (msg.empty()) msg = PQerrorMessage(c);
   const char* field = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
@@ -38,6 +33,10 @@ using result_ptr = std::unique_ptr<PGresult, void (*)(PGresult*)>;
   if (r) PQclear(r);
   throw soci::postgresql_soci_error(msg.empty() ? "no reply from the server" : msg, code);
 }
+
+namespace {
+
+using result_ptr = std::unique_ptr<PGresult, void (*)(PGresult*)>;
 
 bool ok(PGresult* r) {
   const auto status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
@@ -92,6 +91,12 @@ sql_result routine_result(PGresult* r, bool returns_rows) {
 }
 
 }  // namespace
+
+void command(PGconn* c, const std::string& sql) {
+  PGresult* r = PQexec(c, sql.c_str());
+  if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) fail(c, r);
+  PQclear(r);
+}
 
 routine make_routine(PGconn* c, const std::string& key, const std::string& positional,
                      const std::vector<sql_param>& values) {
