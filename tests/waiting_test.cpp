@@ -170,6 +170,18 @@ handoff_result handoff(const dblock::test::context& ctx, const dblock::database&
   return r;
 }
 
+// The waiter's own handle, reporting to `events`; on PostgreSQL its wake-up connection is named
+// `tag` (the application_name of listen_url), so that a test can find it on the server.
+dblock::database tagged_handle(const dblock::test::context& ctx, const std::string& tag,
+                               const std::shared_ptr<counting_listener>& events) {
+  auto o = ctx.options();
+  o.events = events;
+  if (ctx.backend == "postgresql")
+    o.listen_url =
+        ctx.url + (ctx.url.find('?') == std::string::npos ? "?" : "&") + "application_name=" + tag;
+  return ctx.open(o);
+}
+
 }  // namespace
 
 // [direct]: LISTEN needs a server session of its own, so not through PgBouncer's transaction mode
@@ -178,12 +190,7 @@ DBLOCK_TEST("wake-up channel cut while a waiter waits: no lost grant, the channe
             "[waiting][direct]") {
   const std::string tag = "dblock_cut_" + dblock::test::random_suffix();
   auto events = std::make_shared<counting_listener>();
-  auto o = ctx.options();
-  o.events = events;
-  if (ctx.backend == "postgresql")
-    o.listen_url =
-        ctx.url + (ctx.url.find('?') == std::string::npos ? "?" : "&") + "application_name=" + tag;
-  auto wdb = ctx.open(o);
+  auto wdb = tagged_handle(ctx, tag, events);
   const std::string name = "cut-" + dblock::test::random_suffix();
   const long long ttl_ns = std::chrono::nanoseconds(cut_ttl).count();
 
@@ -241,12 +248,7 @@ DBLOCK_TEST("an idle handle stops listening for wake-ups and listens again for i
             "[waiting][direct]") {
   const std::string tag = "dblock_idle_" + dblock::test::random_suffix();
   auto events = std::make_shared<counting_listener>();
-  auto o = ctx.options();
-  o.events = events;
-  if (ctx.backend == "postgresql")
-    o.listen_url =
-        ctx.url + (ctx.url.find('?') == std::string::npos ? "?" : "&") + "application_name=" + tag;
-  auto wdb = ctx.open(o);
+  auto wdb = tagged_handle(ctx, tag, events);
   const std::string name = "idle-" + dblock::test::random_suffix();
   const long long ttl_ns = std::chrono::nanoseconds(cut_ttl).count();
   for (int round = 1; round <= 2; ++round) {
