@@ -76,8 +76,12 @@ double percentile(std::vector<float>& v, double q) {
   return v[k];
 }
 
-// Runs `clients` threads for `seconds` (after a warm-up of a tenth of it, at least 0.1 s) and
-// reports successful operations per second and the latency of every operation.
+// The end of the measurement the calling thread takes part in (set by measure() for its threads).
+thread_local clk::time_point measurement_end = clk::time_point::max();
+
+// Runs `clients` threads for `seconds` (after a warm-up of a tenth of it, at least 0.1 s but not
+// longer than the measurement itself) and reports successful operations per second and the
+// latency of every operation.
 result measure(int clients, double seconds, const setup_fn& setup) {
   std::vector<std::vector<float>> lat(clients);
   std::vector<long long> ok(clients, 0), ops(clients, 0), errs(clients, 0);
@@ -88,7 +92,7 @@ result measure(int clients, double seconds, const setup_fn& setup) {
   int ready = 0;
   bool go = false;
   clk::time_point start, end;
-  const auto warm = std::chrono::duration<double>(std::max(0.1, seconds / 10));
+  const auto warm = std::chrono::duration<double>(std::max(std::min(0.1, seconds), seconds / 10));
   std::vector<std::thread> ts;
   std::atomic<bool> setup_failed{false};
   std::string setup_error;
@@ -109,6 +113,7 @@ result measure(int clients, double seconds, const setup_fn& setup) {
         cv.wait(l, [&] { return go; });
       }
       if (setup_failed) return;
+      measurement_end = end;
       auto run_one = [&](bool record) {
         auto t0 = clk::now();
         bool s = false;
@@ -760,8 +765,8 @@ result raw_acquire_many(backend_ctx& b, int n) {
 
 // `n` leases of distinct names acquired with the watchdog on one database handle, held for
 // three TTLs, then released: the acquire rate, and what holding them cost.
-result watchdog_scale(backend_ctx& b, int n, std::ostream& progress) {
-  const auto ttl = std::chrono::seconds(3);
+result watchdog_scale(backend_ctx& b, int n, int ttl_ms, std::ostream& progress) {
+  const auto ttl = std::chrono::milliseconds(ttl_ms);
   auto events = std::make_shared<renewal_counter>();
   dblock::database_options o = b.db.options();
   o.events = events;
@@ -786,7 +791,7 @@ result watchdog_scale(backend_ctx& b, int n, std::ostream& progress) {
   const long long renewals0 = events->renewals.load(), statements0 = events->statements.load(),
                   batches0 = events->batches.load();
   progress << "bench: " << b.label << " dblock.watchdog: " << guards.size()
-           << " leases held; holding them for 3 TTLs (" << 3 * ttl.count() << " s)\n";
+           << " leases held; holding them for 3 TTLs (" << 3 * ttl.count() / 1000.0 << " s)\n";
   std::this_thread::sleep_for(3 * ttl);
   long long valid = 0;
   for (const auto& g : guards)
@@ -818,11 +823,11 @@ result watchdog_scale(backend_ctx& b, int n, std::ostream& progress) {
                 renewals > 0 ? 100.0 * static_cast<double>(statements) / renewals : 0}};
   char note[320];
   std::snprintf(note, sizeof note,
-                "%d leases, watchdog on, TTL 3 s, held 9 s: acquire/s as ops/s; %d threads "
+                "%d leases, watchdog on, TTL %.1f s, held %.1f s: acquire/s as ops/s; %d threads "
                 "added, RSS +%.1f MB; %lld renewals in %lld batches, %.2f statements per 100 "
                 "renewals; %lld lost, %lld still valid",
-                n, threads1 - threads0, rss1 - rss0, renewals, batches,
-                renewals > 0 ? 100.0 * static_cast<double>(statements) / renewals : 0.0,
+                n, ttl_ms / 1000.0, 3 * ttl_ms / 1000.0, threads1 - threads0, rss1 - rss0, renewals,
+                batches, renewals > 0 ? 100.0 * static_cast<double>(statements) / renewals : 0.0,
                 events->lost.load(), valid);
   r.note = note;
   return r;
@@ -830,10 +835,11 @@ result watchdog_scale(backend_ctx& b, int n, std::ostream& progress) {
 
 // ---- handoff latency -------------------------------------------------------------------------
 
-// A releaser stays out of the race until another thread has taken the lock (at most 2 s), so that
-// every measured handoff goes to a waiter, not back to the releaser.
+// A releaser stays out of the race until another thread has taken the lock (at most 2 s, and not
+// past the end of the measurement, when the others stop taking it), so that every measured
+// handoff goes to a waiter, not back to the releaser.
 void wait_for_successor(const std::atomic<long long>& generation, long long released) {
-  const auto give_up = clk::now() + std::chrono::seconds(2);
+  const auto give_up = std::min(clk::now() + std::chrono::seconds(2), measurement_end);
   while (generation.load() == released && clk::now() < give_up)
     std::this_thread::sleep_for(std::chrono::microseconds(50));
 }
@@ -1388,7 +1394,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
       report(std::move(f));
       result r;
       try {
-        r = watchdog_scale(*b, o.watchdog_leases, progress);
+        r = watchdog_scale(*b, o.watchdog_leases, o.watchdog_ttl_ms, progress);
       } catch (const std::exception& e) {
         r.clients = 1;
         r.errors = 1;

@@ -22,6 +22,7 @@ struct options {
   int keys = 1000;                       ///< distinct keys per client for the spread operations
   int hold_us = 1000;
   int watchdog_leases = 10000;  ///< leases held with the watchdog by dblock.watchdog
+  int watchdog_ttl_ms = 3000;   ///< their TTL; they are held for three TTLs
   int poll_max_ms = 0;  ///< lease_options::poll_max for waiting acquires; 0: default ///< how long
                         ///< a holder keeps the lock in the handoff test
 };

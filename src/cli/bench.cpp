@@ -54,6 +54,11 @@ CLI::App* add_bench(CLI::App& app, common_options& common, bench_options& b) {
                    "leases held with the watchdog by dblock.watchdog (run when --only names it)")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
+  bench
+      ->add_option("--leases-ttl-ms", o.watchdog_ttl_ms,
+                   "TTL of dblock.watchdog's leases (ms); they are held for three TTLs")
+      ->check(CLI::Range(300, 600000))
+      ->capture_default_str();
   return bench;
 }
 
