@@ -117,6 +117,10 @@ delay_result run_delays(context& ctx, int trials, bool fenced) {
   w.ttl_ms = ttl_ms;
   w.work_ms = 5;
   w.poll_max_ms = 20;
+  // Without a pause between the two contenders' leases (their hand-offs are wake-ups, not
+  // polls) the lock is almost never free: most delayed try_acquire()s would fail, each after
+  // its whole delay.
+  w.idle_ms = 20;
   process_set ps;
   for (int i = 0; i < 2; ++i)
     spawn_counter_worker(ps, w, i);

@@ -74,6 +74,7 @@ std::vector<std::string> workload::args(int id) const {
           "pool=" + std::to_string(pool),
           "slots=" + slots,
           "in_txn=" + std::to_string(in_txn_ms),
+          "idle=" + std::to_string(idle_ms),
           std::string("own_lock=") + (own_lock ? "1" : "0"),
           "kind=" + kind};
 }
@@ -221,6 +222,7 @@ DBLOCK_WORKER(fault_counter_worker) {
   const bool fenced = a.at("fenced") == "1", check_valid = a.at("check_valid") == "1";
   const bool try_mode = a.at("try") == "1";
   const int work_ms = std::stoi(a.at("work")), in_txn_ms = std::stoi(a.at("in_txn"));
+  const int idle_ms = std::stoi(a.at("idle"));
   const std::string stop = dir + "/stop";
   log_file log(dir + "/w" + std::to_string(id) + ".log");
   auto db = open_db(a.at("url"), prefix, static_cast<std::size_t>(std::stoi(a.at("pool"))));
@@ -349,6 +351,7 @@ DBLOCK_WORKER(fault_counter_worker) {
       // lease_lost, in_doubt or a dead connection: the lease expires on its own.
     }
     g.reset();
+    if (idle_ms > 0) std::this_thread::sleep_for(milliseconds(rnd(0, idle_ms)));
   }
   return 0;
 }

@@ -69,6 +69,7 @@ struct workload {
   int pool = 3;
   std::string slots;      // "" or a file of shared int64 slots: slot[id] = fence while before-write
   int in_txn_ms = 0;      // sleep inside the fenced transaction (widens kill windows)
+  int idle_ms = 0;        // random pause 0..idle_ms after each release (room for other acquirers)
   bool own_lock = false;  // negative control: one lock per worker, i.e. no exclusion at all
   // "lease", "semaphore" (the one permit of a semaphore of 1 named `lock`) or "election" (the
   // leadership of the election `lock`; the worker's identity is "w<id>")
