@@ -5,6 +5,8 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string_view>
+#include <tuple>
 
 #include "identifier.hpp"
 #include "storage/lock_table.hpp"
@@ -92,11 +94,14 @@ struct transaction::impl {
 
   void require_unique_key(const std::string& table, const std::string& column) {
     static std::mutex mu;
-    static std::set<std::string> verified;  // "<url>|table|column" known to be unique
-    const std::string key = db.redacted_url() + "|" + table + "|" + column;
+    // (url, table, column) known to be unique; looked up without building a key
+    static std::set<std::tuple<std::string, std::string, std::string>, std::less<>> verified;
     {
       std::lock_guard<std::mutex> lk(mu);
-      if (verified.count(key)) return;
+      if (verified.find(std::make_tuple(std::string_view(db.redacted_url()),
+                                        std::string_view(table), std::string_view(column))) !=
+          verified.end())
+        return;
     }
     if (!dia().conn.has_unique_index(sql(), table, column))
       throw error(errc::invalid_argument,
@@ -105,7 +110,7 @@ struct transaction::impl {
                       "every row the lookup scans, up to the whole table. Add a unique index, "
                       "or set row_selector.allow_unindexed to accept that.");
     std::lock_guard<std::mutex> lk(mu);
-    verified.insert(key);
+    verified.emplace(db.redacted_url(), table, column);
   }
 };
 
@@ -193,7 +198,6 @@ std::vector<record> transaction::lock_rows(const row_selector& rows, lock_wait m
   detail::validate_identifier(rows.key_column, "key column");
   auto& m = *impl_;
   m.check_open("lock_rows");
-  const std::string what = "lock rows of " + rows.table;
   m.begin();
   try {
     if (!rows.allow_unindexed) m.require_unique_key(rows.table, rows.key_column);
@@ -204,7 +208,7 @@ std::vector<record> transaction::lock_rows(const row_selector& rows, lock_wait m
   } catch (const error&) {
     throw;
   } catch (...) {
-    m.fail(what);
+    m.fail("lock rows of " + rows.table);
   }
 }
 

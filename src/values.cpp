@@ -1,6 +1,6 @@
 #include "values.hpp"
 
-#include <set>
+#include <array>
 #include <string_view>
 
 #include "dblock/error.hpp"
@@ -57,12 +57,33 @@ std::string describe(const value& v) {
 
 std::optional<statement> caller_statement(const std::string& text, const named_values& params,
                                           std::vector<sql_param>& values) {
-  std::set<std::string> in_text, given;
+  // The text's parameters and the given names must be the same set, no name given twice.
+  // Checked without allocating (this runs on every call of a cached caller statement): callers
+  // pass a handful of names; past `most` the statement simply goes through SOCI.
+  constexpr std::size_t most = 64;
+  if (params.size() > most) return std::nullopt;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (params[i].first == params[j].first) return std::nullopt;
+  std::array<bool, most> used{};
+  bool unknown = false;
   scan_parameters(
-      text, [](std::string_view) {}, [&](const std::string& name) { in_text.insert(name); });
+      text, [](std::string_view) {},
+      [&](const std::string& name) {
+        for (std::size_t i = 0; i < params.size(); ++i)
+          if (params[i].first == name) {
+            used[i] = true;
+            return;
+          }
+        unknown = true;
+      });
+  if (unknown) return std::nullopt;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (!used[i]) return std::nullopt;
   statement st{"caller", text, {}, false, true};
+  st.params.reserve(params.size());
+  values.reserve(values.size() + params.size());
   for (const auto& p : params) {
-    if (!given.insert(p.first).second) return std::nullopt;
     if (const auto* i = std::get_if<long long>(&p.second))
       values.emplace_back(*i);
     else if (const auto* str = std::get_if<std::string>(&p.second))
@@ -71,7 +92,6 @@ std::optional<statement> caller_statement(const std::string& text, const named_v
       return std::nullopt;  // NULL or a double: SOCI binds those with their types
     st.params.push_back(p.first);
   }
-  if (in_text != given) return std::nullopt;
   return st;
 }
 
