@@ -479,6 +479,15 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
       // Each handoff cycle can outlast these tiny windows (the releaser waits for a successor):
       // the handoff latencies prove handoffs happened.
       CHECK(row.at("p50_us").get<double>() > 0);
+      if (op.rfind("dblock.", 0) == 0) {
+        // The measured hold (at least the --hold-us asked for) and, when a handoff completed
+        // within the window, the rate against 1 / (hold + the one-client lease cycle), which
+        // this run measured.
+        if (row.at("per_second").get<double>() > 0) {
+          CHECK(row.value("hold_mean_us", 0.0) >= 100);
+          CHECK(row.value("rate_over_hold_plus_lease_cycle", 0.0) > 0);
+        }
+      }
     } else {
       CHECK(row.at("successes").get<long long>() > 0);
       CHECK(row.at("per_second").get<double>() > 0);
@@ -513,6 +522,7 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
   CHECK(seen.size() == expected.size());  // dblock.tablesize_1m runs only when --only names it
   const std::string label = j.at("backends").at(0).at("label");
   CHECK(j.at("contention_collapse").at(label).contains("dblock.lease_hot"));
+  CHECK(contains(r.out, "handoffs (waiters woken per release"));
   CHECK(contains(r.err, "bench: ["));  // progress
   CHECK(contains(r.err, "redis.lock skipped"));
   CHECK(contains(r.out, "rt/op"));

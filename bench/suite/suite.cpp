@@ -861,6 +861,8 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
   std::atomic<long long> release_started{0}, generation{0}, releases{0};
   std::mutex mu;
   std::vector<float> lat, waits;
+  double held_ns = 0;  // how long holders really kept the lock (sleep_for() oversleeps)
+  long long holds = 0;
   auto now_ns = [] { return clk::now().time_since_epoch().count(); };
   auto counter = std::make_shared<wake_counter>();
   auto o = b.db.options();
@@ -884,7 +886,13 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
       }
       std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
       const long long gen = ++generation;
-      release_started = now_ns();
+      const long long start = now_ns();
+      release_started = start;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        held_ns += static_cast<double>(start - got);
+        ++holds;
+      }
       g.release();
       ++releases;
       wait_for_successor(generation, gen);
@@ -895,6 +903,7 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
   r.p99_us = percentile(lat, 0.99);
   if (releases.load() > 0)
     r.woken_per_release = static_cast<double>(counter->n.load()) / releases.load();
+  if (holds > 0) r.figures["hold_mean_us"] = held_ns / static_cast<double>(holds) / 1000.0;
   if (!waits.empty()) {
     double sum = 0, top = 0;
     for (float w : waits) {
@@ -1093,6 +1102,27 @@ void prepare_sized(backend_ctx& b, long long rows, std::ostream& progress) {
 }
 
 // ---- reporting -------------------------------------------------------------------------------
+
+// Handoff rows: handoffs/s against 1 / (hold + the one-client lease cycle), the rate a lock
+// reaches when each handoff costs no more than one uncontended acquire and release. The hold is
+// the one measured (sleep_for() oversleeps); the cycle is dblock.lease at one client of the
+// same run (no figure without it).
+void rate_against_lease_cycle(std::vector<result>& results) {
+  for (auto& r : results) {
+    const auto hold = r.figures.find("hold_mean_us");
+    if (r.kind != "handoff" || hold == r.figures.end() || r.per_second <= 0) continue;
+    for (const auto& l : results)
+      if (l.label == r.label && l.operation == "dblock.lease" && l.clients == 1 &&
+          l.per_second > 0) {
+        const double bound = 1e6 / (hold->second + 1e6 / l.per_second);
+        r.figures["rate_over_hold_plus_lease_cycle"] = r.per_second / bound;
+        char extra[96];
+        std::snprintf(extra, sizeof extra, "; %.2f x 1/(hold %.0f us + lease cycle %.0f us)",
+                      r.per_second / bound, hold->second, 1e6 / l.per_second);
+        r.note += extra;
+      }
+  }
+}
 
 std::string fmt_rate(double v) {
   std::ostringstream s;
@@ -1444,6 +1474,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
   std::stable_sort(results.begin(), results.end(), [](const result& a, const result& b) {
     return std::tie(a.label, a.operation, a.clients) < std::tie(b.label, b.operation, b.clients);
   });
+  rate_against_lease_cycle(results);
   out << "\n";
   print_table(out, results);
 
@@ -1452,6 +1483,25 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
     if (r.operation == "dblock.watchdog")
       out << "\nwatchdog, " << r.label << ": " << r.note
           << (r.errors && !r.first_error.empty() ? " (" + r.first_error + ")" : "") << "\n";
+
+  // Handoffs: wake-ups per release, fairness, and the rate against 1/(hold + lease cycle).
+  bool handoff_header = false;
+  for (const auto& r : results) {
+    if (r.kind != "handoff" || !r.woken_per_release) continue;
+    if (!handoff_header)
+      out << "\nhandoffs (waiters woken per release; longest / mean acquire wait; handoffs/s "
+             "over 1 / (measured hold + one-client dblock.lease cycle)):\n";
+    handoff_header = true;
+    const auto rate = r.figures.find("rate_over_hold_plus_lease_cycle");
+    out << "  " << std::left << std::setw(label_width) << r.label << std::setw(22) << r.operation
+        << std::right << std::setw(4) << r.clients << " clients  woken " << std::fixed
+        << std::setprecision(2) << *r.woken_per_release << "  max/mean " << r.fairness.value_or(0)
+        << "  rate ";
+    if (rate != r.figures.end())
+      out << rate->second << "x\n";
+    else
+      out << "- (no one-client dblock.lease row)\n";
+  }
 
   // Contention collapse: hot-key successful cycles at the most clients over one client.
   nlohmann::json collapse = nlohmann::json::object();
