@@ -60,12 +60,15 @@ class channel final : public bell_channel {
     PQfinish(c);
     return nullptr;
   }
+  /// pg::command(), failures logged instead of thrown (the caller reconnects).
   bool command(PGconn* c, const std::string& sql) {
-    PGresult* r = PQexec(c, sql.c_str());
-    const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-    PQclear(r);
-    if (!ok) log(sql + " failed (waiters poll meanwhile): " + PQerrorMessage(c));
-    return ok;
+    try {
+      pg::command(c, sql);
+      return true;
+    } catch (const std::exception& e) {
+      log(sql + " failed (waiters poll meanwhile): " + e.what());
+      return false;
+    }
   }
   /// Tells the hub that the waiters watched so far are reachable (the LISTEN is in place).
   void confirm() { watched_.confirm(cb_.confirmed); }
