@@ -1,8 +1,10 @@
 // A held lease: the guard (release, renew, accessors) and fenced writes.
 #include <algorithm>
 #include <mutex>
+#include <utility>
 
 #include "dblock/retry.hpp"
+#include "lease/renewer.hpp"
 #include "lease/state.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/wait_queue.hpp"
@@ -54,6 +56,28 @@ void lease_state::open_gate() {
     p = gate_;
   }
   if (p) p->leave();
+}
+
+void lease_state::leave_queue_later(std::int64_t ticket, const std::string& queue_token) {
+  auto x = std::make_shared<wait_queue::deferred_exit>(name, ticket, queue_token);
+  std::shared_ptr<wait_queue::deferred_exit> old;
+  {
+    std::lock_guard<std::mutex> l(gate_mu_);
+    old = std::exchange(queue_exit_, x);
+  }
+  if (old) old->finish(db, milliseconds(0));
+  renewer_of(db).leave_queue_later(std::move(x));
+}
+
+void lease_state::finish_queue_exit() noexcept {
+  std::shared_ptr<wait_queue::deferred_exit> x;
+  {
+    std::lock_guard<std::mutex> l(gate_mu_);
+    x = std::move(queue_exit_);
+  }
+  // Normally long done by the renewer; a deletion in flight is waited for (briefly: the lease
+  // is released anyway, and the entry expires within its TTL).
+  if (x) x->finish(db, milliseconds(2000));
 }
 
 void lease_state::report_released(int left, std::int64_t ring_id) {
@@ -111,7 +135,10 @@ bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id) 
 
 void lease_state::release_one() {
   const int left = holds.fetch_sub(1) - 1;
-  if (left == 0) stop_watchdog();
+  if (left == 0) {
+    stop_watchdog();
+    finish_queue_exit();  // the queue entry goes before the lease is freed
+  }
   // The last hold: whatever the outcome, the next local waiter goes to the database after it.
   struct gate_opener {
     lease_state* s;

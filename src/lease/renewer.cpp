@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -11,6 +12,7 @@
 
 #include "lease/state.hpp"
 #include "storage/lock_table.hpp"
+#include "storage/wait_queue.hpp"
 
 namespace dblock::detail {
 
@@ -42,6 +44,7 @@ struct lease_renewer::core {
   std::mutex mu;
   std::condition_variable runner_cv, watcher_cv;
   std::unordered_map<const lease_state*, entry> entries;
+  std::deque<std::shared_ptr<wait_queue::deferred_exit>> exits;  // queue entries to delete
   // When each thread sleeps until (min: awake, it looks again before sleeping).
   steady::time_point runner_wake = steady::time_point::min();
   steady::time_point watcher_wake = steady::time_point::min();
@@ -157,6 +160,18 @@ void lease_renewer::core::renew(std::vector<state_ptr>& batch) {
 void lease_renewer::core::run() {
   std::unique_lock<std::mutex> lk(mu);
   while (!stop) {
+    if (!exits.empty()) {
+      // Queue entries first: each is on the way of a release, renewals have a margin.
+      std::deque<std::shared_ptr<wait_queue::deferred_exit>> todo;
+      todo.swap(exits);
+      lk.unlock();
+      if (auto dbi = db.lock())
+        for (const auto& x : todo)
+          x->finish(dbi, milliseconds(0));
+      todo.clear();
+      lk.lock();
+      continue;
+    }
     const auto now = steady::now();
     auto next = steady::time_point::max();
     for (const auto& [k, e] : entries)
@@ -277,6 +292,14 @@ void lease_renewer::unwatch(const lease_state* s) {
     auto r = core_->reporting.find(s);
     return r == core_->reporting.end() || r->second == std::this_thread::get_id();
   });
+}
+
+void lease_renewer::leave_queue_later(std::shared_ptr<wait_queue::deferred_exit> x) {
+  {
+    std::lock_guard<std::mutex> lk(core_->mu);
+    core_->exits.push_back(std::move(x));
+  }
+  core_->runner_cv.notify_one();
 }
 
 lease_renewer& renewer_of(const std::shared_ptr<database_impl>& db) {

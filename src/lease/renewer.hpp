@@ -2,7 +2,8 @@
 // by the first watched lease: the runner renews all due leases in batches (one write
 // transaction of a few statements per batch, lock_table::renew_batch), and the watcher reports
 // a lease lost when its local validity runs out before a renewal completes (a batch stuck
-// behind a dead connection delays no loss report).
+// behind a dead connection delays no loss report). The runner also deletes the queue entries
+// that waiters left behind when they took a lease (wait_queue::deferred_exit).
 #pragma once
 
 #include <memory>
@@ -11,6 +12,9 @@ namespace dblock::detail {
 
 struct database_impl;
 struct lease_state;
+namespace wait_queue {
+class deferred_exit;
+}
 
 class lease_renewer {
  public:
@@ -30,6 +34,9 @@ class lease_renewer {
   /// batches to end (at most 2 s, and not past the lease's local validity), so that no renewal
   /// runs on the handle once its last watched lease is released.
   void unwatch(const lease_state* s);
+  /// Deletes the queue entry `x` on the runner, as soon as it is free (the release that frees
+  /// the lease finishes it itself when the runner has not started it).
+  void leave_queue_later(std::shared_ptr<wait_queue::deferred_exit> x);
 
   struct core;
 

@@ -19,6 +19,9 @@ namespace dblock::detail {
 
 using steady = std::chrono::steady_clock;
 class gate_pass;
+namespace wait_queue {
+class deferred_exit;
+}
 
 struct lease_state : std::enable_shared_from_this<lease_state> {
   std::shared_ptr<database_impl> db;
@@ -52,6 +55,10 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   void hold_gate(std::shared_ptr<gate_pass> pass);
   /// Passes the local gate on, if it holds one (idempotent).
   void open_gate();
+  /// The waiting acquire that took this lease left its queue entry (`ticket`, `token`) behind
+  /// (wait_queue::exit_deferred()): the renewer deletes it during the hold, and the release
+  /// that frees the lease makes sure it is gone first.
+  void leave_queue_later(std::int64_t ticket, const std::string& queue_token);
 
   /// Reports the loss once (listener, on_lost).
   void mark_lost(const error& why);
@@ -72,8 +79,12 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   bool release_sent(int left, bool& in_doubt, std::int64_t& ring_id);
   void report_released(int left, std::int64_t ring_id = 0);
 
+  /// Finishes the deletion of leave_queue_later()'s entry (idempotent).
+  void finish_queue_exit() noexcept;
+
   std::mutex gate_mu_;
   std::shared_ptr<gate_pass> gate_;
+  std::shared_ptr<wait_queue::deferred_exit> queue_exit_;  // guarded by gate_mu_
 };
 
 /// Retries a lease statement that failed with a deadlock or a busy error of its own (for example

@@ -89,7 +89,15 @@ class waiting_acquire {
   }
   lease_guard done(lease_guard g) {
     if (entry_) entry_->acquired();
-    ticket_ = 0;  // the acquire deleted the queue entry
+    // The acquire deleted the queue entry, or, where that would cost a second write on the
+    // handoff's path, the lease deletes it during the hold (a reentrant hold, which came
+    // through no queue, leaves it to the destructor).
+    if (!ticket_ || !wait_queue::exit_deferred(*dbi_)) {
+      ticket_ = 0;
+    } else if (lk_.current && lk_.current->holds.load() == 1) {
+      lk_.current->leave_queue_later(ticket_, token_);
+      ticket_ = 0;
+    }
     // The holder keeps the gate until it releases (a reentrant hold came through none).
     if (pass_ && lk_.current && lk_.current->holds.load() == 1) lk_.current->hold_gate(pass_);
     pass_.reset();

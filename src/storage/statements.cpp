@@ -99,11 +99,15 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
     s.bell_ring = make("bell_ring", v.bell_ring(), {"id"});
     s.head_sleeper = make("head_sleeper", v.head_sleeper(t), {"name", "token"});
   }
+  // Live entries, the holders' own excluded (MySQL deletes a new holder's entry during its hold,
+  // wait_queue::deferred_exit).
   s.waiters_list =
       make("waiters_list",
-           "SELECT resource_name, ticket, holder_host, holder_pid, " + v.epoch_us("enqueued_at") +
-               ", " + v.epoch_us(now) + " FROM " + t.waiters + " WHERE expires_at > " + now +
-               " ORDER BY resource_name, ticket",
+           "SELECT w.resource_name, w.ticket, w.holder_host, w.holder_pid, " +
+               v.epoch_us("w.enqueued_at") + ", " + v.epoch_us(now) + " FROM " + t.waiters +
+               " w WHERE w.expires_at > " + now + " AND NOT EXISTS (SELECT 1 FROM " + t.lock +
+               " l WHERE l.resource_name = w.resource_name AND l.owner_token = w.owner_token)"
+               " ORDER BY w.resource_name, w.ticket",
            {});
   s.waiters_reap =
       make("waiters_reap",

@@ -102,7 +102,8 @@ std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_para
     if (r.empty() || r.is_null(0, 0)) return std::nullopt;
     return r.integer(0, 0);
   }
-  // Two statements (in SQLite's one write transaction; MySQL: two round trips).
+  if (exit_deferred(s.db())) return lock_table::acquire(s, p);
+  // Two statements in SQLite's one write transaction.
   write_scope w(s, write_kind::statement);
   const sql_result r = s.run(s.statements().acquire, v);
   std::optional<std::int64_t> fence;
@@ -116,6 +117,35 @@ std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_para
   }
   w.commit();
   return fence;
+}
+
+bool exit_deferred(const database_impl& db) {
+  return db.statements.acquire_dequeue.text.empty() && !db.dia->exec.statement_in_transaction();
+}
+
+void deferred_exit::finish(const std::shared_ptr<database_impl>& db,
+                           std::chrono::milliseconds wait) noexcept {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (stage_ != stage::queued) {
+    cv_.wait_for(lk, wait, [&] { return stage_ == stage::finished; });
+    return;
+  }
+  stage_ = stage::running;
+  lk.unlock();
+  try {
+    with_session(db, "leave the queue of lease '" + name_ + "'",
+                 [&](session_scope& s) { dequeue(s, ticket_, token_); });
+  } catch (...) {
+    // The entry expires within the lease TTL (no longer refreshed); the reaper deletes it.
+  }
+  lk.lock();
+  stage_ = stage::finished;
+  cv_.notify_all();
+}
+
+bool deferred_exit::finished() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stage_ == stage::finished;
 }
 
 std::vector<entry_info> list(session_scope& s) {

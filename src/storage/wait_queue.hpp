@@ -5,9 +5,13 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "storage/lock_table.hpp"
@@ -62,9 +66,42 @@ bool ring(session_scope&, std::int64_t id);
 void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
                 std::int64_t fence, const std::string& token, std::int64_t sleeper);
 /// The lease acquire that also deletes entry `ticket` when it acquires (one statement where the
-/// dialect can, else two).
+/// dialect can, two in one write transaction where that is cheap), or, where exit_deferred(),
+/// the acquire alone: the entry is then deleted off the acquire's path (deferred_exit).
 std::optional<std::int64_t> acquire_dequeue(session_scope&, const acquire_params&,
                                             std::int64_t ticket);
+/// True when the dialect's acquire cannot delete the queue entry within its own write (MySQL:
+/// it would be a second autocommit write, a round trip and a log flush on the handoff's path).
+/// The waiter that took the lease then leaves the queue through a deferred_exit.
+bool exit_deferred(const database_impl&);
+
+/**
+ * The queue entry of a waiter that took the lease, to be deleted during the hold: the handle's
+ * renewer thread deletes it soon after the acquire, and the release finishes it before it frees
+ * the lease (deleting it itself when the thread has not started yet), so that the entry never
+ * heads the queue under the next holder. (Until then the queue reads skip it: they exclude the
+ * holder's own entries.) Thread-safe; the entry is deleted once.
+ */
+class deferred_exit {
+ public:
+  deferred_exit(std::string name, std::int64_t ticket, std::string token)
+      : name_(std::move(name)), ticket_(ticket), token_(std::move(token)) {}
+  /// Deletes the entry unless another thread does or did; then waits for that thread, at most
+  /// `wait`. Never throws: a failure leaves the entry to expire within its TTL (it is no longer
+  /// refreshed) and to the reaper.
+  void finish(const std::shared_ptr<database_impl>& db, std::chrono::milliseconds wait) noexcept;
+  /// True once the deletion ended (done or failed).
+  bool finished() const;
+
+ private:
+  enum class stage { queued, running, finished };
+  const std::string name_;
+  const std::int64_t ticket_;
+  const std::string token_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  stage stage_ = stage::queued;
+};
 /// Live entries, by name and ticket.
 std::vector<entry_info> list(session_scope&);
 /// Deletes entries expired longer than `retention` ago; returns how many.
