@@ -441,9 +441,9 @@ DBLOCK_TEST("fair waiters in one process: each release wakes about one waiter", 
 // A waiter that takes the lease through the queue leaves no entry behind: on PostgreSQL and
 // SQLite the acquire deletes it in its own write; on MySQL, where that would be a second
 // autocommit write on the handoff's path, the handle's renewer thread deletes it during the
-// hold, and the release finishes it before freeing the lease. Checked three ways: during a long
-// hold the entry goes; after a release right after the acquire (before the renewer can have
-// run, most rounds) no entry is left; and a fair try_acquire of a third handle, which refuses
+// hold, and the release finishes it before freeing the lease (the next test stalls that
+// deletion). Checked three ways: during a long hold the entry goes; after a release right
+// after the acquire no entry is left; and a fair try_acquire of a third handle, which refuses
 // while anyone other than the last holder is queued, then succeeds.
 DBLOCK_TEST("a waiter that took the lease leaves no queue entry, also when it releases at once",
             "[waiting]") {
@@ -515,6 +515,69 @@ DBLOCK_TEST("a waiter that took the lease leaves no queue entry, also when it re
         soci::use(name);
   }
   CHECK(third.try_acquire());
+}
+
+// MySQL, where the new holder's entry is deleted off the acquire's path: with that deletion
+// stalled (another connection holds the entry's row lock), the entry is still there during the
+// hold, and the release waits for the deletion before it frees the lease, so that once release()
+// returns the entry is gone. (Without that wait the release returns at once and the entry is
+// still there: the checks below then fail.) The first holder's lease runs out rather than being
+// released: a MySQL release reads the queue with shared row locks, and would wait too.
+DBLOCK_TEST_ONLY("mysql",
+                 "a stalled deletion of the new holder's queue entry is finished before release",
+                 "[waiting]") {
+  auto waiter_db = ctx.open(ctx.options());
+  const std::string name = "stalled-exit-" + dblock::test::random_suffix();
+  dblock::lease_options lo;
+  lo.ttl = std::chrono::seconds(30);
+  lo.fair = true;
+  dblock::lease_lock waiter(waiter_db, name, lo);
+  dblock::lease_options short_lease;
+  short_lease.ttl = milliseconds(1500);
+  dblock::lease_lock first(ctx.db, name, short_lease);
+  auto h = first.try_acquire();
+  REQUIRE(h);
+  std::optional<dblock::lease_guard> got;
+  std::string failure;
+  std::thread t([&] {
+    try {
+      got.emplace(waiter.acquire(std::chrono::seconds(30)));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
+  // Holds the entry's row: the renewer's DELETE waits for this transaction.
+  auto blocker = ctx.db.connect();
+  blocker.session().begin();
+  long long ticket = 0;
+  if (queued)
+    blocker.session() << "SELECT ticket FROM " << ctx.table("lock_waiter")
+                      << " WHERE resource_name = :n FOR UPDATE",
+        soci::use(name), soci::into(ticket);
+  t.join();  // the first lease ran out
+  REQUIRE(queued);
+  INFO("waiter: " << failure);
+  REQUIRE(got);
+  CHECK(ticket > 0);
+  std::this_thread::sleep_for(milliseconds(300));
+  CHECK(count_waiters(ctx, name) == 1);  // the deletion is stalled
+  std::thread unblock([&] {
+    std::this_thread::sleep_for(milliseconds(500));
+    blocker.session().commit();
+  });
+  const long long before = monotonic_ns();
+  got->release();
+  const long long took_ms = (monotonic_ns() - before) / ns_per_ms;
+  const long long left = count_waiters(ctx, name);
+  unblock.join();
+  INFO("release took " << took_ms << " ms");
+  CHECK(left == 0);
+  CHECK(took_ms >= 300);  // it waited for the deletion
+  try {
+    h->release();  // long expired
+  } catch (const dblock::error&) {
+  }
 }
 
 // ---- a forced release rings ------------------------------------------------------------------

@@ -65,8 +65,12 @@ void lease_state::leave_queue_later(std::int64_t ticket, const std::string& queu
     std::lock_guard<std::mutex> l(gate_mu_);
     old = std::exchange(queue_exit_, x);
   }
-  if (old) old->finish(db, milliseconds(0));
-  renewer_of(db).leave_queue_later(std::move(x));
+  if (old) old->finish(db, milliseconds(0), true);
+  try {
+    renewer_of(db).leave_queue_later(x);
+  } catch (...) {
+    x->finish(db, milliseconds(0), true);  // no renewer thread: now, then
+  }
 }
 
 void lease_state::finish_queue_exit() noexcept {
@@ -77,7 +81,7 @@ void lease_state::finish_queue_exit() noexcept {
   }
   // Normally long done by the renewer; a deletion in flight is waited for (briefly: the lease
   // is released anyway, and the entry expires within its TTL).
-  if (x) x->finish(db, milliseconds(2000));
+  if (x) x->finish(db, milliseconds(2000), true);
 }
 
 void lease_state::report_released(int left, std::int64_t ring_id) {

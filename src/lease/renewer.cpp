@@ -161,23 +161,24 @@ void lease_renewer::core::run() {
   std::unique_lock<std::mutex> lk(mu);
   while (!stop) {
     if (!exits.empty()) {
-      // Queue entries first: each is on the way of a release, renewals have a margin.
+      // The queue entries waiting now first (each is on the way of a release), then whatever
+      // renewals are due: a steady stream of entries never holds renewals off.
       std::deque<std::shared_ptr<wait_queue::deferred_exit>> todo;
       todo.swap(exits);
       lk.unlock();
       if (auto dbi = db.lock())
         for (const auto& x : todo)
-          x->finish(dbi, milliseconds(0));
+          x->finish(dbi, milliseconds(0), false);
       todo.clear();
       lk.lock();
-      continue;
+      if (stop) break;
     }
     const auto now = steady::now();
     auto next = steady::time_point::max();
     for (const auto& [k, e] : entries)
       if (!e.in_flight) next = std::min(next, e.due);
     if (next > now) {
-      sleep(lk, runner_cv, runner_wake, next);
+      if (exits.empty()) sleep(lk, runner_cv, runner_wake, next);
       continue;
     }
     std::map<milliseconds::rep, std::vector<state_ptr>> due;

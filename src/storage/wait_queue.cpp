@@ -1,5 +1,6 @@
 #include "storage/wait_queue.hpp"
 
+#include "dblock/retry.hpp"
 #include "storage/write_scope.hpp"
 #include "wake/hub.hpp"
 
@@ -123,29 +124,47 @@ bool exit_deferred(const database_impl& db) {
   return db.statements.acquire_dequeue.text.empty() && !db.dia->exec.statement_in_transaction();
 }
 
-void deferred_exit::finish(const std::shared_ptr<database_impl>& db,
-                           std::chrono::milliseconds wait) noexcept {
-  std::unique_lock<std::mutex> lk(mu_);
-  if (stage_ != stage::queued) {
-    cv_.wait_for(lk, wait, [&] { return stage_ == stage::finished; });
-    return;
-  }
-  stage_ = stage::running;
-  lk.unlock();
+bool deferred_exit::remove(const std::shared_ptr<database_impl>& db, bool last) noexcept {
+  const std::string what = "leave the queue of lease '" + name_ + "'";
   try {
-    with_session(db, "leave the queue of lease '" + name_ + "'",
-                 [&](session_scope& s) { dequeue(s, ticket_, token_); });
+    retry_policy p;  // a deadlock or lock timeout of the DELETE itself says nothing: again
+    p.max_attempts = 3;
+    p.time_budget = std::chrono::milliseconds(0);
+    p.initial_backoff = std::chrono::milliseconds(1);
+    p.max_backoff = std::chrono::milliseconds(8);
+    p.retryable = {errc::deadlock, errc::serialization_failure, errc::lock_not_available};
+    retry(p,
+          [&] { with_session(db, what, [&](session_scope& s) { dequeue(s, ticket_, token_); }); });
+    return true;
+  } catch (const std::exception& e) {
+    db->notify([&](listener& l) {
+      l.log(log_level::warning,
+            what + " (ticket " + std::to_string(ticket_) + "): " + e.what() +
+                (last ? "; the entry expires within the lease TTL" : "; the release tries again"));
+    });
   } catch (...) {
-    // The entry expires within the lease TTL (no longer refreshed); the reaper deletes it.
   }
-  lk.lock();
-  stage_ = stage::finished;
-  cv_.notify_all();
+  return false;
 }
 
-bool deferred_exit::finished() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return stage_ == stage::finished;
+void deferred_exit::finish(const std::shared_ptr<database_impl>& db, std::chrono::milliseconds wait,
+                           bool last) noexcept {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (stage_ == stage::running) {
+    cv_.wait_for(lk, wait, [&] { return stage_ != stage::running; });
+    if (stage_ == stage::done || !last) return;
+  }
+  if (stage_ == stage::done) return;
+  const bool mine = stage_ == stage::queued;  // else: another deletion still runs, overdue
+  if (mine) stage_ = stage::running;
+  lk.unlock();
+  const bool ok = remove(db, last);
+  lk.lock();
+  if (ok || last)
+    stage_ = stage::done;
+  else if (mine && stage_ == stage::running)
+    stage_ = stage::queued;  // the release deletes it
+  cv_.notify_all();
 }
 
 std::vector<entry_info> list(session_scope& s) {

@@ -78,30 +78,36 @@ bool exit_deferred(const database_impl&);
 /**
  * The queue entry of a waiter that took the lease, to be deleted during the hold: the handle's
  * renewer thread deletes it soon after the acquire, and the release finishes it before it frees
- * the lease (deleting it itself when the thread has not started yet), so that the entry never
- * heads the queue under the next holder. (Until then the queue reads skip it: they exclude the
- * holder's own entries.) Thread-safe; the entry is deleted once.
+ * the lease (deleting it itself when the thread has not got to it or failed), so that the entry
+ * does not head the queue under the next holder. (Until then the queue's reads skip it: they
+ * exclude the holder's own entries.) Thread-safe.
  */
 class deferred_exit {
  public:
   deferred_exit(std::string name, std::int64_t ticket, std::string token)
       : name_(std::move(name)), ticket_(ticket), token_(std::move(token)) {}
-  /// Deletes the entry unless another thread does or did; then waits for that thread, at most
-  /// `wait`. Never throws: a failure leaves the entry to expire within its TTL (it is no longer
-  /// refreshed) and to the reaper.
-  void finish(const std::shared_ptr<database_impl>& db, std::chrono::milliseconds wait) noexcept;
-  /// True once the deletion ended (done or failed).
-  bool finished() const;
+  /**
+   * Deletes the entry (deadlocks and lock timeouts retried briefly) unless that is done. When
+   * another thread is deleting it, waits for that up to `wait`, and when that ended in failure
+   * or is still running and `last` is set, deletes it too (deleting twice is harmless). A failed
+   * deletion stays to do unless `last`. Never throws: a failure is logged to the listener, and
+   * the entry, no longer refreshed, expires within the lease TTL.
+   */
+  void finish(const std::shared_ptr<database_impl>& db, std::chrono::milliseconds wait,
+              bool last) noexcept;
 
  private:
-  enum class stage { queued, running, finished };
+  enum class stage { queued, running, done };
+  bool remove(const std::shared_ptr<database_impl>& db, bool last) noexcept;
+
   const std::string name_;
   const std::int64_t ticket_;
   const std::string token_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   stage stage_ = stage::queued;
 };
+
 /// Live entries, by name and ticket.
 std::vector<entry_info> list(session_scope&);
 /// Deletes entries expired longer than `retention` ago; returns how many.

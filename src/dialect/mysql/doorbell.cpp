@@ -57,9 +57,10 @@ std::vector<endpoint> parse_target(const std::string& target) {
 
 class channel final : public bell_channel {
  public:
-  channel(std::vector<endpoint> eps, std::string waiters, bell_callbacks cb)
+  channel(std::vector<endpoint> eps, std::string waiters, std::string locks, bell_callbacks cb)
       : eps_(std::move(eps)),
         waiters_(std::move(waiters)),
+        locks_(std::move(locks)),
         cb_(std::move(cb)),
         mark_(random_hex32()) {
     thread_ = std::thread([this] { run(); });
@@ -151,11 +152,19 @@ class channel final : public bell_channel {
       return true;
     }
     const std::string now = "UTC_TIMESTAMP(6)";
+    // Entries of the lease's holder are not waiting (a new holder's entry is deleted during its
+    // hold, wait_queue::deferred_exit), as in every other read of the queue.
+    auto waiting = [&](const std::string& e) {
+      return e + ".expires_at > " + now + " AND NOT EXISTS (SELECT 1 FROM " + locks_ +
+             " l WHERE l.resource_name = " + e + ".resource_name AND l.owner_token = " + e +
+             ".owner_token)";
+    };
     const std::string sql = "SELECT w.resource_name, w.owner_token FROM " + waiters_ +
-                            " w WHERE w.bell = '" + mark_ + "' AND w.expires_at > " + now +
+                            " w WHERE w.bell = '" + mark_ + "' AND " + waiting("w") +
                             " AND NOT EXISTS (SELECT 1 FROM " + waiters_ +
-                            " h WHERE h.resource_name = w.resource_name AND h.expires_at > " + now +
-                            " AND h.ticket < w.ticket)";
+                            " h WHERE h.resource_name = w.resource_name AND h.ticket < w.ticket"
+                            " AND " +
+                            waiting("h") + ")";
     std::vector<std::pair<std::string, std::string>> rows;
     // A KILL QUERY that arrived just after a sleep ended can interrupt this read: once more.
     if (!query(m, sql, rows) && (mysql_errno(m) != er_query_interrupted || !query(m, sql, rows)))
@@ -230,7 +239,7 @@ class channel final : public bell_channel {
   }
 
   const std::vector<endpoint> eps_;
-  const std::string waiters_;
+  const std::string waiters_, locks_;
   bell_callbacks cb_;
   const std::string mark_;
   poke_fd poke_;
@@ -275,7 +284,7 @@ std::string doorbell::target(const parsed_url& u, const database_options& o) con
 
 std::unique_ptr<bell_channel> doorbell::open(const std::string& target, const table_names& t,
                                              bell_callbacks cb) const {
-  return std::make_unique<channel>(parse_target(target), t.waiters, std::move(cb));
+  return std::make_unique<channel>(parse_target(target), t.waiters, t.lock, std::move(cb));
 }
 
 }  // namespace dblock::detail::my
