@@ -438,6 +438,25 @@ DBLOCK_TEST("fair waiters in one process: each release wakes about one waiter", 
 
 // ---- the queue entry of the waiter that took the lease ------------------------------------
 
+// lock.acquire(30 s) on a thread of its own: the guard, or what it threw.
+struct background_acquire {
+  std::optional<dblock::lease_guard> got;
+  std::string failure;
+  std::thread t;
+  explicit background_acquire(dblock::lease_lock& lock)
+      : t([this, &lock] {
+          try {
+            got.emplace(lock.acquire(std::chrono::seconds(30)));
+          } catch (const std::exception& e) {
+            failure = e.what();
+          }
+        }) {}
+  ~background_acquire() {
+    if (t.joinable()) t.join();
+  }
+  void join() { t.join(); }
+};
+
 // A waiter that takes the lease through the queue leaves no entry behind: on PostgreSQL and
 // SQLite the acquire deletes it in its own write; on MySQL, where that would be a second
 // autocommit write on the handoff's path, the handle's renewer thread deletes it during the
@@ -459,20 +478,13 @@ DBLOCK_TEST("a waiter that took the lease leaves no queue entry, also when it re
   for (int round = 0; round < rounds; ++round) {
     INFO("round " << round);
     auto h = hold_long(ctx, name);
-    std::optional<dblock::lease_guard> got;
-    std::string failure;
-    std::thread t([&] {
-      try {
-        got.emplace(waiter.acquire(std::chrono::seconds(30)));
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-    });
+    background_acquire bg(waiter);
+    auto& got = bg.got;
     const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
     h.release();
-    t.join();
+    bg.join();
     REQUIRE(queued);
-    INFO("waiter: " << failure);
+    INFO("waiter: " << bg.failure);
     REQUIRE(got);
     if (round == 0) {
       // A long hold: the entry goes while the lease is held.
@@ -537,15 +549,8 @@ DBLOCK_TEST_ONLY("mysql",
   dblock::lease_lock first(ctx.db, name, short_lease);
   auto h = first.try_acquire();
   REQUIRE(h);
-  std::optional<dblock::lease_guard> got;
-  std::string failure;
-  std::thread t([&] {
-    try {
-      got.emplace(waiter.acquire(std::chrono::seconds(30)));
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  });
+  background_acquire bg(waiter);
+  auto& got = bg.got;
   const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
   // Holds the entry's row: the renewer's DELETE waits for this transaction.
   auto blocker = ctx.db.connect();
@@ -555,9 +560,9 @@ DBLOCK_TEST_ONLY("mysql",
     blocker.session() << "SELECT ticket FROM " << ctx.table("lock_waiter")
                       << " WHERE resource_name = :n FOR UPDATE",
         soci::use(name), soci::into(ticket);
-  t.join();  // the first lease ran out
+  bg.join();  // the first lease ran out
   REQUIRE(queued);
-  INFO("waiter: " << failure);
+  INFO("waiter: " << bg.failure);
   REQUIRE(got);
   CHECK(ticket > 0);
   std::this_thread::sleep_for(milliseconds(300));
