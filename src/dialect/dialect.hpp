@@ -339,12 +339,14 @@ std::uint64_t name_hash(const std::string& name);
 /// A release as a doorbell delivers it: the resource name (empty where only its hash travels),
 /// the hash (name_hash()), the fence of the freed lease (0: unknown) and the owner token of the
 /// head of the name's live fair queue (empty: unknown or none). With neither name nor hash, the
-/// ring is for the waiter `head`, whatever its name.
+/// ring is for the waiter `head`, whatever its name. `is_head` false: `head` only says which
+/// waiter to wake, not that it heads its queue (a fair waiter then reads before it tries).
 struct ring_event {
   std::string name;
   std::uint64_t hash = 0;
   std::int64_t fence = 0;
   std::string head;
+  bool is_head = true;
 };
 
 /// A backend's open wake-up channel: a thread that delivers rings from other processes until

@@ -104,7 +104,8 @@ bool wake_hub::wait(wake_waiter& w, std::chrono::nanoseconds d) {
   return rung && w.rung.exchange(false);
 }
 
-bool wake_hub::wake_one(std::uint64_t hash, const std::string& name, const std::string& head) {
+bool wake_hub::wake_one(std::uint64_t hash, const std::string& name, const std::string& head,
+                        bool is_head) {
   std::shared_ptr<wake_waiter> pick;
   const bool any_name = hash == 0 && name.empty() && !head.empty();  // a ring for `head` only
   for (const auto& w : waiters_) {
@@ -123,7 +124,7 @@ bool wake_hub::wake_one(std::uint64_t hash, const std::string& name, const std::
     if (!pick || order(*w) < order(*pick)) pick = w;
   }
   if (!pick) return false;
-  pick->named_head.store(!head.empty());
+  pick->named_head.store(!head.empty() && is_head);
   pick->rung.store(true);
   cancel_access::poke(pick->slot);
   woken_.fetch_add(1);
@@ -161,7 +162,7 @@ void wake_hub::deliver(const ring_event& ev) {
   // unless it names the head of the queue, which the local ring could not know.
   const bool seen = duplicate(h, ev.fence);
   if (seen && ev.head.empty()) return;
-  wake_one(h, ev.name, ev.head);
+  wake_one(h, ev.name, ev.head, ev.is_head);
 }
 
 void wake_hub::wake_all() {

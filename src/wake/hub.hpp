@@ -86,7 +86,8 @@ class wake_hub {
   void confirmed(const std::string& token, bool on);
   /// With mu_ held: wakes the waiter of `hash`/`name` that should try now: the head of the
   /// queue when `head` names it (nobody when it waits elsewhere), else the lowest ticket here.
-  bool wake_one(std::uint64_t hash, const std::string& name, const std::string& head);
+  bool wake_one(std::uint64_t hash, const std::string& name, const std::string& head,
+                bool is_head = true);
   bool duplicate(std::uint64_t hash, std::int64_t fence);
   void ensure_channel();
 
