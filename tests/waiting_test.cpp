@@ -438,6 +438,14 @@ DBLOCK_TEST("fair waiters in one process: each release wakes about one waiter", 
 
 // ---- the queue entry of the waiter that took the lease ------------------------------------
 
+// Fair, with a 30 s TTL (nothing runs out while a test looks).
+dblock::lease_options fair_30s() {
+  dblock::lease_options lo;
+  lo.ttl = std::chrono::seconds(30);
+  lo.fair = true;
+  return lo;
+}
+
 // lock.acquire(30 s) on a thread of its own: the guard, or what it threw.
 struct background_acquire {
   std::optional<dblock::lease_guard> got;
@@ -470,9 +478,7 @@ DBLOCK_TEST("a waiter that took the lease leaves no queue entry, also when it re
   auto waiter_db = ctx.open(ctx.options());
   auto third_db = ctx.open(ctx.options());
   const std::string name = "left-queue-" + dblock::test::random_suffix();
-  dblock::lease_options lo;
-  lo.ttl = std::chrono::seconds(30);
-  lo.fair = true;
+  const dblock::lease_options lo = fair_30s();
   dblock::lease_lock waiter(waiter_db, name, lo);
   dblock::lease_lock third(third_db, name, lo);
   for (int round = 0; round < rounds; ++round) {
@@ -540,9 +546,7 @@ DBLOCK_TEST_ONLY("mysql",
                  "[waiting]") {
   auto waiter_db = ctx.open(ctx.options());
   const std::string name = "stalled-exit-" + dblock::test::random_suffix();
-  dblock::lease_options lo;
-  lo.ttl = std::chrono::seconds(30);
-  lo.fair = true;
+  const dblock::lease_options lo = fair_30s();
   dblock::lease_lock waiter(waiter_db, name, lo);
   dblock::lease_options short_lease;
   short_lease.ttl = milliseconds(1500);

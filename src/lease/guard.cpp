@@ -27,16 +27,6 @@ std::function<void(const error&)>& default_handler() {
 
 }  // namespace
 
-retry_policy transient_conflict_policy(int max_attempts, milliseconds max_backoff) {
-  retry_policy p;
-  p.max_attempts = max_attempts;
-  p.time_budget = milliseconds(0);
-  p.initial_backoff = milliseconds(1);
-  p.max_backoff = max_backoff;
-  p.retryable = {errc::deadlock, errc::serialization_failure, errc::lock_not_available};
-  return p;
-}
-
 lease_state::~lease_state() {
   open_gate();
 }

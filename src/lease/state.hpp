@@ -14,6 +14,7 @@
 #include "dblock/lease_lock.hpp"
 #include "dblock/retry.hpp"
 #include "storage/session.hpp"
+#include "storage/write_scope.hpp"
 
 namespace dblock::detail {
 
@@ -86,11 +87,6 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   std::shared_ptr<gate_pass> gate_;
   std::shared_ptr<wait_queue::deferred_exit> queue_exit_;  // guarded by gate_mu_
 };
-
-/// Retries a lease statement that failed with a deadlock or a busy error of its own (for example
-/// MariaDB's hot-key deadlock between an acquire and a release): that says nothing about the
-/// lock. Full-jitter backoff from 1 ms up to `max_backoff`.
-retry_policy transient_conflict_policy(int max_attempts, std::chrono::milliseconds max_backoff);
 
 /// Uniform in [0, cap]: "full jitter".
 std::chrono::nanoseconds full_jitter(std::chrono::nanoseconds cap);

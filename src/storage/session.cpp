@@ -234,4 +234,14 @@ void write_scope::commit() {
   end();
 }
 
+retry_policy transient_conflict_policy(int max_attempts, std::chrono::milliseconds max_backoff) {
+  retry_policy p;
+  p.max_attempts = max_attempts;
+  p.time_budget = std::chrono::milliseconds(0);
+  p.initial_backoff = std::chrono::milliseconds(1);
+  p.max_backoff = max_backoff;
+  p.retryable = {errc::deadlock, errc::serialization_failure, errc::lock_not_available};
+  return p;
+}
+
 }  // namespace dblock::detail

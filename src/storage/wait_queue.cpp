@@ -1,6 +1,5 @@
 #include "storage/wait_queue.hpp"
 
-#include "dblock/retry.hpp"
 #include "storage/write_scope.hpp"
 #include "wake/hub.hpp"
 
@@ -127,13 +126,9 @@ bool exit_deferred(const database_impl& db) {
 bool deferred_exit::remove(const std::shared_ptr<database_impl>& db, bool last) noexcept {
   const std::string what = "leave the queue of lease '" + name_ + "'";
   try {
-    retry_policy p;  // a deadlock or lock timeout of the DELETE itself says nothing: again
-    p.max_attempts = 3;
-    p.time_budget = std::chrono::milliseconds(0);
-    p.initial_backoff = std::chrono::milliseconds(1);
-    p.max_backoff = std::chrono::milliseconds(8);
-    p.retryable = {errc::deadlock, errc::serialization_failure, errc::lock_not_available};
-    retry(p,
+    static const retry_policy transient =
+        transient_conflict_policy(3, std::chrono::milliseconds(8));
+    retry(transient,
           [&] { with_session(db, what, [&](session_scope& s) { dequeue(s, ticket_, token_); }); });
     return true;
   } catch (const std::exception& e) {

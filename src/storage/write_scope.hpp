@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "dblock/retry.hpp"
 #include "storage/session.hpp"
 
 namespace dblock::detail {
@@ -56,6 +57,11 @@ class write_scope {
   bool open_ = false;
   std::optional<error> failure_;
 };
+
+/// Retries a write of dblock's tables that failed with a deadlock or a busy error of its own
+/// (for example MariaDB's hot-key deadlock between an acquire and a release): that says nothing
+/// about the lock. Full-jitter backoff from 1 ms up to `max_backoff`.
+retry_policy transient_conflict_policy(int max_attempts, std::chrono::milliseconds max_backoff);
 
 /// Runs body(session_scope&) in a write transaction on a pooled connection and commits.
 template <class F>
