@@ -188,7 +188,15 @@ DBLOCK_TEST_ONLY("mysql",
   CHECK(run_env_cmd("DBLOCK_TEST_GALERA_CMD", "kill 2"));
   std::this_thread::sleep_for(milliseconds(4000));
   const long long t_rejoin = monotonic_ns();
-  CHECK(run_env_cmd("DBLOCK_TEST_GALERA_CMD", "start 2"));
+  // A rejoining node's state transfer can fail on a loaded 2-core machine (the mariabackup
+  // joiner exits with a broken pipe, and the node with it): one more kill and start then gets
+  // in, as in the clock test below. The workload runs on throughout either way.
+  bool back = false;
+  for (int attempt = 0; attempt < 2 && !back; ++attempt) {
+    if (attempt > 0) run_env_cmd("DBLOCK_TEST_GALERA_CMD", "kill 2");
+    back = run_env_cmd("DBLOCK_TEST_GALERA_CMD", "start 2");
+  }
+  CHECK(back);
   const long long t_back = monotonic_ns();
   std::this_thread::sleep_for(milliseconds(2000));
   stop_workers(w);
