@@ -465,6 +465,21 @@ struct background_acquire {
   void join() { t.join(); }
 };
 
+// Inserts a live queue entry for `name` (expiring in 2200) of a waiter on `host` that is not
+// there: nothing refreshes it, nothing rings it.
+void plant_waiter(const dblock::test::context& ctx, const std::string& name,
+                  const std::string& host) {
+  const std::string later = ctx.backend == "postgresql" ? "'2200-01-01 00:00:00+00'"
+                            : ctx.backend == "mysql"    ? "'2200-01-01 00:00:00'"
+                                                        : "7258118400000000";
+  auto c = ctx.db.connect();
+  c.session() << "INSERT INTO " << ctx.table("lock_waiter")
+              << " (resource_name, owner_token, enqueued_at, expires_at, holder_host,"
+                 " holder_pid) VALUES (:n, 'ffffffffffffffffffffffffffffffff', "
+              << later << ", " << later << ", :h, 1)",
+      soci::use(name), soci::use(host);
+}
+
 // A waiter that takes the lease through the queue leaves no entry behind: on PostgreSQL and
 // SQLite the acquire deletes it in its own write; on MySQL, where that would be a second
 // autocommit write on the handoff's path, the handle's renewer thread deletes it during the
@@ -515,17 +530,7 @@ DBLOCK_TEST("a waiter that took the lease leaves no queue entry, also when it re
   }
   // Negative control: a live entry of someone other than the last holder does make the fair
   // try_acquire refuse, so the check above can fail.
-  const std::string later = ctx.backend == "postgresql" ? "'2200-01-01 00:00:00+00'"
-                            : ctx.backend == "mysql"    ? "'2200-01-01 00:00:00'"
-                                                        : "7258118400000000";
-  {
-    auto c = ctx.db.connect();
-    c.session() << "INSERT INTO " << ctx.table("lock_waiter")
-                << " (resource_name, owner_token, enqueued_at, expires_at, holder_host,"
-                   " holder_pid) VALUES (:n, 'ffffffffffffffffffffffffffffffff', "
-                << later << ", " << later << ", 'nowhere', 1)",
-        soci::use(name);
-  }
+  plant_waiter(ctx, name, "nowhere");
   CHECK_FALSE(third.try_acquire());
   {
     auto c = ctx.db.connect();
@@ -556,13 +561,15 @@ DBLOCK_TEST_ONLY("mysql",
   background_acquire bg(waiter);
   auto& got = bg.got;
   const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
-  // Holds the entry's row: the renewer's DELETE waits for this transaction.
+  // Holds a shared lock on the entry's row: the renewer's DELETE waits for this transaction.
+  // (Not FOR UPDATE: the waiter's acquire in queue order reads the queue up to its own entry
+  // with shared locks, and would wait too.)
   auto blocker = ctx.db.connect();
   blocker.session().begin();
   long long ticket = 0;
   if (queued)
     blocker.session() << "SELECT ticket FROM " << ctx.table("lock_waiter")
-                      << " WHERE resource_name = :n FOR UPDATE",
+                      << " WHERE resource_name = :n LOCK IN SHARE MODE",
         soci::use(name), soci::into(ticket);
   bg.join();  // the first lease ran out
   REQUIRE(queued);
@@ -586,6 +593,59 @@ DBLOCK_TEST_ONLY("mysql",
   try {
     h->release();  // long expired
   } catch (const dblock::error&) {
+  }
+}
+
+// ---- queue order kept by the acquire statement --------------------------------------------
+
+// A live queue entry planted ahead of a fair waiter (as a waiter of another process whose
+// rings never arrive would be): the waiter, on the holder's own handle, is woken by the
+// release (PostgreSQL and MySQL: the handle's local ring, which names no head, wakes its
+// lowest ticket; SQLite: polling), tries at once, and its acquire statement refuses while the
+// earlier entry lives. Once that entry is gone it takes the lease. Negative control: a waiter
+// that is not fair takes the freed lease past the same entry.
+DBLOCK_TEST("a fair waiter woken out of turn does not take the lease past an earlier entry",
+            "[waiting]") {
+  const std::string name = "order-" + dblock::test::random_suffix();
+  auto unplant = [&] {
+    auto c = ctx.db.connect();
+    c.session() << "DELETE FROM " << ctx.table("lock_waiter")
+                << " WHERE resource_name = :n AND holder_host = 'elsewhere'",
+        soci::use(name);
+  };
+  for (const bool fair : {true, false}) {
+    INFO((fair ? "fair" : "not fair (negative control)"));
+    auto h = hold_long(ctx, name);
+    plant_waiter(ctx, name, "elsewhere");
+    dblock::lease_options lo;
+    lo.fair = fair;
+    lo.ttl = std::chrono::seconds(30);
+    lo.poll_max = milliseconds(50);
+    dblock::lease_lock waiter(ctx.db, name, lo);
+    std::atomic<bool> acquired{false};
+    std::optional<dblock::lease_guard> got;
+    std::string failure;
+    std::thread t([&] {
+      try {
+        got.emplace(waiter.acquire(std::chrono::seconds(30)));
+        acquired.store(true);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    });
+    const bool queued = wait_for_waiters(ctx, name, 2, milliseconds(20000));
+    h.release();
+    const long long until = monotonic_ns() + 800 * ns_per_ms;
+    while (!acquired.load() && monotonic_ns() < until)
+      std::this_thread::sleep_for(milliseconds(5));
+    const bool overtook = acquired.load();
+    unplant();
+    t.join();
+    REQUIRE(queued);
+    INFO("waiter: " << failure);
+    REQUIRE(got);
+    CHECK(overtook == !fair);
+    got->release();
   }
 }
 

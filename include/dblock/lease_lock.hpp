@@ -64,9 +64,10 @@ struct lease_options {
    * Fair mode: acquire(wait) grants the lease in arrival order. Every waiting acquire has an
    * entry in the database's waiter queue (ordered by a ticket the database assigns; the entry is
    * itself a lease of `ttl`, refreshed while it waits, so a waiter that dies is skipped within
-   * its TTL); in fair mode only the head of the queue may take the lease, and a release wakes
-   * only the head. try_acquire() and the first try of acquire() then take a free lease only
-   * when nobody is queued (one more read). Holders that are not fair (other lock objects on the
+   * its TTL); in fair mode only the head of the queue may take the lease (the acquire statement
+   * itself checks, so no wake-up can break the order), and a release wakes only the head.
+   * try_acquire() and the first try of acquire() then take a free lease only when nobody is
+   * queued (checked by the same statement). Holders that are not fair (other lock objects on the
    * same name without this option) can still take a free lease first. Off by default: a release
    * still wakes one waiter (the longest waiting), but anyone may take the lease first.
    */

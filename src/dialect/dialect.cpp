@@ -81,6 +81,12 @@ std::optional<value> vocabulary::decode_text(const std::optional<std::string>& c
   }
 }
 
+std::string vocabulary::queue_ahead(const table_names& t, const std::string& owner) const {
+  return "EXISTS (SELECT 1 FROM " + t.waiters +
+         " w WHERE w.resource_name = :name AND w.ticket < :ticket AND w.expires_at > " + now() +
+         " AND w.owner_token <> " + owner + ")";
+}
+
 std::string vocabulary::name_pattern_value(const std::string& glob) const {
   std::string out;
   for (char c : glob) {

@@ -266,8 +266,17 @@ class vocabulary {
    * pid, thread, floor (a new grant's fence is at least floor: the connection's fence epoch,
    * see lock_table::fence_floor()). Yields the fence when acquired (RETURNING; MySQL:
    * LAST_INSERT_ID() from the OK packet, 0 when held by another owner).
+   *
+   * `in_queue_order` (fair waiters): one more parameter, `ticket`, and a free lease is taken
+   * only when no live entry of the name's fair queue with a lower ticket waits, the lock row's
+   * owner's own entries excluded (queue_ahead()); a missing row is inserted as before. Fair order
+   * then holds whichever ring woke the waiter and however stale its last read was, at no extra
+   * round trip.
    */
-  virtual std::string lease_acquire(const table_names&) const = 0;
+  virtual std::string lease_acquire(const table_names&, bool in_queue_order) const = 0;
+  /// Condition: a live entry of :name's fair queue below :ticket waits that is not an entry of
+  /// `owner` (the lock row's owner_token as the acquire statement names it).
+  std::string queue_ahead(const table_names&, const std::string& owner) const;
   /**
    * Fast leases (docs/fast-leases.md). A query, parameter `table` (the lock table's name in the
    * current schema), yielding one row: 1 when the lock table is durable, 0 when its writes skip
@@ -298,7 +307,9 @@ class vocabulary {
    * the fair-queue entry `ticket` when, and only when, it acquires: one round trip. Empty where
    * one statement cannot do both; the queue entry is then deleted by a second statement.
    */
-  virtual std::string lease_acquire_dequeue(const table_names&) const { return {}; }
+  virtual std::string lease_acquire_dequeue(const table_names&, bool /*in_queue_order*/) const {
+    return {};
+  }
   /// Where a release rings a sleeping connection (MySQL): a SET clause for the release that
   /// returns, through the reply's insert id, the server session id of the connection sleeping
   /// for the handle of the head of the live queue, 0 when none (:name, :token bound); and the
@@ -339,14 +350,13 @@ std::uint64_t name_hash(const std::string& name);
 /// A release as a doorbell delivers it: the resource name (empty where only its hash travels),
 /// the hash (name_hash()), the fence of the freed lease (0: unknown) and the owner token of the
 /// head of the name's live fair queue (empty: unknown or none). With neither name nor hash, the
-/// ring is for the waiter `head`, whatever its name. `is_head` false: `head` only says which
-/// waiter to wake, not that it heads its queue (a fair waiter then reads before it tries).
+/// ring is for the waiter `head`, whatever its name. (A woken waiter tries at once; a fair one's
+/// acquire statement checks the queue order, so a ring that reaches it out of turn breaks none.)
 struct ring_event {
   std::string name;
   std::uint64_t hash = 0;
   std::int64_t fence = 0;
   std::string head;
-  bool is_head = true;
 };
 
 /// A backend's open wake-up channel: a thread that delivers rings from other processes until

@@ -130,7 +130,7 @@ detail::sent_acquire lease_lock::impl::resolve_lost_reply(const detail::acquire_
 }
 
 detail::sent_acquire lease_lock::impl::send(const detail::acquire_params& p, std::int64_t ticket,
-                                            int expected, steady::time_point& sent) {
+                                            bool in_order, int expected, steady::time_point& sent) {
   const auto& dbi = detail::access::impl(db);
   detail::session_ref server;
   sent = steady::now();
@@ -138,7 +138,7 @@ detail::sent_acquire lease_lock::impl::send(const detail::acquire_params& p, std
     auto fence =
         detail::with_session(dbi, "acquire lease '" + name + "'", [&](detail::session_scope& s) {
           server = s.server();
-          return ticket ? detail::wait_queue::acquire_dequeue(s, p, ticket)
+          return ticket ? detail::wait_queue::acquire_dequeue(s, p, ticket, in_order)
                         : detail::lock_table::acquire(s, p);
         });
     if (fence) return {detail::sent_acquire::acquired, *fence};
@@ -164,10 +164,12 @@ std::optional<lease_guard> lease_lock::impl::attempt(const std::string& token,
   const int expected = reentry ? cur->holds.load() + 1 : 1;
   const auto started = steady::now();
   steady::time_point sent;
+  if (reentry) ticket = 0;  // a reentrant hold passes no queue
+  const bool in_order = options.fair && ticket != 0;
   detail::sent_acquire out = retry(transient, [&] {
     detail::sent_acquire r{detail::sent_acquire::resend, 0};
     for (int round = 0; round < 8 && r.kind == detail::sent_acquire::resend; ++round)
-      r = send(p, reentry ? 0 : ticket, expected, sent);
+      r = send(p, ticket, in_order, expected, sent);
     return r;
   });
   if (out.kind != detail::sent_acquire::acquired) {
@@ -213,17 +215,10 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
 std::optional<lease_guard> lease_lock::try_acquire() {
   const auto& cur = impl_->current;
   const bool reentry = cur && cur->holds.load() > 0 && cur->valid();
-  if (impl_->options.fair && !reentry) {
-    // Fair: a free lease is taken only when nobody is queued for it.
-    const auto& dbi = detail::access::impl(impl_->db);
-    auto st = detail::with_session(
-        dbi, "acquire lease '" + impl_->name + "'",
-        [&](detail::session_scope& s) { return detail::wait_queue::read(s, impl_->name); });
-    if (!st.free() || st.head) {
-      dbi->notify([&](listener& l) { l.contended(impl_->name); });
-      return std::nullopt;
-    }
-  }
+  // Fair: a free lease is taken only when nobody is queued for it (the acquire statement
+  // checks, in queue order behind everyone).
+  if (impl_->options.fair && !reentry)
+    return impl_->attempt(std::string(), detail::wait_queue::behind_everyone);
   return impl_->attempt();
 }
 

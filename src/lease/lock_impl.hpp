@@ -39,10 +39,12 @@ struct lease_lock::impl {
   retry_policy transient;  // deadlocks and busy errors of the upsert itself, built once
 
   /// One try. A waiting acquire passes its own owner token and its queue ticket (the entry is
-  /// deleted in the same statement when acquired); otherwise a new token is drawn.
+  /// deleted in the same statement when acquired); otherwise a new token is drawn. A fair lock
+  /// with a ticket takes a free lease only in queue order, checked by the acquire statement
+  /// itself (wait_queue::behind_everyone: only when nobody is queued).
   std::optional<lease_guard> attempt(const std::string& token = std::string(),
                                      std::int64_t ticket = 0);
-  detail::sent_acquire send(const detail::acquire_params& p, std::int64_t ticket,
+  detail::sent_acquire send(const detail::acquire_params& p, std::int64_t ticket, bool in_order,
                             int expected_holds, detail::steady::time_point& sent);
   detail::sent_acquire resolve_lost_reply(const detail::acquire_params& p, int expected_holds,
                                           const detail::session_ref& server);

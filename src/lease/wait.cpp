@@ -49,18 +49,18 @@ class waiting_acquire {
     std::int64_t seen_fence = -1;
     for (int round = 0;; ++round) {
       check();
-      // Rung: the lease was just freed. Unfair waiters, and a fair one named the head by the
-      // ring, try at once without reading first.
-      // Both flags are consumed on every round, so a ring that named this waiter the head once
-      // cannot make a later, anonymous ring look like one.
-      const bool relook = entry_->relook(), named = entry_->named_head();
-      if (rung && !relook && (!lk_.options.fair || named)) {
+      // Rung: the lease was just freed; try at once without reading first. A fair waiter's
+      // acquire takes it only when nobody waits ahead (the statement checks), so a ring that
+      // reached it out of turn, or late, costs one refused try and breaks no order.
+      if (rung && !entry_->relook()) {
         if (auto g = lk_.attempt(token_, ticket_)) return done(std::move(*g));
       }
       const bool live = entry_->live();  // before the read: a later release will ring
       const wait_queue::wait_state st = read();
       if (st.fence != seen_fence) round = 0;  // a new holder: poll briskly again
       seen_fence = st.fence;
+      // (A fair waiter that is not the head does not try: a refused write costs more than a
+      // read, and the head is rung when the lease is freed.)
       const bool our_turn = !lk_.options.fair || !st.head || *st.head >= ticket_;
       // Free and ours to take: try (when another waiter wins, the jittered sleep below keeps
       // us from spinning). Held: sleep until a release rings or, as the safety net, the
@@ -109,9 +109,7 @@ class waiting_acquire {
   }
   std::optional<lease_guard> first_try() {
     if (!lk_.options.fair || reentry()) return lk_.attempt(token_);
-    const wait_queue::wait_state st = read();  // fair: only when nobody is queued
-    if (st.free() && !st.head) return lk_.attempt(token_);
-    return std::nullopt;
+    return lk_.attempt(token_, wait_queue::behind_everyone);  // fair: only when nobody is queued
   }
   wait_queue::wait_state read() {
     return with_session(dbi_, what_,

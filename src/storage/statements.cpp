@@ -20,8 +20,11 @@ const char* const ours_and_held =
 
 void lease_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
-  s.acquire = routine("lease_acquire", v.lease_acquire(t),
+  s.acquire = routine("lease_acquire", v.lease_acquire(t, false),
                       {"name", "token", "ttl", "host", "pid", "thread", "floor"});
+  s.acquire_in_order =
+      routine("lease_acquire_in_order", v.lease_acquire(t, true),
+              {"name", "token", "ttl", "host", "pid", "thread", "floor", "ticket"});
   s.renew = routine(
       "lease_renew",
       "UPDATE " + t.lock + " SET expires_at = " + v.plus_us(now, "ttl") + ours_and_held + now,
@@ -63,9 +66,13 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
 
 void waiter_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
-  const std::string dq = v.lease_acquire_dequeue(t);
+  const std::string dq = v.lease_acquire_dequeue(t, false);
   s.acquire_dequeue = routine(dq.empty() ? "" : "lease_acquire_dequeue", dq,
                               {"name", "token", "ttl", "host", "pid", "thread", "floor", "ticket"});
+  const std::string dqo = v.lease_acquire_dequeue(t, true);
+  s.acquire_dequeue_in_order =
+      routine(dqo.empty() ? "" : "lease_acquire_dequeue_in_order", dqo,
+              {"name", "token", "ttl", "host", "pid", "thread", "floor", "ticket"});
   s.waiter_insert =
       make("waiter_insert",
            "INSERT INTO " + t.waiters +

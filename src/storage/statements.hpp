@@ -13,6 +13,9 @@ struct lock_statements {
   // ---- lease ----------------------------------------------------------------------------------
   /// name, token, ttl, host, pid, thread, floor -> fence (see vocabulary::lease_acquire)
   statement acquire;
+  /// acquire's parameters, then ticket -> fence: takes a free lease only when no live entry
+  /// of the name's queue below ticket waits (vocabulary::lease_acquire, in queue order)
+  statement acquire_in_order;
   statement renew;    ///< ttl, name, token, fence; one row affected when renewed
   statement release;  ///< name, token, fence; one row affected when a hold was released
   statement read;     ///< name -> the row and the database clock
@@ -29,6 +32,7 @@ struct lock_statements {
   /// acquire's parameters, then ticket -> fence; deletes the queue entry when acquired. Empty
   /// text where the dialect cannot do both in one statement (see vocabulary).
   statement acquire_dequeue;
+  statement acquire_dequeue_in_order;  ///< the same, in queue order (as acquire_in_order)
   statement waiter_insert;   ///< name, token, ttl, host, pid -> ticket (RETURNING or insert id)
   statement waiter_refresh;  ///< ttl, ticket, token; one row affected while the entry lives
   statement waiter_delete;   ///< ticket, token

@@ -83,9 +83,25 @@ void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& nam
   }
 }
 
+namespace {
+
+// The fence an acquire yields (RETURNING; MySQL: LAST_INSERT_ID(fence) in the OK packet).
+std::optional<std::int64_t> fence_of(const sql_result& r) {
+  if (!r.empty()) {
+    if (r.is_null(0, 0)) return std::nullopt;
+    return r.integer(0, 0);
+  }
+  if (r.insert_id > 0) return r.insert_id;
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_params& p,
-                                            std::int64_t ticket) {
-  const statement& st = s.statements().acquire_dequeue;
+                                            std::int64_t ticket, bool in_order) {
+  const lock_statements& all = s.statements();
+  const statement& dq = in_order ? all.acquire_dequeue_in_order : all.acquire_dequeue;
+  const statement& acq = in_order ? all.acquire_in_order : all.acquire;
   const long long floor = lock_table::fence_floor(s);
   std::vector<sql_param> v;
   v.reserve(8);
@@ -96,24 +112,21 @@ std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_para
   v.emplace_back(static_cast<long long>(p.holder_pid));
   v.emplace_back(p.holder_thread);
   v.emplace_back(floor);
-  if (!st.text.empty()) {
+  // No entry to delete (behind_everyone), or MySQL, which deletes it during the hold: the
+  // acquire alone.
+  const bool alone = ticket == behind_everyone || exit_deferred(s.db());
+  if (in_order || (!alone && !dq.text.empty()))
     v.emplace_back(std::in_place_type<long long>, static_cast<long long>(ticket));
-    const sql_result r = write_statement(s, st, v);
-    if (r.empty() || r.is_null(0, 0)) return std::nullopt;
-    return r.integer(0, 0);
-  }
-  if (exit_deferred(s.db())) return lock_table::acquire(s, p);
+  if (alone) return fence_of(write_statement(s, acq, v));
+  if (!dq.text.empty()) return fence_of(write_statement(s, dq, v));
   // Two statements in SQLite's one write transaction.
   write_scope w(s, write_kind::statement);
-  const sql_result r = s.run(s.statements().acquire, v);
-  std::optional<std::int64_t> fence;
-  if (!r.empty() && !r.is_null(0, 0)) fence = r.integer(0, 0);
-  if (r.empty() && r.insert_id > 0) fence = r.insert_id;  // MySQL: LAST_INSERT_ID(fence)
+  const std::optional<std::int64_t> fence = fence_of(s.run(acq, v));
   if (fence) {
     std::vector<sql_param> del;
     del.emplace_back(static_cast<long long>(ticket));
     del.emplace_back(p.owner_token);
-    s.run(s.statements().waiter_delete, del);
+    s.run(all.waiter_delete, del);
   }
   w.commit();
   return fence;

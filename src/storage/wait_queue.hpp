@@ -65,11 +65,16 @@ bool ring(session_scope&, std::int64_t id);
 /// A failure only costs the wake-up.
 void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
                 std::int64_t fence, const std::string& token, std::int64_t sleeper);
+/// A ticket above every entry's: with it, acquire_dequeue() in order takes a free lease only
+/// when nobody waits in its queue, and deletes no entry (a fair try before queueing).
+constexpr std::int64_t behind_everyone = INT64_MAX;
 /// The lease acquire that also deletes entry `ticket` when it acquires (one statement where the
 /// dialect can, two in one write transaction where that is cheap), or, where exit_deferred(),
 /// the acquire alone: the entry is then deleted off the acquire's path (deferred_exit).
+/// `in_order` (fair waiters): a free lease is taken only when no live entry below `ticket`
+/// waits, the holder's own excluded (vocabulary::lease_acquire), in the same statement.
 std::optional<std::int64_t> acquire_dequeue(session_scope&, const acquire_params&,
-                                            std::int64_t ticket);
+                                            std::int64_t ticket, bool in_order);
 /// True when the dialect's acquire cannot delete the queue entry within its own write (MySQL:
 /// it would be a second autocommit write, a round trip and a log flush on the handoff's path).
 /// The waiter that took the lease then leaves the queue through a deferred_exit.

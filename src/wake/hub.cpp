@@ -104,8 +104,7 @@ bool wake_hub::wait(wake_waiter& w, std::chrono::nanoseconds d) {
   return rung && w.rung.exchange(false);
 }
 
-bool wake_hub::wake_one(std::uint64_t hash, const std::string& name, const std::string& head,
-                        bool is_head) {
+bool wake_hub::wake_one(std::uint64_t hash, const std::string& name, const std::string& head) {
   std::shared_ptr<wake_waiter> pick;
   const bool any_name = hash == 0 && name.empty() && !head.empty();  // a ring for `head` only
   for (const auto& w : waiters_) {
@@ -124,7 +123,6 @@ bool wake_hub::wake_one(std::uint64_t hash, const std::string& name, const std::
     if (!pick || order(*w) < order(*pick)) pick = w;
   }
   if (!pick) return false;
-  pick->named_head.store(!head.empty() && is_head);
   pick->rung.store(true);
   cancel_access::poke(pick->slot);
   woken_.fetch_add(1);
@@ -162,13 +160,13 @@ void wake_hub::deliver(const ring_event& ev) {
   // unless it names the head of the queue, which the local ring could not know.
   const bool seen = duplicate(h, ev.fence);
   if (seen && ev.head.empty()) return;
-  wake_one(h, ev.name, ev.head, ev.is_head);
+  wake_one(h, ev.name, ev.head);
 }
 
 void wake_hub::wake_all() {
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& w : waiters_) {
-    w->named_head.store(false);  // woken to look, not named the head of its queue
+    w->relook.store(true);  // woken to look (the lease may well be held), not by a release
     w->rung.store(true);
     cancel_access::poke(w->slot);
   }

@@ -30,11 +30,10 @@ struct wake_waiter {
   cancellation cancel;
   wake_slot slot;  ///< wakes this waiter alone (a shared cancellation wakes all on cancel only)
   std::atomic<bool> rung{false};
-  /// The last ring named this waiter as the head of the queue (it may try without looking).
-  std::atomic<bool> named_head{false};
   /// Its subscription to an addressed channel is confirmed (see bell_channel::addressed()).
   std::atomic<bool> subscribed{false};
-  /// Woken to look again (its subscription was confirmed), not by a release.
+  /// Woken to look again (its subscription was confirmed, or the channel was lost), not by a
+  /// release: it reads before it tries.
   std::atomic<bool> relook{false};
   /// It read the lock without rings reaching it (it polls): a confirmation wakes it to look
   /// again. One that confirmed before its read needs no second read.
@@ -86,8 +85,7 @@ class wake_hub {
   void confirmed(const std::string& token, bool on);
   /// With mu_ held: wakes the waiter of `hash`/`name` that should try now: the head of the
   /// queue when `head` names it (nobody when it waits elsewhere), else the lowest ticket here.
-  bool wake_one(std::uint64_t hash, const std::string& name, const std::string& head,
-                bool is_head = true);
+  bool wake_one(std::uint64_t hash, const std::string& name, const std::string& head);
   bool duplicate(std::uint64_t hash, std::int64_t fence);
   void ensure_channel();
 
@@ -126,8 +124,6 @@ class hub_entry {
   }
   /// True (once) when it was woken only to look again, not by a release.
   bool relook() { return w_->relook.exchange(false); }
-  /// True (once) when the ring that woke it named it the head of the queue.
-  bool named_head() { return w_->named_head.exchange(false); }
   /// The acquire succeeded: a ring it holds is used up.
   void acquired() { acquired_ = true; }
   void set_ticket(std::int64_t t) { hub_.set_ticket(*w_, t); }

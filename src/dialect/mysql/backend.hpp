@@ -91,7 +91,7 @@ class vocabulary final : public detail::vocabulary {
   std::string insert_if_absent(const std::string& key) const override {
     return " ON DUPLICATE KEY UPDATE " + key + " = " + key;
   }
-  std::string lease_acquire(const table_names& t) const override;
+  std::string lease_acquire(const table_names& t, bool in_queue_order) const override;
   std::string returning(const std::string&) const override { return {}; }
   std::string id_reserve(const table_names& t) const override;
   std::string release_head(const table_names& t) const override;

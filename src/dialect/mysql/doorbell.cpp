@@ -144,15 +144,14 @@ class channel final : public bell_channel {
   }
   /// Rung: delivers one ring to each waiter of this handle that heads its queue.
   bool ring(MYSQL* m) {
-    // One waiter in this handle: the ring is for it, no read here. Not named the head, though:
-    // the interrupt carries nothing, and one sent for an earlier waiter of this handle can land
-    // late, on this one (the releaser is descheduled between its release and the KILL QUERY,
-    // while the earlier waiter took the lease by polling and this one queued anew). A fair
-    // waiter reads the queue before it tries; an unfair one tries at once either way.
+    // One waiter in this handle: the ring is for it, no read here. The interrupt carries
+    // nothing, and one sent for an earlier waiter of this handle can land late, on this one
+    // (the releaser is descheduled between its release and the KILL QUERY, while the earlier
+    // waiter took the lease by polling and this one queued anew): a fair waiter's acquire
+    // statement checks the queue order itself, so such a ring costs a refused try only.
     if (auto only = watched_.only()) {
       ring_event ev;
       ev.head = *only;
-      ev.is_head = false;
       cb_.deliver(ev);
       return true;
     }

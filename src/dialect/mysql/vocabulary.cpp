@@ -2,7 +2,7 @@
 
 namespace dblock::detail::my {
 
-std::string vocabulary::lease_acquire(const table_names& t) const {
+std::string vocabulary::lease_acquire(const table_names& t, bool in_queue_order) const {
   // ON DUPLICATE KEY UPDATE has no WHERE, and MySQL assigns left to right, so every column
   // is an IF() on conditions over owner_token, hold_count and expires_at, and those three are
   // assigned last in an order that keeps the conditions true for the columns after them:
@@ -16,21 +16,32 @@ std::string vocabulary::lease_acquire(const table_names& t) const {
   const std::string ours = "owner_token = VALUES(owner_token)";
   const std::string reentry = "(" + ours + " AND expires_at > " + now + " AND hold_count > 0)";
   const std::string take = "(" + ours + " OR expires_at <= " + now + " OR hold_count = 0)";
+  // In queue order, the first IF() (fence) also asks whether anyone waits ahead, the lock
+  // row's owner's own entries excluded; the columns after it ask LAST_INSERT_ID(), which that
+  // IF() has just set to the new fence (acquired) or to 0: the locking read of the queue runs
+  // once, and only when the lease is free. (A subquery in every IF() would run once per
+  // column, about 40 us each on MariaDB.)
+  const std::string first = in_queue_order ? "(" + ours + " OR ((expires_at <= " + now +
+                                                 " OR hold_count = 0) AND NOT " +
+                                                 queue_ahead(t, t.lock + ".owner_token") + "))"
+                                           : take;
+  const std::string then = in_queue_order ? "(LAST_INSERT_ID() > 0)" : take;
   return "INSERT INTO " + t.lock +
          " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
          " holder_host, holder_pid, holder_thread) VALUES (:name, :token,"
          " LAST_INSERT_ID(GREATEST(COALESCE((SELECT max_fence FROM " +
          t.floor + " WHERE id = 1), 0) + 1, :floor)), 1, " + now + ", " + plus_us(now, "ttl") +
-         ", :host, :pid, :thread) ON DUPLICATE KEY UPDATE" + " fence = IF(" + take +
-         ", LAST_INSERT_ID(IF(" + reentry +
+         ", :host, :pid, :thread)"
+         " ON DUPLICATE KEY UPDATE" +
+         " fence = IF(" + first + ", LAST_INSERT_ID(IF(" + reentry +
          ", fence, GREATEST(fence + 1, :floor))), fence + LAST_INSERT_ID(0))," +
-         " acquired_at = IF(" + reentry + ", acquired_at, IF(" + take + ", " + now +
-         ", acquired_at))," + " holder_host = IF(" + take + ", VALUES(holder_host), holder_host)," +
-         " holder_pid = IF(" + take + ", VALUES(holder_pid), holder_pid)," +
-         " holder_thread = IF(" + take + ", VALUES(holder_thread), holder_thread)," +
-         " owner_token = IF(" + take + ", VALUES(owner_token), owner_token)," +
-         " hold_count = IF(" + reentry + ", hold_count + 1, IF(" + take + ", 1, hold_count))," +
-         " expires_at = IF(" + take + ", VALUES(expires_at), expires_at)";
+         " acquired_at = IF(" + reentry + ", acquired_at, IF(" + then + ", " + now +
+         ", acquired_at))," + " holder_host = IF(" + then + ", VALUES(holder_host), holder_host)," +
+         " holder_pid = IF(" + then + ", VALUES(holder_pid), holder_pid)," +
+         " holder_thread = IF(" + then + ", VALUES(holder_thread), holder_thread)," +
+         " owner_token = IF(" + then + ", VALUES(owner_token), owner_token)," +
+         " hold_count = IF(" + reentry + ", hold_count + 1, IF(" + then + ", 1, hold_count))," +
+         " expires_at = IF(" + then + ", VALUES(expires_at), expires_at)";
 }
 
 std::string vocabulary::id_reserve(const table_names& t) const {

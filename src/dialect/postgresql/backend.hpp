@@ -91,8 +91,8 @@ class vocabulary final : public detail::vocabulary {
   std::string epoch_us(const std::string& ts) const override {
     return "CAST(floor(extract(epoch FROM " + ts + ") * 1000000) AS BIGINT)";
   }
-  std::string lease_acquire(const table_names& t) const override;
-  std::string lease_acquire_dequeue(const table_names& t) const override;
+  std::string lease_acquire(const table_names& t, bool in_queue_order) const override;
+  std::string lease_acquire_dequeue(const table_names& t, bool in_queue_order) const override;
   std::string id_reserve(const table_names& t) const override;
   std::string release_returning(const table_names& t) const override;
   std::string lock_table_durable() const override {

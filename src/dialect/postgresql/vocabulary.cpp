@@ -2,7 +2,7 @@
 
 namespace dblock::detail::pg {
 
-std::string vocabulary::lease_acquire(const table_names& t) const {
+std::string vocabulary::lease_acquire(const table_names& t, bool in_queue_order) const {
   // One statement. EXCLUDED.acquired_at is this statement's clock reading, so every comparison
   // below uses the same instant. Reentry (our token, unexpired) keeps the fence; a new grant's
   // fence is at least :floor (the connection's fence epoch, lock_table::fence_floor()). A released
@@ -10,6 +10,7 @@ std::string vocabulary::lease_acquire(const table_names& t) const {
   const std::string reentry =
       "(l.owner_token = EXCLUDED.owner_token AND l.expires_at > EXCLUDED.acquired_at AND "
       "l.hold_count > 0)";
+  const std::string free = "(l.expires_at <= EXCLUDED.acquired_at OR l.hold_count = 0)";
   return "INSERT INTO " + t.lock +
          " AS l (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
          " holder_host, holder_pid, holder_thread) VALUES (:name, :token, GREATEST(COALESCE((SELECT"
@@ -24,15 +25,16 @@ std::string vocabulary::lease_acquire(const table_names& t) const {
          " owner_token = EXCLUDED.owner_token, expires_at = EXCLUDED.expires_at,"
          " holder_host = EXCLUDED.holder_host, holder_pid = EXCLUDED.holder_pid,"
          " holder_thread = EXCLUDED.holder_thread"
-         " WHERE l.owner_token = EXCLUDED.owner_token OR l.expires_at <= EXCLUDED.acquired_at"
-         " OR l.hold_count = 0"
-         " RETURNING fence";
+         " WHERE l.owner_token = EXCLUDED.owner_token OR (" +
+         free + (in_queue_order ? " AND NOT " + queue_ahead(t, "l.owner_token") : "") +
+         ") RETURNING fence";
 }
 
-std::string vocabulary::lease_acquire_dequeue(const table_names& t) const {
+std::string vocabulary::lease_acquire_dequeue(const table_names& t, bool in_queue_order) const {
   // Data-modifying CTEs run once each, whatever the outer query reads; the DELETE's condition
   // on the acquire's RETURNING keeps the queue entry when the lease was not acquired.
-  return "WITH acq AS (" + lease_acquire(t) + "), gone AS (DELETE FROM " + t.waiters +
+  return "WITH acq AS (" + lease_acquire(t, in_queue_order) + "), gone AS (DELETE FROM " +
+         t.waiters +
          " WHERE ticket = :ticket AND EXISTS (SELECT 1 FROM acq)) SELECT fence FROM acq";
 }
 

@@ -108,7 +108,7 @@ class vocabulary final : public detail::vocabulary {
   std::string for_update() const override { return ""; }
   std::string for_update_nowait() const override { return ""; }
   std::string for_update_skip_locked() const override { return ""; }
-  std::string lease_acquire(const table_names& t) const override;
+  std::string lease_acquire(const table_names& t, bool in_queue_order) const override;
   std::string id_reserve(const table_names& t) const override;
 };
 

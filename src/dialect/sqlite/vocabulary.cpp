@@ -40,26 +40,27 @@ value vocabulary::decode_value(const soci::row& r, std::size_t i) const {
   return s.substr(1);
 }
 
-std::string vocabulary::lease_acquire(const table_names& t) const {
+std::string vocabulary::lease_acquire(const table_names& t, bool in_queue_order) const {
   const std::string reentry =
-      "(owner_token = excluded.owner_token AND expires_at > excluded.acquired_at AND "
-      "hold_count > 0)";
+      "(l.owner_token = excluded.owner_token AND l.expires_at > excluded.acquired_at AND "
+      "l.hold_count > 0)";
+  const std::string free = "(l.expires_at <= excluded.acquired_at OR l.hold_count = 0)";
   return "INSERT INTO " + t.lock +
-         " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
+         " AS l (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
          " holder_host, holder_pid, holder_thread) VALUES (:name, :token, MAX(COALESCE((SELECT"
          " max_fence FROM " +
          t.floor + " WHERE id = 1), 0) + 1, :floor), 1, " + now() + ", " + plus_us(now(), "ttl") +
          ", :host, :pid, :thread) ON CONFLICT (resource_name) DO UPDATE SET"
          " fence = CASE WHEN " +
-         reentry + " THEN fence ELSE MAX(fence + 1, :floor) END, hold_count = CASE WHEN " +
-         reentry + " THEN hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
-         " THEN acquired_at ELSE excluded.acquired_at END,"
+         reentry + " THEN l.fence ELSE MAX(l.fence + 1, :floor) END, hold_count = CASE WHEN " +
+         reentry + " THEN l.hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
+         " THEN l.acquired_at ELSE excluded.acquired_at END,"
          " owner_token = excluded.owner_token, expires_at = excluded.expires_at,"
          " holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,"
          " holder_thread = excluded.holder_thread"
-         " WHERE owner_token = excluded.owner_token OR expires_at <= excluded.acquired_at"
-         " OR hold_count = 0"
-         " RETURNING fence";
+         " WHERE l.owner_token = excluded.owner_token OR (" +
+         free + (in_queue_order ? " AND NOT " + queue_ahead(t, "l.owner_token") : "") +
+         ") RETURNING fence";
 }
 
 std::string vocabulary::id_reserve(const table_names& t) const {
