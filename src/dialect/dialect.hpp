@@ -265,13 +265,10 @@ class vocabulary {
    * released or already ours (reentry keeps the fence). Parameters name, token, ttl (µs), host,
    * pid, thread, floor (a new grant's fence is at least floor: the connection's fence epoch,
    * see lock_table::fence_floor()). Yields the fence when acquired (RETURNING; MySQL:
-   * LAST_INSERT_ID() from the OK packet, 0 when held by another owner).
-   *
-   * `in_queue_order` (fair waiters): one more parameter, `ticket`, and a free lease is taken
-   * only when no live entry of the name's fair queue with a lower ticket waits, the lock row's
-   * owner's own entries excluded (queue_ahead()); a missing row is inserted as before. Fair order
-   * then holds whichever ring woke the waiter and however stale its last read was, at no extra
-   * round trip.
+   * LAST_INSERT_ID() from the OK packet, 0 when held by another owner). `in_queue_order` (fair
+   * waiters): one more parameter, `ticket`; a free lease is taken only when no live entry of the
+   * name's queue below it waits, the row owner's own excluded (queue_ahead()), whichever ring
+   * woke the waiter, at no extra round trip. A missing row is inserted as before.
    */
   virtual std::string lease_acquire(const table_names&, bool in_queue_order) const = 0;
   /// Condition: a live entry of :name's fair queue below :ticket waits that is not an entry of
