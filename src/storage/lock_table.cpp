@@ -113,10 +113,13 @@ void set_durability(session_scope& s, lease_durability d) {
 
 std::optional<std::int64_t> acquire(session_scope& s, const acquire_params& p) {
   const long long floor = fence_floor(s);
-  const sql_result r =
+  return acquired_fence(
       write_statement(s, s.statements().acquire,
                       {p.name, p.owner_token, static_cast<long long>(p.ttl_us), p.holder_host,
-                       static_cast<long long>(p.holder_pid), p.holder_thread, floor});
+                       static_cast<long long>(p.holder_pid), p.holder_thread, floor}));
+}
+
+std::optional<std::int64_t> acquired_fence(const sql_result& r) {
   if (!r.empty()) {
     if (r.is_null(0, 0)) return std::nullopt;
     return r.integer(0, 0);

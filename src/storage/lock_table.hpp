@@ -66,6 +66,9 @@ lease_durability durability(session_scope&);
 void set_durability(session_scope&, lease_durability);
 /// One atomic upsert; the fence when acquired, nothing when another owner holds the lease.
 std::optional<std::int64_t> acquire(session_scope&, const acquire_params&);
+/// The fence an acquire statement yielded (RETURNING; MySQL: LAST_INSERT_ID(fence) in the OK
+/// packet), nothing when it did not acquire.
+std::optional<std::int64_t> acquired_fence(const sql_result&);
 /// Extends an unexpired lease owned by `token`; false when no longer ours or expired.
 bool renew(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
            std::int64_t ttl_us);

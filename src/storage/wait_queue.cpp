@@ -83,20 +83,6 @@ void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& nam
   }
 }
 
-namespace {
-
-// The fence an acquire yields (RETURNING; MySQL: LAST_INSERT_ID(fence) in the OK packet).
-std::optional<std::int64_t> fence_of(const sql_result& r) {
-  if (!r.empty()) {
-    if (r.is_null(0, 0)) return std::nullopt;
-    return r.integer(0, 0);
-  }
-  if (r.insert_id > 0) return r.insert_id;
-  return std::nullopt;
-}
-
-}  // namespace
-
 std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_params& p,
                                             std::int64_t ticket, bool in_order) {
   const lock_statements& all = s.statements();
@@ -117,11 +103,11 @@ std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_para
   const bool alone = ticket == behind_everyone || exit_deferred(s.db());
   if (in_order || (!alone && !dq.text.empty()))
     v.emplace_back(std::in_place_type<long long>, static_cast<long long>(ticket));
-  if (alone) return fence_of(write_statement(s, acq, v));
-  if (!dq.text.empty()) return fence_of(write_statement(s, dq, v));
+  if (alone) return lock_table::acquired_fence(write_statement(s, acq, v));
+  if (!dq.text.empty()) return lock_table::acquired_fence(write_statement(s, dq, v));
   // Two statements in SQLite's one write transaction.
   write_scope w(s, write_kind::statement);
-  const std::optional<std::int64_t> fence = fence_of(s.run(acq, v));
+  const std::optional<std::int64_t> fence = lock_table::acquired_fence(s.run(acq, v));
   if (fence) {
     std::vector<sql_param> del;
     del.emplace_back(static_cast<long long>(ticket));
