@@ -74,6 +74,16 @@ struct counting_listener : dblock::listener {
   std::atomic<std::uint64_t> woken_n{0}, released_n{0};
   void woken(std::string_view) override { woken_n.fetch_add(1); }
   void released(std::string_view, std::chrono::microseconds) override { released_n.fetch_add(1); }
+  void log(dblock::log_level, std::string_view m) override {
+    std::lock_guard<std::mutex> l(mu);
+    logs += std::string(m) + "\n";
+  }
+  std::string logged() {
+    std::lock_guard<std::mutex> l(mu);
+    return logs;
+  }
+  std::mutex mu;
+  std::string logs;
 };
 
 // ---- the wake-up channel cut
@@ -140,7 +150,8 @@ struct handoff_result {
 // `wdb` (ttl 2 s, poll_max 200 ms); once its queue entry is visible and it had time to subscribe
 // to wake-ups, runs `cut` (when asked) and releases.
 handoff_result handoff(const dblock::test::context& ctx, const dblock::database& wdb,
-                       const std::string& name, const std::string& tag, bool cut) {
+                       const std::string& name, const std::string& tag, bool cut,
+                       const std::function<void()>& before_release = {}) {
   auto h = hold_long(ctx, name);
   handoff_result r;
   std::atomic<long long> granted{0};
@@ -161,6 +172,7 @@ handoff_result handoff(const dblock::test::context& ctx, const dblock::database&
   std::this_thread::sleep_for(milliseconds(500));  // LISTEN confirmed, doorbell watched
   std::string cut_error;
   if (cut) r.cut = cut_channel(ctx, tag, cut_error);
+  if (before_release) before_release();
   const long long released = monotonic_ns();
   h.release();
   t.join();
@@ -207,12 +219,73 @@ DBLOCK_TEST("wake-up channel cut while a waiter waits: no lost grant, the channe
   // Same handles again: the channel is back, the release wakes the waiter.
   const auto woken_before = events->woken_n.load();
   const auto r2 = handoff(ctx, wdb, name, tag, false);
+  INFO("the handle logged: " << events->logged());
   INFO("round 2: " << r2.error << "; granted " << r2.latency_ns / ns_per_ms
                    << " ms after the release; wake-ups " << events->woken_n.load() - woken_before);
   REQUIRE(r2.error.empty());
   CHECK(r2.latency_ns >= 0);
   CHECK(r2.latency_ns <= ttl_ns / 2);
   CHECK(events->woken_n.load() > woken_before);  // the ring crossed handles
+}
+
+// MySQL: the server frees a killed connection's user-level locks as its session ends, a moment
+// after the kill, so the wake-up connection that replaces it can find its bell's lock still
+// taken. It must take the lock once it is free, or no release finds it and its waiters poll for
+// the connection's life. Here another session queues for the bell's lock before the kill, takes
+// it from the killed session and holds it for 500 ms; the release after that still wakes the
+// waiter. (Before the retry, the replacing connection gave up on the lock: 0 wake-ups here.)
+DBLOCK_TEST_ONLY(
+    "mysql", "a wake-up connection that finds its bell's lock still taken rings once it is free",
+    "[waiting][direct]") {
+  const std::string tag = "dblock_relock_" + dblock::test::random_suffix();
+  auto events = std::make_shared<counting_listener>();
+  auto wdb = tagged_handle(ctx, tag, events);
+  const std::string name = "relock-" + dblock::test::random_suffix();
+  long long taken = -1;
+  std::string failure;
+  auto steal_the_bell = [&] {
+    try {
+      std::string bell;
+      {
+        auto c = ctx.db.connect();
+        c.session() << "SELECT bell FROM " << ctx.table("lock_waiter")
+                    << " WHERE resource_name = :n",
+            soci::use(name), soci::into(bell);
+      }
+      const std::string lock = "dblock-bell-" + bell;
+      auto thief = ctx.db.connect();
+      std::thread queue_up([&] {
+        try {
+          thief.session() << "SELECT GET_LOCK(:l, 10)", soci::use(lock), soci::into(taken);
+        } catch (const std::exception& e) {
+          failure = e.what();
+        }
+      });
+      std::this_thread::sleep_for(milliseconds(300));  // queued behind the sleeping connection
+      std::string cut_error;
+      const int cut = cut_channel(ctx, tag, cut_error);
+      queue_up.join();
+      if (cut < 1) failure += "no wake-up connection cut: " + cut_error;
+      std::this_thread::sleep_for(milliseconds(500));  // the replacement finds the lock taken
+      long long freed = 0;
+      thief.session() << "SELECT RELEASE_LOCK(:l)", soci::use(lock), soci::into(freed);
+      std::this_thread::sleep_for(milliseconds(1500));  // its retries back off to 1 s at most
+    } catch (const std::exception& e) {
+      failure += e.what();
+    }
+  };
+  const auto woken_before = events->woken_n.load();
+  const auto r = handoff(ctx, wdb, name, tag, false, steal_the_bell);
+  const std::string logged = events->logged();
+  INFO("the handle logged: " << logged);
+  INFO("granted " << r.latency_ns / ns_per_ms << " ms after the release; wake-ups "
+                  << events->woken_n.load() - woken_before << "; " << r.error << failure);
+  REQUIRE(r.error.empty());
+  REQUIRE(failure.empty());
+  CHECK(taken == 1);  // the lock went from the killed session to the other one
+  CHECK(logged.find("still taken") != std::string::npos);
+  CHECK(r.latency_ns >= 0);
+  CHECK(events->woken_n.load() > woken_before);  // a release finds the connection again
 }
 
 namespace {

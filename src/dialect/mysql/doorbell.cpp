@@ -125,22 +125,25 @@ class channel final : public bell_channel {
     return true;
   }
   /// On Galera, a release rings only sleepers on the node it ran on (KILL QUERY is per node):
-  /// false there. Elsewhere takes the bell's user-level lock, by which releases find this
-  /// connection; false when that fails (the handle's waiters poll).
-  bool reachable(MYSQL* m) {
+  /// true there, and then this connection is never live (the handle's waiters poll). Also true
+  /// when the check fails.
+  bool on_galera(MYSQL* m) {
     std::vector<std::pair<std::string, std::string>> rows;
-    if (!query(m,
-               "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE "
-               "VARIABLE_NAME = 'WSREP_ON'",
-               rows) ||
-        (!rows.empty() && rows[0].first == "ON"))
-      return false;
-    rows.clear();
-    if (query(m, "SELECT GET_LOCK('" + bell_lock_prefix + mark_ + "', 0)", rows) && !rows.empty() &&
-        rows[0].first == "1")
-      return true;
-    log(std::string("cannot take the bell's lock (waiters poll meanwhile): ") + mysql_error(m));
-    return false;
+    return !query(m,
+                  "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE "
+                  "VARIABLE_NAME = 'WSREP_ON'",
+                  rows) ||
+           (!rows.empty() && rows[0].first == "ON");
+  }
+  enum class bell_lock { taken, busy, failed };
+  /// Takes the bell's user-level lock, by which releases find this connection. `busy` right
+  /// after a reconnect: the server frees a killed connection's locks as that session ends, a
+  /// moment after the kill, so the lock can still be the lost connection's.
+  bell_lock take_bell_lock(MYSQL* m) {
+    std::vector<std::pair<std::string, std::string>> rows;
+    if (!query(m, "SELECT GET_LOCK('" + bell_lock_prefix + mark_ + "', 0)", rows) || rows.empty())
+      return bell_lock::failed;
+    return rows[0].first == "1" ? bell_lock::taken : bell_lock::busy;
   }
   /// Rung: delivers one ring to each waiter of this handle that heads its queue.
   bool ring(MYSQL* m) {
@@ -204,13 +207,31 @@ class channel final : public bell_channel {
     return !interrupted || ring(m);
   }
   /// One connection's life: sleep while the handle has waiters, until the connection breaks.
+  /// While the bell's lock is busy, no sleep: it is tried again with a growing pause (the
+  /// handle's waiters poll meanwhile), so the channel is live again once the lock is free.
   void serve(MYSQL* m) {
-    live_.store(reachable(m));
     session_.store(static_cast<std::int64_t>(mysql_thread_id(m)));
+    bool try_lock = !on_galera(m), logged = false;
+    int pause_ms = 10;
     while (!stop_.load()) {
       if (!wanted()) {
         wait(-1, -1);
         continue;
+      }
+      if (try_lock) {
+        const bell_lock b = take_bell_lock(m);
+        if (b == bell_lock::busy) {
+          if (!logged) log("the bell's lock is still taken (waiters poll meanwhile), retrying");
+          logged = true;
+          wait(-1, pause_ms);
+          pause_ms = std::min(pause_ms * 2, 1000);
+          continue;
+        }
+        if (b == bell_lock::failed)
+          log(std::string("cannot take the bell's lock (waiters poll meanwhile): ") +
+              mysql_error(m));
+        try_lock = false;
+        live_.store(b == bell_lock::taken);
       }
       if (!sleep_once(m)) {
         if (!stop_.load()) log(std::string("connection lost, reconnecting: ") + mysql_error(m));
