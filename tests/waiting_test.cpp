@@ -228,22 +228,17 @@ DBLOCK_TEST("wake-up channel cut while a waiter waits: no lost grant, the channe
   CHECK(events->woken_n.load() > woken_before);  // the ring crossed handles
 }
 
-// MySQL: the server frees a killed connection's user-level locks as its session ends, a moment
-// after the kill, so the wake-up connection that replaces it can find its bell's lock still
-// taken. It must take the lock once it is free, or no release finds it and its waiters poll for
-// the connection's life. Here another session queues for the bell's lock before the kill, takes
-// it from the killed session and holds it for 500 ms; the release after that still wakes the
-// waiter. (Before the retry, the replacing connection gave up on the lock: 0 wake-ups here.)
-DBLOCK_TEST_ONLY(
-    "mysql", "a wake-up connection that finds its bell's lock still taken rings once it is free",
-    "[waiting][direct]") {
-  const std::string tag = "dblock_relock_" + dblock::test::random_suffix();
-  auto events = std::make_shared<counting_listener>();
-  auto wdb = tagged_handle(ctx, tag, events);
-  const std::string name = "relock-" + dblock::test::random_suffix();
-  long long taken = -1;
+namespace {
+
+// MySQL: another session takes the bell's lock of the wake-up connection of `name`'s waiter from
+// that connection: it queues for the lock, the connection is killed, and the lock passes to it.
+// It keeps the lock `keep` (forever: zero), then the caller waits `after` before the release.
+struct bell_thief {
+  long long taken = -1;  // GET_LOCK's answer: 1 when the lock passed to the thief
+  bool ended = false;    // the thief's session was ended while it kept the lock
   std::string failure;
-  auto steal_the_bell = [&] {
+  void operator()(const dblock::test::context& ctx, const std::string& name, const std::string& tag,
+                  milliseconds keep, milliseconds after) {
     try {
       std::string bell;
       {
@@ -266,26 +261,65 @@ DBLOCK_TEST_ONLY(
       const int cut = cut_channel(ctx, tag, cut_error);
       queue_up.join();
       if (cut < 1) failure += "no wake-up connection cut: " + cut_error;
-      std::this_thread::sleep_for(milliseconds(500));  // the replacement finds the lock taken
-      long long freed = 0;
-      thief.session() << "SELECT RELEASE_LOCK(:l)", soci::use(lock), soci::into(freed);
-      std::this_thread::sleep_for(milliseconds(1500));  // its retries back off to 1 s at most
+      if (keep.count() > 0) {
+        std::this_thread::sleep_for(keep);  // the replacement finds the lock taken
+        long long freed = 0;
+        thief.session() << "SELECT RELEASE_LOCK(:l)", soci::use(lock), soci::into(freed);
+      }
+      std::this_thread::sleep_for(after);
+      if (keep.count() == 0) {
+        try {
+          long long one = 0;
+          thief.session() << "SELECT 1", soci::into(one);
+        } catch (const std::exception&) {
+          ended = true;
+        }
+      }
     } catch (const std::exception& e) {
       failure += e.what();
     }
-  };
-  const auto woken_before = events->woken_n.load();
-  const auto r = handoff(ctx, wdb, name, tag, false, steal_the_bell);
-  const std::string logged = events->logged();
-  INFO("the handle logged: " << logged);
-  INFO("granted " << r.latency_ns / ns_per_ms << " ms after the release; wake-ups "
-                  << events->woken_n.load() - woken_before << "; " << r.error << failure);
-  REQUIRE(r.error.empty());
-  REQUIRE(failure.empty());
-  CHECK(taken == 1);  // the lock went from the killed session to the other one
-  CHECK(logged.find("still taken") != std::string::npos);
-  CHECK(r.latency_ns >= 0);
-  CHECK(events->woken_n.load() > woken_before);  // a release finds the connection again
+  }
+};
+
+}  // namespace
+
+// MySQL: the server frees a killed connection's user-level locks as its session ends, a moment
+// after the kill, so the wake-up connection that replaces it can find its bell's lock still
+// taken. It must take the lock once it is free, or no release finds it and its waiters poll for
+// the connection's life. Here another session takes the lock from the killed one:
+// - and keeps it 500 ms: the connection takes it once it is free (before the retry, it gave up
+//   on the lock: 0 wake-ups here), and ends no session (the negative control of the next case);
+// - and keeps it (as a lost connection's session whose network died would, until the server's
+//   wait_timeout): after 5 s the connection ends that session and takes the lock.
+// Either way the release after that wakes the waiter.
+DBLOCK_TEST_ONLY("mysql",
+                 "a wake-up connection that finds its bell's lock taken takes it back and rings",
+                 "[waiting][direct]") {
+  for (const bool kept : {false, true}) {
+    INFO((kept ? "the lock is kept" : "the lock is kept 500 ms"));
+    const std::string tag = "dblock_relock_" + dblock::test::random_suffix();
+    auto events = std::make_shared<counting_listener>();
+    auto wdb = tagged_handle(ctx, tag, events);
+    const std::string name = "relock-" + dblock::test::random_suffix();
+    bell_thief thief;
+    const auto woken_before = events->woken_n.load();
+    // The retries back off to 1 s at most; a kept lock is taken after 5 s.
+    const auto r = handoff(ctx, wdb, name, tag, false, [&] {
+      thief(ctx, name, tag, milliseconds(kept ? 0 : 500), milliseconds(kept ? 7500 : 1500));
+    });
+    const std::string logged = events->logged();
+    INFO("the handle logged: " << logged);
+    INFO("granted " << r.latency_ns / ns_per_ms << " ms after the release; wake-ups "
+                    << events->woken_n.load() - woken_before << "; " << r.error << thief.failure);
+    REQUIRE(r.error.empty());
+    REQUIRE(thief.failure.empty());
+    CHECK(thief.taken == 1);  // the lock went from the killed session to the other one
+    CHECK(logged.find("still taken") != std::string::npos);
+    CHECK(thief.ended == kept);
+    CHECK((logged.find("ended session") != std::string::npos) == kept);
+    CHECK(r.latency_ns >= 0);
+    CHECK(events->woken_n.load() > woken_before);  // a release finds the connection again
+  }
 }
 
 namespace {

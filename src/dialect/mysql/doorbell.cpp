@@ -11,6 +11,7 @@
 // bounded by the holder's expiry).
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -23,6 +24,9 @@ namespace dblock::detail::my {
 namespace {
 
 constexpr unsigned er_query_interrupted = 1317;
+/// How long a reconnected wake-up connection waits for its bell's lock before it ends the
+/// session that keeps it (a killed session frees it within milliseconds).
+constexpr auto stale_bell_after = std::chrono::seconds(5);
 constexpr char field_sep = '\x1f';
 
 /// One server of the URL, as the sleeping connection connects to it.
@@ -135,6 +139,22 @@ class channel final : public bell_channel {
                   rows) ||
            (!rows.empty() && rows[0].first == "ON");
   }
+  /// Ends the session that holds the bell's lock, when that is not this connection: an
+  /// earlier connection of this channel (its marks are random and its own) whose network died
+  /// while its server session lived on, which the server ends only at its wait_timeout.
+  void end_bell_holder(MYSQL* m) {
+    std::vector<std::pair<std::string, std::string>> rows;
+    if (!query(m, "SELECT IS_USED_LOCK('" + bell_lock_prefix + mark_ + "')", rows) ||
+        rows.empty() || rows[0].first.empty() ||
+        rows[0].first == std::to_string(mysql_thread_id(m)))
+      return;
+    const std::string kill = "KILL CONNECTION " + rows[0].first;
+    if (mysql_real_query(m, kill.c_str(), kill.size()) == 0)
+      log("ended session " + rows[0].first + ", which kept the bell's lock");
+    else
+      log("cannot end session " + rows[0].first +
+          ", which keeps the bell's lock: " + mysql_error(m));
+  }
   enum class bell_lock { taken, busy, failed };
   /// Takes the bell's user-level lock, by which releases find this connection. `busy` right
   /// after a reconnect: the server frees a killed connection's locks as that session ends, a
@@ -208,11 +228,13 @@ class channel final : public bell_channel {
   }
   /// One connection's life: sleep while the handle has waiters, until the connection breaks.
   /// While the bell's lock is busy, no sleep: it is tried again with a growing pause (the
-  /// handle's waiters poll meanwhile), so the channel is live again once the lock is free.
+  /// handle's waiters poll meanwhile), so the channel is live again once the lock is free. A
+  /// lock still busy after stale_bell_after is taken from the session that keeps it.
   void serve(MYSQL* m) {
     session_.store(static_cast<std::int64_t>(mysql_thread_id(m)));
     bool try_lock = !on_galera(m), logged = false;
     int pause_ms = 10;
+    auto end_holder_at = std::chrono::steady_clock::time_point::max();
     while (!stop_.load()) {
       if (!wanted()) {
         wait(-1, -1);
@@ -221,8 +243,16 @@ class channel final : public bell_channel {
       if (try_lock) {
         const bell_lock b = take_bell_lock(m);
         if (b == bell_lock::busy) {
-          if (!logged) log("the bell's lock is still taken (waiters poll meanwhile), retrying");
+          const auto now = std::chrono::steady_clock::now();
+          if (!logged) {
+            log("the bell's lock is still taken (waiters poll meanwhile), retrying");
+            end_holder_at = now + stale_bell_after;
+          }
           logged = true;
+          if (now >= end_holder_at) {
+            end_bell_holder(m);
+            end_holder_at = now + stale_bell_after;
+          }
           wait(-1, pause_ms);
           pause_ms = std::min(pause_ms * 2, 1000);
           continue;
