@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dblock/admin.hpp"
 #include "fault_support.hpp"
 #include "harness.hpp"
 #include "proxy.hpp"
@@ -65,17 +66,12 @@ DBLOCK_WORKER(delayed_acquirer_worker) {
     if (elapsed_ms >= ttl_ms - margin_ms && g->valid()) ok = false;
     log << "G " << fence << " " << raw_monotonic_ns() << "\n";
     // What the database clock says of the lease now (µs left; negative: expired).
-    long long db_left_us = 0;
-    {
-      auto c = db.connect();
-      const std::string left =
-          url.rfind("mysql", 0) == 0
-              ? "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)"
-              : "CAST(EXTRACT(EPOCH FROM (expires_at - clock_timestamp())) * 1000000 AS BIGINT)";
-      c.session() << "SELECT " << left << " FROM " << db.lock_table()
-                  << " WHERE resource_name = :n",
-          soci::use(name), soci::into(db_left_us);
-    }
+    list_options one;
+    one.pattern = name;
+    one.include_free = true;
+    one.limit = 1;
+    const auto rows = list_locks(db, one);
+    const long long db_left_us = rows.empty() ? 0 : rows[0].expires_in.count();
     log << "Y " << fence << " " << elapsed_ms << " " << (ok ? 1 : 0) << " " << d << " "
         << db_left_us << "\n";
     log << "A " << fence << "\n";

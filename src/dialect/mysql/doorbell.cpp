@@ -144,9 +144,8 @@ class channel final : public bell_channel {
   /// while its server session lived on, which the server ends only at its wait_timeout.
   void end_bell_holder(MYSQL* m) {
     std::vector<std::pair<std::string, std::string>> rows;
-    if (!query(m, "SELECT IS_USED_LOCK('" + bell_lock_prefix + mark_ + "')", rows) ||
-        rows.empty() || rows[0].first.empty() ||
-        rows[0].first == std::to_string(mysql_thread_id(m)))
+    if (!query(m, "SELECT IS_USED_LOCK('" + bell_lock() + "')", rows) || rows.empty() ||
+        rows[0].first.empty() || rows[0].first == std::to_string(mysql_thread_id(m)))
       return;
     const std::string kill = "KILL CONNECTION " + rows[0].first;
     if (mysql_real_query(m, kill.c_str(), kill.size()) == 0)
@@ -155,15 +154,16 @@ class channel final : public bell_channel {
       log("cannot end session " + rows[0].first +
           ", which keeps the bell's lock: " + mysql_error(m));
   }
-  enum class bell_lock { taken, busy, failed };
+  std::string bell_lock() const { return bell_lock_prefix + mark_; }
+  enum class bell_lock_state { taken, busy, failed };
   /// Takes the bell's user-level lock, by which releases find this connection. `busy` right
   /// after a reconnect: the server frees a killed connection's locks as that session ends, a
   /// moment after the kill, so the lock can still be the lost connection's.
-  bell_lock take_bell_lock(MYSQL* m) {
+  bell_lock_state take_bell_lock(MYSQL* m) {
     std::vector<std::pair<std::string, std::string>> rows;
-    if (!query(m, "SELECT GET_LOCK('" + bell_lock_prefix + mark_ + "', 0)", rows) || rows.empty())
-      return bell_lock::failed;
-    return rows[0].first == "1" ? bell_lock::taken : bell_lock::busy;
+    if (!query(m, "SELECT GET_LOCK('" + bell_lock() + "', 0)", rows) || rows.empty())
+      return bell_lock_state::failed;
+    return rows[0].first == "1" ? bell_lock_state::taken : bell_lock_state::busy;
   }
   /// Rung: delivers one ring to each waiter of this handle that heads its queue.
   bool ring(MYSQL* m) {
@@ -232,24 +232,22 @@ class channel final : public bell_channel {
   /// lock still busy after stale_bell_after is taken from the session that keeps it.
   void serve(MYSQL* m) {
     session_.store(static_cast<std::int64_t>(mysql_thread_id(m)));
-    bool try_lock = !on_galera(m), logged = false;
+    bool try_lock = !on_galera(m);
     int pause_ms = 10;
-    auto end_holder_at = std::chrono::steady_clock::time_point::max();
+    auto end_holder_at = std::chrono::steady_clock::time_point::max();  // max: not busy yet
     while (!stop_.load()) {
       if (!wanted()) {
         wait(-1, -1);
         continue;
       }
       if (try_lock) {
-        const bell_lock b = take_bell_lock(m);
-        if (b == bell_lock::busy) {
+        const bell_lock_state b = take_bell_lock(m);
+        if (b == bell_lock_state::busy) {
           const auto now = std::chrono::steady_clock::now();
-          if (!logged) {
+          if (end_holder_at == std::chrono::steady_clock::time_point::max()) {
             log("the bell's lock is still taken (waiters poll meanwhile), retrying");
             end_holder_at = now + stale_bell_after;
-          }
-          logged = true;
-          if (now >= end_holder_at) {
+          } else if (now >= end_holder_at) {
             end_bell_holder(m);
             end_holder_at = now + stale_bell_after;
           }
@@ -257,11 +255,11 @@ class channel final : public bell_channel {
           pause_ms = std::min(pause_ms * 2, 1000);
           continue;
         }
-        if (b == bell_lock::failed)
+        if (b == bell_lock_state::failed)
           log(std::string("cannot take the bell's lock (waiters poll meanwhile): ") +
               mysql_error(m));
         try_lock = false;
-        live_.store(b == bell_lock::taken);
+        live_.store(b == bell_lock_state::taken);
       }
       if (!sleep_once(m)) {
         if (!stop_.load()) log(std::string("connection lost, reconnecting: ") + mysql_error(m));
