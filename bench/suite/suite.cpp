@@ -78,6 +78,9 @@ double percentile(std::vector<float>& v, double q) {
 
 // The end of the measurement the calling thread takes part in (set by measure() for its threads).
 thread_local clk::time_point measurement_end = clk::time_point::max();
+/// When the measuring thread's window starts (after the warm-up): figures that a cycle records
+/// itself (handoff latencies, waits) count only from then.
+thread_local clk::time_point measurement_start = clk::time_point::min();
 
 // Runs `clients` threads for `seconds` (after a warm-up of a tenth of it, at least 0.1 s but not
 // longer than the measurement itself) and reports successful operations per second and the
@@ -113,6 +116,7 @@ result measure(int clients, double seconds, const setup_fn& setup) {
         cv.wait(l, [&] { return go; });
       }
       if (setup_failed) return;
+      measurement_start = start;
       measurement_end = end;
       auto run_one = [&](bool record) {
         auto t0 = clk::now();
@@ -849,11 +853,22 @@ void wait_for_successor(const std::atomic<long long>& generation, long long rele
 // With `own_handles` every client opens its own database handle, as separate processes would:
 // a release then reaches the waiters only through the database (PostgreSQL NOTIFY), the
 // doorbell (SQLite) or the interrupted sleep of their wake-up connection (MySQL); otherwise all
-// share the bench's handle and are woken within the process.
-// Counts the wake-ups of waiting acquires (listener::woken).
+// share the bench's handle and are woken within the process. Only handoffs, waits, holds,
+// releases and wake-ups within the measurement window count: in the warm-up, the handles
+// connect and their wake-up connections start, and waiters poll until those are in place.
+// Counts the wake-ups of waiting acquires (listener::woken) within the measurement window.
 struct wake_counter : dblock::listener {
   std::atomic<long long> n{0};
-  void woken(std::string_view) override { ++n; }
+  std::atomic<clk::rep> from{clk::time_point::max().time_since_epoch().count()},
+      to{clk::time_point::max().time_since_epoch().count()};
+  void window(clk::time_point start, clk::time_point end) {
+    from = start.time_since_epoch().count();
+    to = end.time_since_epoch().count();
+  }
+  void woken(std::string_view) override {
+    const auto now = clk::now().time_since_epoch().count();
+    if (now >= from.load() && now < to.load()) ++n;
+  }
 };
 
 result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, bool own_handles,
@@ -865,6 +880,11 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
   long long holds = 0;
   auto now_ns = [] { return clk::now().time_since_epoch().count(); };
   auto counter = std::make_shared<wake_counter>();
+  // On the measuring thread: within its window (not in the warm-up, not after the end).
+  auto in_window = [](long long t) {
+    return t >= measurement_start.time_since_epoch().count() &&
+           t < measurement_end.time_since_epoch().count();
+  };
   auto o = b.db.options();
   o.events = counter;
   o.pool_size = own_handles ? 2 : std::max<std::size_t>(o.pool_size, clients + 2);
@@ -874,27 +894,29 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
         own_handles ? dblock::database(b.url, o) : shared, "bench/handoff", lo);
     auto cycles = std::make_shared<int>(0);
     return cycle_fn([&, lk, cycles] {
+      counter->window(measurement_start, measurement_end);  // set once the threads start
       const long long asked = now_ns();
       auto g = lk->acquire(std::chrono::seconds(30));
       const long long got = now_ns(), rel = release_started.exchange(0);
       ++generation;
+      const bool counted = in_window(asked);
       {
         std::lock_guard<std::mutex> l(mu);
-        if (rel) lat.push_back(static_cast<float>((got - rel) / 1000.0));
+        if (rel && in_window(rel)) lat.push_back(static_cast<float>((got - rel) / 1000.0));
         // The first waits of a client include connecting its handle and joining the race.
-        if (++*cycles > 2) waits.push_back(static_cast<float>((got - asked) / 1000.0));
+        if (++*cycles > 2 && counted) waits.push_back(static_cast<float>((got - asked) / 1000.0));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
       const long long gen = ++generation;
       const long long start = now_ns();
       release_started = start;
-      {
+      if (counted) {
         std::lock_guard<std::mutex> l(mu);
         held_ns += static_cast<double>(start - got);
         ++holds;
       }
       g.release();
-      ++releases;
+      if (in_window(start)) ++releases;
       wait_for_successor(generation, gen);
       return true;
     });
@@ -936,7 +958,8 @@ result handoff_notify(backend_ctx& b, int clients, double seconds, int hold_us) 
           const long long got = now_ns(), rel = release_started.exchange(0);
           ++generation;
           ++generation;
-          if (rel) {
+          if (rel && rel >= measurement_start.time_since_epoch().count() &&
+              rel < measurement_end.time_since_epoch().count()) {
             std::lock_guard<std::mutex> l(mu);
             lat.push_back(static_cast<float>((got - rel) / 1000.0));
           }
