@@ -50,13 +50,15 @@ void raise_floor(const std::shared_ptr<detail::database_impl>& db, milliseconds 
   });
 }
 
-// Phase 2, one batch: pick unlocked reapable rows covered by the floor, delete them with the
-// conditions checked again. Returns rows deleted.
-std::uint64_t delete_batch_once(const std::shared_ptr<detail::database_impl>& db,
-                                const reaper_options& o) {
+// Phase 2, one batch: pick unlocked reapable rows covered by the floor (after the name
+// `after`, where the table is walked in key order), delete them with the conditions checked
+// again.
+detail::lock_table::reap_batch_result delete_batch_once(
+    const std::shared_ptr<detail::database_impl>& db, const reaper_options& o,
+    const std::string& after) {
   return detail::write_transaction(
       db, "reaper: delete expired rows", milliseconds(5000), [&](detail::session_scope& s) {
-        return detail::lock_table::reap_batch(s, o.retention, o.batch_size);
+        return detail::lock_table::reap_batch(s, o.retention, o.batch_size, after);
       });
 }
 
@@ -70,9 +72,10 @@ long long count_reapable(const std::shared_ptr<detail::database_impl>& db,
 
 // A batch that meets a deadlock or a busy database (other reapers, SQLite's single writer) is
 // retried: it changed nothing.
-std::uint64_t delete_batch(const std::shared_ptr<detail::database_impl>& db,
-                           const reaper_options& o) {
-  return retry(batch_retry_policy(), [&] { return delete_batch_once(db, o); });
+detail::lock_table::reap_batch_result delete_batch(const std::shared_ptr<detail::database_impl>& db,
+                                                   const reaper_options& o,
+                                                   const std::string& after) {
+  return retry(batch_retry_policy(), [&] { return delete_batch_once(db, o, after); });
 }
 
 // Phase 2: batches until nothing is left or the budget is spent.
@@ -80,18 +83,23 @@ void delete_all(const std::shared_ptr<detail::database_impl>& db, const reaper_o
                 reap_result& r, clock_type::time_point start,
                 const std::function<bool()>& stop_requested) {
   int short_rounds = 0;
+  std::string after;  // where the next batch goes on, in a walk in key order
   for (;;) {
     if (stop_requested && stop_requested()) return;
     if (o.time_budget.count() > 0 && clock_type::now() - start >= o.time_budget) return;
-    std::uint64_t n = delete_batch(db, o);
+    const auto batch = delete_batch(db, o, after);
+    const std::uint64_t n = batch.deleted;
     db->notify([&](listener& l) { l.rows_reaped(n, 1); });
     ++r.batches;
     r.rows_reaped += n;
     r.elapsed = std::chrono::duration_cast<microseconds>(clock_type::now() - start);
-    if (n < o.batch_size) {
-      // A short batch means "nothing left" only if no reapable row remains at all: rows that
-      // SKIP LOCKED passed over may belong to a reaper whose batch then rolled back. Look
-      // again (a plain count, no locks) for a while before leaving them to the next run.
+    after = batch.after;
+    if (batch.end) {
+      // The end of the walk (or of the expiry order) means "nothing left" only if no reapable
+      // row remains at all: rows that SKIP LOCKED passed over may belong to a reaper whose
+      // batch then rolled back. Look again (a plain count, no locks) for a while before
+      // leaving them to the next run; a walk in key order starts again from the first name.
+      after.clear();
       if (count_reapable(db, o) == 0)
         r.complete = true;
       else if (++short_rounds > 50)

@@ -81,6 +81,82 @@ DBLOCK_TEST("20,000 expired rows go, 1,000 live rows stay", "[reaper]") {
 }
 
 // Reaps once after a shared start instant; writes its count to the file in args[2].
+DBLOCK_TEST_SERVERS(
+    "expired rows between live ones, a few locked meanwhile: one run reaps them all", "[reaper]") {
+  // Names of both kinds interleave in key order (the order of PostgreSQL's walk), batches are
+  // small, and another transaction holds three expired rows for the first 400 ms of the run:
+  // the batches skip them, and the run comes back for them once they are free.
+  for (int i = 0; i < 60; ++i)
+    insert_rows(ctx.db, "k" + std::to_string(i) + (i % 3 ? "-old-" : "-live-"), 5,
+                i % 3 ? -2 * hour_us : hour_us);
+  REQUIRE(count_where(ctx.db, "resource_name LIKE '%-old-%'") == 40 * 5);
+  std::atomic<int> locked{-1};  // rows the other transaction holds, once it holds them
+  std::thread holder([&] {
+    dblock::transaction t(ctx.db);
+    int n = 0;
+    for (const char* name : {"k1-old-0", "k31-old-4", "k59-old-2"})
+      n += static_cast<int>(
+          t.lock_rows({ctx.db.lock_table(), "resource_name", std::string(name), {}}).size());
+    locked = n;
+    std::this_thread::sleep_for(milliseconds(400));
+    t.commit();
+  });
+  while (locked < 0)
+    std::this_thread::sleep_for(milliseconds(1));
+  CHECK(locked == 3);
+  auto o = quick(std::chrono::hours(1));
+  o.batch_size = 7;
+  auto r = dblock::reap_once(ctx.db, o);
+  holder.join();
+  CHECK(r.complete);
+  CHECK(r.rows_reaped == 200);
+  CHECK(r.batches >= 200 / 7);
+  CHECK(count_where(ctx.db, "resource_name LIKE '%-old-%'") == 0);
+  CHECK(count_where(ctx.db, "resource_name LIKE '%-live-%'") == 20 * 5);
+}
+
+DBLOCK_TEST_ONLY("postgresql", "lease writes are HOT updates: the lock table has no expiry index",
+                 "[reaper]") {
+  // Migration 0010. Acquire, renew and release of one name rewrite its row in place; with an
+  // index on expires_at (the negative control) none of them can. One pooled connection, so that
+  // the server session that wrote is the one told to publish its statistics.
+  auto db = dblock::test::open_db(ctx.url, ctx.prefix, 1);
+  auto counts = [&] {
+    auto c = db.connect();
+    auto& sql = c.session();
+    sql << "SELECT pg_stat_force_next_flush()";  // published when the session next goes idle
+    sql << "SELECT 1";
+    long long upd = 0, hot = 0;
+    sql << "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = :t",
+        soci::use(db.lock_table()), soci::into(upd), soci::into(hot);
+    return std::make_pair(upd, hot);
+  };
+  auto hot_share = [&](int cycles) {
+    dblock::lease_lock lk(db, "hot-name");
+    const auto before = counts();
+    for (int i = 0; i < cycles; ++i) {
+      auto g = lk.try_acquire();
+      REQUIRE(g);
+      g->renew();
+      g->release();
+    }
+    const auto after = counts();
+    const long long upd = after.first - before.first, hot = after.second - before.second;
+    INFO("updates " << upd << ", HOT " << hot);
+    CHECK(upd >= 3 * cycles - 1);  // the first acquire may insert the row
+    return upd > 0 ? static_cast<double>(hot) / static_cast<double>(upd) : 0.0;
+  };
+  CHECK(hot_share(200) > 0.9);
+  {
+    auto c = db.connect();
+    c.session() << "CREATE INDEX " + ctx.prefix + "test_expires_idx ON " + db.lock_table() +
+                       " (expires_at)";
+  }
+  CHECK(hot_share(200) < 0.1);
+  auto c = db.connect();
+  c.session() << "DROP INDEX " + ctx.prefix + "test_expires_idx";
+}
+
 DBLOCK_WORKER(reaper_worker) {
   dblock::database db(args.at(0), dblock::test::with_prefix(args.at(1)));
   db.ping();

@@ -274,12 +274,13 @@ class vocabulary {
   /// Condition: a live entry of :name's fair queue below :ticket waits that is not an entry of
   /// `owner` (the lock row's owner_token as the acquire statement names it).
   std::string queue_ahead(const table_names&, const std::string& owner) const;
-  /**
-   * Fast leases (docs/fast-leases.md). A query, parameter `table` (the lock table's name in the
-   * current schema), yielding one row: 1 when the lock table is durable, 0 when its writes skip
-   * the flush and a crash loses them (PostgreSQL: UNLOGGED). Empty where it is always durable.
-   */
+  /// Fast leases (docs/fast-leases.md): a query (parameter `table`, the lock table's name) giving
+  /// 1 when the lock table is durable, 0 when a crash loses its writes (PostgreSQL: UNLOGGED).
+  /// Empty where it is always durable.
   virtual std::string lock_table_durable() const { return {}; }
+  /// True where the lock table has no expiry index (PostgreSQL, migration 0010: lease writes
+  /// stay HOT updates): the reaper then walks it in primary-key order, batch after batch.
+  virtual bool reap_in_key_order() const { return false; }
   /// The DDL making the lock table non-durable (`fast`) or durable again; empty where the
   /// backend has no such table (see no_fast_leases()).
   virtual std::string set_lock_table_durability(const table_names&, bool /*fast*/) const {

@@ -268,11 +268,17 @@ void raise_floor(session_scope& s, std::int64_t top) {
   write_statement(s, s.statements().floor_raise, {static_cast<long long>(top)});
 }
 
-std::uint64_t reap_batch(session_scope& s, milliseconds retention, std::size_t limit) {
+reap_batch_result reap_batch(session_scope& s, milliseconds retention, std::size_t limit,
+                             const std::string& after) {
   const lock_statements& t = s.statements();
   const long long neg = neg_micros(retention);
-  const sql_result names = s.run(t.reap_candidates, {neg, static_cast<long long>(limit)});
-  if (names.empty()) return 0;
+  const auto n = static_cast<long long>(limit);
+  const sql_result names = t.reap_by_key ? s.run(t.reap_candidates, {after, neg, n})
+                                         : s.run(t.reap_candidates, {neg, n});
+  reap_batch_result out;
+  out.end = names.rows.size() < limit;
+  if (names.empty()) return out;
+  if (t.reap_by_key) out.after = names.text(names.rows.size() - 1, 0);
   statement del{"", t.reap_delete, {}};
   std::vector<sql_param> values;
   for (std::size_t i = 0; i < names.rows.size(); ++i) {
@@ -284,7 +290,8 @@ std::uint64_t reap_batch(session_scope& s, milliseconds retention, std::size_t l
   del.text += t.reap_recheck;
   del.params.push_back("neg_retention");
   values.push_back(neg);
-  return static_cast<std::uint64_t>(s.run(del, values).affected);
+  out.deleted = static_cast<std::uint64_t>(s.run(del, values).affected);
+  return out;
 }
 
 long long count_reapable(session_scope& s, milliseconds retention) {

@@ -129,9 +129,19 @@ std::vector<forced_release> forced_history(session_scope&, std::size_t limit);
 std::optional<std::int64_t> reapable_fence(session_scope&, std::chrono::milliseconds retention);
 /// Raises the fence floor to `top` (never lowers it).
 void raise_floor(session_scope&, std::int64_t top);
+/// One reaper batch: rows deleted; where the reaper walks the table in key order
+/// (lock_statements::reap_by_key), the last name it read, where the next batch goes on; and
+/// whether it read fewer than `limit` candidates (the walk, or the expiry order, is at its end).
+struct reap_batch_result {
+  std::uint64_t deleted = 0;
+  std::string after;
+  bool end = false;
+};
 /// Inside a write transaction: locks up to `limit` reapable rows covered by the floor (skipping
-/// locked ones) and deletes them, re-checking the conditions. Returns rows deleted.
-std::uint64_t reap_batch(session_scope&, std::chrono::milliseconds retention, std::size_t limit);
+/// locked ones; in key order after `after` where the reaper walks the table so) and deletes
+/// them, re-checking the conditions.
+reap_batch_result reap_batch(session_scope&, std::chrono::milliseconds retention, std::size_t limit,
+                             const std::string& after);
 /// Reapable rows covered by the floor, locked or not (a plain read).
 long long count_reapable(session_scope&, std::chrono::milliseconds retention);
 

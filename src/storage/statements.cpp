@@ -185,11 +185,21 @@ void reaper_statements(lock_statements& s, const vocabulary& v, const table_name
   s.floor_raise = make(
       "floor_raise",
       "UPDATE " + t.floor + " SET max_fence = :top WHERE id = 1 AND max_fence < :top", {"top"});
+  // In expiry order through the expiry index; where the table has none, in key order after the
+  // last name of the batch before (each batch goes on where the last one stopped: one pass over
+  // the table, not one scan of it per batch).
+  s.reap_by_key = v.reap_in_key_order();
+  const std::string skip = v.for_update_skip_locked();
   s.reap_candidates =
-      make("reap_candidates",
-           "SELECT resource_name FROM " + t.lock + " WHERE " + expired + " AND " + covered +
-               " ORDER BY expires_at LIMIT :limit" + v.for_update_skip_locked(),
-           {"neg_retention", "limit"});
+      s.reap_by_key
+          ? make("reap_candidates",
+                 "SELECT resource_name FROM " + t.lock + " WHERE resource_name > :after AND " +
+                     expired + " AND " + covered + " ORDER BY resource_name LIMIT :limit" + skip,
+                 {"after", "neg_retention", "limit"})
+          : make("reap_candidates",
+                 "SELECT resource_name FROM " + t.lock + " WHERE " + expired + " AND " + covered +
+                     " ORDER BY expires_at LIMIT :limit" + skip,
+                 {"neg_retention", "limit"});
   s.reap_count =
       make("reap_count", "SELECT count(*) FROM " + t.lock + " WHERE " + expired + " AND " + covered,
            {"neg_retention"});

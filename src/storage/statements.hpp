@@ -61,8 +61,10 @@ struct lock_statements {
   // ---- reaper ---------------------------------------------------------------------------------
   statement floor_candidate;  ///< neg_retention -> MAX(fence) of reapable rows
   statement floor_raise;      ///< top
-  statement reap_candidates;  ///< neg_retention, limit -> names (FOR UPDATE SKIP LOCKED)
-  statement reap_count;       ///< neg_retention -> reapable rows left
+  /// [after,] neg_retention, limit -> names (FOR UPDATE SKIP LOCKED); `after` (the last name
+  /// of the batch before) where reap_by_key
+  statement reap_candidates;
+  statement reap_count;  ///< neg_retention -> reapable rows left
   // ---- segmented stock ------------------------------------------------------------------------
   statement stock_take;    ///< k, name, seg; one row affected when the segment had k
   statement stock_put;     ///< k, name, seg; one row affected when the segment exists
@@ -93,6 +95,7 @@ struct lock_statements {
   std::string list_pattern;  ///< AND name matches :pattern
   std::string reap_delete;   ///< DELETE FROM lock table WHERE resource_name IN (
   std::string reap_recheck;  ///< ) AND still reapable (neg_retention)
+  bool reap_by_key = false;  ///< reap_candidates walks the table in key order (see above)
   /// SELECT resource_name, expires (µs), now (µs) of held rows ... AND resource_name IN (
   std::string permits_held;
   /// Batch renewal (renew_batch.cpp): SELECT resource_name, owner_token, fence of held rows

@@ -108,6 +108,7 @@ class vocabulary final : public detail::vocabulary {
   std::string durable_commit() const override {
     return "SET LOCAL synchronous_commit = remote_apply";
   }
+  bool reap_in_key_order() const override { return true; }
 };
 
 /// Behind a transaction-mode pooler, a statement::routine statement runs as a PL/pgSQL routine
