@@ -121,29 +121,39 @@ DBLOCK_TEST_ONLY("postgresql", "lease writes are HOT updates: the lock table has
   // index on expires_at (the negative control) none of them can. One pooled connection, so that
   // the server session that wrote is the one told to publish its statistics.
   auto db = dblock::test::open_db(ctx.url, ctx.prefix, 1);
-  auto counts = [&] {
-    auto c = db.connect();
-    auto& sql = c.session();
-    sql << "SELECT pg_stat_force_next_flush()";  // published when the session next goes idle
-    sql << "SELECT 1";
-    long long upd = 0, hot = 0;
-    sql << "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = :t",
-        soci::use(db.lock_table()), soci::into(upd), soci::into(hot);
-    return std::make_pair(upd, hot);
+  using counts = std::pair<long long, long long>;  // updates, HOT updates of the lock table
+  // A server session publishes its statistics when it goes idle, at most once a second (or
+  // 10 s later); behind PgBouncer the writer's server session is not necessarily ours.
+  auto read_counts = [&](long long at_least) {
+    counts c{0, 0};
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    do {
+      auto conn = db.connect();
+      auto& sql = conn.session();
+      sql << "SELECT pg_stat_force_next_flush()";
+      sql << "SELECT 1";
+      sql << "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = :t",
+          soci::use(db.lock_table()), soci::into(c.first), soci::into(c.second);
+      if (c.first >= at_least) break;
+      std::this_thread::sleep_for(milliseconds(200));
+    } while (std::chrono::steady_clock::now() < give_up);
+    return c;
   };
+  counts seen{0, 0};
   auto hot_share = [&](int cycles) {
     dblock::lease_lock lk(db, "hot-name");
-    const auto before = counts();
+    const counts before = read_counts(seen.first);
     for (int i = 0; i < cycles; ++i) {
       auto g = lk.try_acquire();
       REQUIRE(g);
       g->renew();
       g->release();
     }
-    const auto after = counts();
+    const counts after = read_counts(before.first + 3 * cycles - 1);  // the first may insert
+    seen = after;
     const long long upd = after.first - before.first, hot = after.second - before.second;
     INFO("updates " << upd << ", HOT " << hot);
-    CHECK(upd >= 3 * cycles - 1);  // the first acquire may insert the row
+    CHECK(upd >= 3 * cycles - 1);
     return upd > 0 ? static_cast<double>(hot) / static_cast<double>(upd) : 0.0;
   };
   CHECK(hot_share(200) > 0.9);
