@@ -626,7 +626,13 @@ DBLOCK_TEST("cli migrate --dry-run: lists applied and pending files, changes not
                             std::regex(R"(  0001_resource_lock\.sql  [0-9a-f]{16}  pending\n)")));
     CHECK(std::regex_search(
         d.out, std::regex(R"(  0002_force_release_audit\.sql  [0-9a-f]{16}  pending\n)")));
-    CHECK(contains(d.out, "9 pending migration(s)"));
+    // Every file this backend ships (PostgreSQL has one more than the others since 0010).
+    dblock::migrate_options dry;
+    dry.dry_run = true;
+    const auto shipped =
+        dblock::migrate(dblock::test::open_db(ctx.url, fresh, 1), dry).files.size();
+    CHECK(shipped >= 9);
+    CHECK(contains(d.out, std::to_string(shipped) + " pending migration(s)"));
   }
   // Nothing was created: the fresh prefix still has no schema.
   auto s = run_cli({"status", "--url", ctx.url, "--table-prefix", fresh});
