@@ -374,10 +374,10 @@ class bell_channel {
   /// (MySQL: the mark of its sleeping connection); empty where rings find waiters otherwise.
   virtual std::string address() const { return {}; }
   /// True when server session `id` is this channel's own connection (MySQL).
-  virtual bool is_self(std::int64_t id) const {
-    (void)id;
-    return false;
-  }
+  virtual bool is_self(std::int64_t /*id*/) const { return false; }
+  /// How soon a waiter that joined the queue reads once more before it relies on rings, where a
+  /// release running as it joined may not have seen its entry (PostgreSQL); 0: never needed.
+  virtual std::chrono::milliseconds joined_recheck() const { return {}; }
 };
 
 /// Callbacks of a bell_channel, called on its thread.

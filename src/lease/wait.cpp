@@ -72,6 +72,13 @@ class waiting_acquire {
       } else if (!st.free()) {
         const nanoseconds left = microseconds(st.expires_us - st.now_us) + milliseconds(1);
         sleep = live ? std::min<nanoseconds>(left, lk_.options.poll_max) : std::min(sleep, left);
+        // Just joined: a release running meanwhile may not have seen the entry
+        // (bell_channel::joined_recheck()); look once more soon rather than at poll_max.
+        if (live && joined_) {
+          joined_ = false;
+          const milliseconds r = dbi_->hub->joined_recheck();
+          if (r.count() > 0) sleep = std::min<nanoseconds>(sleep, r);
+        }
       }
       rung = entry_->wait(bounded(sleep));
       if (steady::now() >= refresh_at_) refresh();
@@ -122,6 +129,7 @@ class waiting_acquire {
                                  static_cast<std::int64_t>(::getpid()), entry_->address());
     });
     entry_->set_ticket(ticket_);
+    joined_ = true;
     refresh_at_ = steady::now() + lk_.options.ttl / 3;
   }
   // The queue entry is a lease too: extend it while waiting; re-enter at the back when it was
@@ -167,6 +175,7 @@ class waiting_acquire {
   std::shared_ptr<gate_pass> pass_;  // the local gate (not fair, not reentrant)
   std::optional<hub_entry> entry_;   // enlisted once the first try failed
   std::int64_t ticket_ = 0;
+  bool joined_ = false;  // enqueued, and not yet slept on a held lease since
   steady::time_point refresh_at_ = steady::time_point::max();
 };
 

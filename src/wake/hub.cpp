@@ -45,6 +45,11 @@ bool wake_hub::live(const wake_waiter& w) const {
   return !channel_->addressed() || w.subscribed.load();
 }
 
+std::chrono::milliseconds wake_hub::joined_recheck() const {
+  return channel_opened_.load() && channel_ ? channel_->joined_recheck()
+                                            : std::chrono::milliseconds(0);
+}
+
 bool wake_hub::is_own_bell(std::int64_t id) const {
   return channel_opened_.load() && channel_ && channel_->is_self(id);
 }

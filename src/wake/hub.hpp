@@ -69,6 +69,8 @@ class wake_hub {
   /// True while rings from other processes are known to reach `w`: it may then sleep until the
   /// holder's expiry instead of polling.
   bool live(const wake_waiter& w) const;
+  /// bell_channel::joined_recheck() of this handle's channel (0 while it has none).
+  std::chrono::milliseconds joined_recheck() const;
   /// True when server session `id` is this handle's own wake-up connection
   /// (bell_channel::is_self(); a release then wakes the waiter here without ringing it).
   bool is_own_bell(std::int64_t id) const;

@@ -40,6 +40,12 @@ class channel final : public bell_channel {
   }
   bool live() const override { return live_.load(); }
   bool addressed() const override { return true; }
+  // The release looks up the head of the queue as of its statement's start: a release that
+  // began before a new waiter's entry was committed, and commits after that waiter's first
+  // read, rings nobody for it. It commits within milliseconds; one more read then finds it.
+  std::chrono::milliseconds joined_recheck() const override {
+    return std::chrono::milliseconds(10);
+  }
   std::string address() const override { return bell_; }
   void watch(const std::string& token, bool on) override {
     watched_.watch(token, on);
