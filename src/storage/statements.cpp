@@ -189,17 +189,15 @@ void reaper_statements(lock_statements& s, const vocabulary& v, const table_name
   // last name of the batch before (each batch goes on where the last one stopped: one pass over
   // the table, not one scan of it per batch).
   s.reap_by_key = v.reap_in_key_order();
-  const std::string skip = v.for_update_skip_locked();
+  std::vector<std::string> params = {"neg_retention", "limit"};
+  if (s.reap_by_key) params.insert(params.begin(), "after");
   s.reap_candidates =
-      s.reap_by_key
-          ? make("reap_candidates",
-                 "SELECT resource_name FROM " + t.lock + " WHERE resource_name > :after AND " +
-                     expired + " AND " + covered + " ORDER BY resource_name LIMIT :limit" + skip,
-                 {"after", "neg_retention", "limit"})
-          : make("reap_candidates",
-                 "SELECT resource_name FROM " + t.lock + " WHERE " + expired + " AND " + covered +
-                     " ORDER BY expires_at LIMIT :limit" + skip,
-                 {"neg_retention", "limit"});
+      make("reap_candidates",
+           "SELECT resource_name FROM " + t.lock + " WHERE " +
+               (s.reap_by_key ? "resource_name > :after AND " : "") + expired + " AND " + covered +
+               " ORDER BY " + (s.reap_by_key ? "resource_name" : "expires_at") + " LIMIT :limit" +
+               v.for_update_skip_locked(),
+           std::move(params));
   s.reap_count =
       make("reap_count", "SELECT count(*) FROM " + t.lock + " WHERE " + expired + " AND " + covered,
            {"neg_retention"});
