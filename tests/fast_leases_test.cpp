@@ -134,3 +134,57 @@ DBLOCK_TEST_ONLY("postgresql", "fast lease mode is refused behind a transaction-
   lease_lock direct(ctx.open(), lock.name());
   CHECK(direct.try_acquire());
 }
+
+// PostgreSQL: a release that frees a lease commits without waiting for the WAL flush (the next
+// grant's durable commit flushes it); every other lease write waits as before, and the setting
+// ends with the release's own transaction. A deferred constraint trigger on the lock table logs
+// synchronous_commit as each write's transaction commits. (MySQL and SQLite have no per-
+// transaction durability: every release there waits for the log as before.)
+DBLOCK_TEST_ONLY("postgresql",
+                 "a release that frees a lease alone skips the WAL flush wait, for its own commit",
+                 "[lease][durability]") {
+  const std::string log = ctx.table("commit_log"), fn = ctx.table("log_commit");
+  ctx.exec("CREATE TABLE " + log +
+           " (id SERIAL PRIMARY KEY, hold_count INT NOT NULL, sync TEXT NOT NULL)");
+  ctx.exec("CREATE FUNCTION " + fn + "() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN INSERT INTO " +
+           log +
+           " (hold_count, sync) VALUES (NEW.hold_count,"
+           " current_setting('synchronous_commit')); RETURN NULL; END$$");
+  ctx.exec("CREATE CONSTRAINT TRIGGER " + ctx.prefix + "log_commit AFTER INSERT OR UPDATE ON " +
+           ctx.db.lock_table() + " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " +
+           fn + "()");
+  auto o = ctx.options();
+  o.pool_size = 1;  // the check afterwards runs on the releases' own connection
+  dblock::database db = ctx.open(o);
+  const std::string name = "job/" + dblock::test::random_suffix();
+  lease_lock lock(db, name);
+  {
+    auto g = lock.try_acquire();  // 1: acquire
+    REQUIRE(g);
+    auto inner = lock.try_acquire();  // 2: reentry
+    REQUIRE(inner);
+    inner->release();  // 1: a release that leaves the lease held
+    g->release();      // 0: the release that frees it
+  }
+  auto again = lock.try_acquire();  // 1: the next grant
+  REQUIRE(again);
+  (void)dblock::force_release(db, name, "test", "fast_leases_test");  // 0: forced, fence + 1
+  std::vector<std::pair<int, std::string>> seen;
+  std::string after;
+  {
+    auto c = db.connect();
+    soci::rowset<soci::row> rows =
+        (c.session().prepare << "SELECT hold_count, sync FROM " << log << " ORDER BY id");
+    for (const auto& r : rows)
+      seen.emplace_back(r.get<int>(0), r.get<std::string>(1));
+    c.session() << "SELECT current_setting('synchronous_commit')", soci::into(after);
+  }
+  std::string trace;
+  for (const auto& [h, s] : seen)
+    trace += " " + std::to_string(h) + ":" + s;
+  INFO("commits (hold_count:synchronous_commit):" << trace);
+  const std::vector<std::pair<int, std::string>> expected = {{1, "on"},  {2, "on"}, {1, "on"},
+                                                             {0, "off"}, {1, "on"}, {0, "on"}};
+  CHECK(seen == expected);
+  CHECK(after == "on");  // the connection's own setting is back for its next transactions
+}

@@ -314,10 +314,10 @@ class vocabulary {
   /// statement that interrupts that sleep (:id). Empty elsewhere.
   virtual std::string release_head(const table_names&) const { return {}; }
   /// Where the database rings in the release's own transaction (PostgreSQL): a suffix of the
-  /// release and of the forced release (after their WHERE clause) that notifies the head of
-  /// the freed lease's live queue, entries of :token excluded, when the lease is free. Empty
-  /// elsewhere.
-  virtual std::string release_returning(const table_names&) const { return {}; }
+  /// release and of the forced release (after their WHERE clause) that notifies the head of the
+  /// freed lease's live queue, entries of :token excluded, when the lease is free; a release
+  /// (not forced) that frees it also commits without waiting for the WAL flush. Empty elsewhere.
+  virtual std::string release_returning(const table_names&, bool /*forced*/) const { return {}; }
   virtual std::string bell_ring() const { return {}; }
   /// The same session id as a query (:name, :token bound), for a release that did not go
   /// through the lease release statement (a forced release). Empty elsewhere.

@@ -35,7 +35,7 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
   s.release = routine("lease_release",
                       "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " +
                           now + " ELSE expires_at END, hold_count = hold_count - 1" +
-                          v.release_head(t) + ours_and_held + now + v.release_returning(t),
+                          v.release_head(t) + ours_and_held + now + v.release_returning(t, false),
                       {"name", "token", "fence"});
   s.read = make("read",
                 "SELECT resource_name, owner_token, fence, hold_count, " +
@@ -151,7 +151,7 @@ void admin_statements(lock_statements& s, const vocabulary& v, const table_names
                         "UPDATE " + t.lock +
                             " SET fence = fence + 1, owner_token = :token, hold_count = 0,"
                             " expires_at = " +
-                            now + " WHERE resource_name = :name" + v.release_returning(t),
+                            now + " WHERE resource_name = :name" + v.release_returning(t, true),
                         {"token", "name"});
   s.audit_insert = make("audit_insert",
                         "INSERT INTO " + t.audit +

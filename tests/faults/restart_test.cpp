@@ -107,6 +107,64 @@ DBLOCK_TEST_SERVERS("server restart mid-run: 8 fenced counter processes survive 
              std::to_string(a.doubt_written + a.doubt_not_written) + " recovery=" + run.recovery);
 }
 
+// A release acknowledged just before the server is killed with SIGKILL (PostgreSQL: the
+// postmaster and every server process; MariaDB: mariadbd). On PostgreSQL a release that frees a
+// lease commits without waiting for the WAL flush (the next grant's commit flushes it), so the
+// crash may undo it: the row then shows the released holder until its TTL. Checked: after the
+// crash the row is free, or held by the released token with its fence; the next grant comes no
+// earlier than that expiry on the database clock and has a higher fence. MariaDB's release
+// waits for its redo log, so there the lease must be free at once.
+DBLOCK_TEST_SERVERS("a release acknowledged just before a server crash: free at once or at its TTL",
+                    "[faults][restart][serial]") {
+  const bool pg = ctx.backend == "postgresql";
+  const char* cmd_var = pg ? "DBLOCK_TEST_PG_RESTART_CMD" : "DBLOCK_TEST_MYSQL_RESTART_CMD";
+  if (!std::getenv(cmd_var))
+    FAIL(std::string(cmd_var) + " is not set: start the servers with scripts/test-servers.sh");
+  dblock::lease_options lo;
+  lo.ttl = milliseconds(3000);
+  const int rounds = count(3, 8);
+  int undone = 0, violations = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const std::string name = "crash-release-" + random_suffix();
+    std::optional<dblock::detail::lease_row> held;
+    {
+      dblock::lease_lock lock(ctx.db, name, lo);
+      auto g = lock.try_acquire();
+      REQUIRE(g);
+      held = read_lease(ctx.db.connect(), name);
+      REQUIRE(held);
+      g->release();
+    }
+    REQUIRE(run_env_cmd(cmd_var, pg ? "kill9" : "KILL"));
+    ctx.db = ctx.open();
+    auto after = read_lease(ctx.db.connect(), name);
+    REQUIRE(after);
+    INFO("round " << r << ": hold_count " << after->hold_count << " after the crash");
+    const bool was_undone = after->hold_count != 0;
+    bool ok = after->fence == held->fence;
+    if (was_undone) {
+      ++undone;
+      // Only PostgreSQL's release may be undone, and then to the released holder's row.
+      ok = ok && pg && after->owner_token == held->owner_token &&
+           after->expires_at_us == held->expires_at_us;
+    }
+    dblock::lease_lock next(ctx.db, name, lo);
+    auto g = next.acquire(milliseconds(10000));
+    auto now = read_lease(ctx.db.connect(), name);
+    REQUIRE(now);
+    ok = ok && g.fence() > held->fence;
+    if (was_undone) ok = ok && now->acquired_at_us >= held->expires_at_us;
+    INFO("fence " << held->fence << " -> " << g.fence() << ", granted at " << now->acquired_at_us
+                  << " us, the released lease expired at " << held->expires_at_us << " us");
+    CHECK(ok);
+    if (!ok) ++violations;
+    g.release();
+  }
+  INFO("releases undone by the crash: " << undone << " of " << rounds);
+  report("release-before-crash", ctx.backend, rounds, rounds, violations,
+         "undone=" + std::to_string(undone) + " of " + std::to_string(rounds));
+}
+
 // On every backend (the SQLite part of scenario 1): writers are killed with SIGKILL at random
 // moments, many of them inside BEGIN ... COMMIT of their fenced write; replacements keep going.
 DBLOCK_TEST("writers killed with SIGKILL mid-transaction: nothing acknowledged is lost",

@@ -277,15 +277,21 @@ DBLOCK_TEST_ONLY("postgresql",
     first = g->fence();
     g->release();
   }
-  // Let the standby apply everything so far, then stop the primary's WAL sender: what the
-  // primary commits from now on is acknowledged but never shipped.
+  // Let the standby apply everything so far (the release too, which commits without waiting
+  // for the WAL flush: up to the primary's insert position now), then stop the primary's WAL
+  // sender: what the primary commits from now on is acknowledged but never shipped.
   database standby(pair.standby_url()), primary(pair.env.at("DBLOCK_TEST_PGPAIR_PRIMARY_URL"));
-  for (int i = 0, caught_up = 0; i < 250 && !caught_up; ++i) {
+  std::string written;
+  primary.connect().session() << "SELECT CAST(pg_current_wal_insert_lsn() AS TEXT)",
+      soci::into(written);
+  int caught_up = 0;
+  for (int i = 0; i < 250 && !caught_up; ++i) {
     std::this_thread::sleep_for(milliseconds(20));
     standby.connect().session()
-        << "SELECT CAST(pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn() AS INTEGER)",
-        soci::into(caught_up);
+        << "SELECT CAST(pg_last_wal_replay_lsn() >= CAST(:w AS pg_lsn) AS INTEGER)",
+        soci::use(written), soci::into(caught_up);
   }
+  REQUIRE(caught_up);
   long long sender = 0;
   primary.connect().session() << "SELECT pid FROM pg_stat_replication", soci::into(sender);
   REQUIRE(sender > 0);

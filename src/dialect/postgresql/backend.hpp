@@ -94,7 +94,7 @@ class vocabulary final : public detail::vocabulary {
   std::string lease_acquire(const table_names& t, bool in_queue_order) const override;
   std::string lease_acquire_dequeue(const table_names& t, bool in_queue_order) const override;
   std::string id_reserve(const table_names& t) const override;
-  std::string release_returning(const table_names& t) const override;
+  std::string release_returning(const table_names& t, bool forced) const override;
   std::string lock_table_durable() const override {
     return "SELECT CASE WHEN c.relpersistence = 'u' THEN 0 ELSE 1 END FROM pg_catalog.pg_class c"
            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"

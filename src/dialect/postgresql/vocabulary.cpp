@@ -38,19 +38,27 @@ std::string vocabulary::lease_acquire_dequeue(const table_names& t, bool in_queu
          " WHERE ticket = :ticket AND EXISTS (SELECT 1 FROM acq)) SELECT fence FROM acq";
 }
 
-std::string vocabulary::release_returning(const table_names& t) const {
+std::string vocabulary::release_returning(const table_names& t, bool forced) const {
   // The head's channel is its handle's bell (doorbell.cpp), or its own token's for an entry
   // without one; the payload is "<fence>:<head token>:<name>". The lock row's columns are its
   // new values: hold_count 0 once the lease is free.
   const std::string row = t.lock + ".";
-  return " RETURNING (SELECT count(pg_notify('dblock_w_' || CASE WHEN h.bell = '' THEN"
-         " h.owner_token ELSE h.bell END, CAST(" +
-         row + "fence AS TEXT) || ':' || h.owner_token || ':' || " + row +
-         "resource_name)) FROM (SELECT CAST(w.owner_token AS TEXT) AS owner_token,"
-         " CAST(w.bell AS TEXT) AS bell FROM " +
-         t.waiters + " w WHERE w.resource_name = :name AND w.owner_token <> :token AND" +
-         " w.expires_at > " + now() + " ORDER BY w.ticket LIMIT 1) h WHERE " + row +
-         "hold_count = 0)";
+  const std::string ring =
+      " RETURNING (SELECT count(pg_notify('dblock_w_' || CASE WHEN h.bell = '' THEN"
+      " h.owner_token ELSE h.bell END, CAST(" +
+      row + "fence AS TEXT) || ':' || h.owner_token || ':' || " + row +
+      "resource_name)) FROM (SELECT CAST(w.owner_token AS TEXT) AS owner_token,"
+      " CAST(w.bell AS TEXT) AS bell FROM " +
+      t.waiters + " w WHERE w.resource_name = :name AND w.owner_token <> :token AND" +
+      " w.expires_at > " + now() + " ORDER BY w.ticket LIMIT 1) h WHERE " + row + "hold_count = 0)";
+  if (forced) return ring;
+  // A release that frees the lease commits without waiting for the WAL flush: set_config(...,
+  // true) lasts until the end of this statement's own transaction. A server crash can undo such
+  // a release only (the lease then runs out at its TTL); the next grant's commit is durable and
+  // flushes the release before it. A forced release raises the fence and stays durable.
+  return ring + " + CASE WHEN " + row +
+         "hold_count = 0 THEN 0 * length(set_config('synchronous_commit', 'off', true))"
+         " ELSE 0 END";
 }
 
 std::string vocabulary::id_reserve(const table_names& t) const {
