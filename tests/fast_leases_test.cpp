@@ -2,6 +2,10 @@
 // its fence epoch, and the clear refusal on the backends without it. The crash itself is in the
 // fault suite (tests/faults/restart_test.cpp, "fast lease mode").
 #include <soci/soci.h>
+#include <sqlite3.h>
+
+#include <atomic>
+#include <cstring>
 
 #include "harness.hpp"
 #include "internals.hpp"
@@ -187,4 +191,155 @@ DBLOCK_TEST_ONLY("postgresql",
                                                              {0, "off"}, {1, "on"}, {0, "on"}};
   CHECK(seen == expected);
   CHECK(after == "on");  // the connection's own setting is back for its next transactions
+}
+
+namespace {
+
+// A VFS over the default one that counts syncs of WAL files: how many commits waited for the
+// disk. Registered as the default while a test's handle opens its connections.
+std::atomic<int> wal_syncs{0};
+sqlite3_vfs* base_vfs = nullptr;
+
+struct counted_file {
+  sqlite3_file base;  // first: SQLite sees this
+  bool wal;
+  sqlite3_file* real() { return reinterpret_cast<sqlite3_file*>(this + 1); }
+};
+
+counted_file* as_counted(sqlite3_file* f) {
+  return reinterpret_cast<counted_file*>(f);
+}
+sqlite3_file* real(sqlite3_file* f) {
+  return as_counted(f)->real();
+}
+
+int c_close(sqlite3_file* f) {
+  return real(f)->pMethods->xClose(real(f));
+}
+int c_read(sqlite3_file* f, void* b, int n, sqlite3_int64 o) {
+  return real(f)->pMethods->xRead(real(f), b, n, o);
+}
+int c_write(sqlite3_file* f, const void* b, int n, sqlite3_int64 o) {
+  return real(f)->pMethods->xWrite(real(f), b, n, o);
+}
+int c_truncate(sqlite3_file* f, sqlite3_int64 n) {
+  return real(f)->pMethods->xTruncate(real(f), n);
+}
+int c_sync(sqlite3_file* f, int flags) {
+  if (as_counted(f)->wal) ++wal_syncs;
+  return real(f)->pMethods->xSync(real(f), flags);
+}
+int c_size(sqlite3_file* f, sqlite3_int64* n) {
+  return real(f)->pMethods->xFileSize(real(f), n);
+}
+int c_lock(sqlite3_file* f, int l) {
+  return real(f)->pMethods->xLock(real(f), l);
+}
+int c_unlock(sqlite3_file* f, int l) {
+  return real(f)->pMethods->xUnlock(real(f), l);
+}
+int c_check(sqlite3_file* f, int* out) {
+  return real(f)->pMethods->xCheckReservedLock(real(f), out);
+}
+int c_control(sqlite3_file* f, int op, void* arg) {
+  return real(f)->pMethods->xFileControl(real(f), op, arg);
+}
+int c_sector(sqlite3_file* f) {
+  return real(f)->pMethods->xSectorSize(real(f));
+}
+int c_device(sqlite3_file* f) {
+  return real(f)->pMethods->xDeviceCharacteristics(real(f));
+}
+int c_shm_map(sqlite3_file* f, int pg, int sz, int ext, void volatile** p) {
+  return real(f)->pMethods->xShmMap(real(f), pg, sz, ext, p);
+}
+int c_shm_lock(sqlite3_file* f, int off, int n, int flags) {
+  return real(f)->pMethods->xShmLock(real(f), off, n, flags);
+}
+void c_shm_barrier(sqlite3_file* f) {
+  real(f)->pMethods->xShmBarrier(real(f));
+}
+int c_shm_unmap(sqlite3_file* f, int del) {
+  return real(f)->pMethods->xShmUnmap(real(f), del);
+}
+
+const sqlite3_io_methods counted_methods = {
+    2,          c_close,       c_read,      c_write,   c_truncate, c_sync,   c_size,
+    c_lock,     c_unlock,      c_check,     c_control, c_sector,   c_device, c_shm_map,
+    c_shm_lock, c_shm_barrier, c_shm_unmap, nullptr,   nullptr};
+
+int c_open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out) {
+  auto* cf = as_counted(f);
+  cf->base.pMethods = nullptr;
+  const int rc = base_vfs->xOpen(base_vfs, name, cf->real(), flags, out);
+  if (rc != SQLITE_OK) return rc;
+  cf->wal = (flags & SQLITE_OPEN_WAL) != 0;
+  cf->base.pMethods = &counted_methods;
+  return SQLITE_OK;
+}
+
+sqlite3_vfs counted_vfs() {
+  base_vfs = sqlite3_vfs_find(nullptr);
+  sqlite3_vfs v;
+  std::memcpy(&v, base_vfs, sizeof v);
+  v.zName = "dblock-test-counted";
+  v.szOsFile = static_cast<int>(sizeof(counted_file)) + base_vfs->szOsFile;
+  v.xOpen = c_open;
+  v.pAppData = nullptr;
+  return v;
+}
+
+}  // namespace
+
+// SQLite: a release's commit does not sync the WAL (PRAGMA synchronous = NORMAL for it alone);
+// acquires, reentrant releases and forced releases still do, and the connection is back at its
+// own level afterwards. Counted by a VFS that counts syncs of WAL files.
+DBLOCK_TEST_ONLY("sqlite", "a release's commit alone skips the sync of the WAL",
+                 "[lease][durability]") {
+  static sqlite3_vfs vfs = counted_vfs();
+  REQUIRE(sqlite3_vfs_register(&vfs, 1) == SQLITE_OK);
+  struct unregister {
+    ~unregister() { sqlite3_vfs_register(base_vfs, 1), sqlite3_vfs_unregister(&vfs); }
+  } restore_default;
+  auto o = ctx.options();
+  o.pool_size = 1;
+  dblock::database db = ctx.open(o);
+  lease_lock warm(db, "warm-up");  // the handle connects and its tables exist
+  warm.try_acquire()->release();
+  const int cycles = 40;
+  auto syncs_of = [&](const std::function<void()>& f) {
+    const int before = wal_syncs.load();
+    f();
+    return wal_syncs.load() - before;
+  };
+  const int plain = syncs_of([&] {
+    for (int i = 0; i < cycles; ++i) {
+      lease_lock lock(db, "job/" + std::to_string(i));
+      lock.try_acquire()->release();  // one acquire, one release
+    }
+  });
+  const int reentrant = syncs_of([&] {
+    for (int i = 0; i < cycles; ++i) {
+      lease_lock lock(db, "re/" + std::to_string(i));
+      auto g = lock.try_acquire();
+      lock.try_acquire()->release();  // a reentry and a release that keeps the lease
+      g->release();
+    }
+  });
+  const int forced = syncs_of([&] {
+    for (int i = 0; i < cycles; ++i)
+      (void)dblock::force_release(db, "job/" + std::to_string(i), "test", "fast_leases_test");
+  });
+  INFO("WAL syncs for " << cycles << " acquire+release: " << plain
+                        << "; acquire, reentry, 2 releases: " << reentrant
+                        << "; forced releases: " << forced);
+  // The acquires' commits sync (a checkpoint may add a few); the releases' do not.
+  CHECK(plain >= cycles);
+  CHECK(plain < cycles + cycles / 4);
+  CHECK(reentrant >= 2 * cycles);
+  CHECK(reentrant < 2 * cycles + cycles / 4);
+  CHECK(forced >= cycles);  // negative control: a forced release waits for the disk
+  long long level = -1;
+  db.connect().session() << "PRAGMA synchronous", soci::into(level);
+  CHECK(level == 2);  // FULL, the connection's own level, after every release
 }

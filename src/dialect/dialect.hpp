@@ -333,9 +333,9 @@ class executor {
   virtual sql_result run(session_scope&, const statement& st,
                          const std::vector<sql_param>& values) const = 0;
   /// A single autocommit write statement runs between these (SQLite: BEGIN IMMEDIATE and COMMIT,
-  /// prepared once per connection, so that it waits for the write lock instead of failing on a
-  /// stale snapshot; a no-op elsewhere).
-  virtual void begin_statement(session_scope&) const {}
+  /// prepared once, so it waits for the write lock instead of failing on a stale snapshot; a
+  /// no-op elsewhere). `no_flush_wait`: a release, whose commit need not wait for the disk.
+  virtual void begin_statement(session_scope&, bool /*no_flush_wait*/) const {}
   virtual void commit_statement(session_scope&) const {}
   virtual void rollback_statement(session_scope&) const noexcept {}
   /// True when begin_statement() really opens a write transaction (SQLite).

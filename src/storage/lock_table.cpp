@@ -19,8 +19,9 @@ std::chrono::system_clock::time_point from_us(long long us) {
 }
 
 // A single autocommit write (SQLite: inside its prepared write transaction).
-sql_result write_statement(session_scope& s, const statement& st, const std::vector<sql_param>& v) {
-  write_scope w(s, write_kind::statement);
+sql_result write_statement(session_scope& s, const statement& st, const std::vector<sql_param>& v,
+                           write_kind kind = write_kind::statement) {
+  write_scope w(s, kind);
   sql_result r = s.run(st, v);
   w.commit();
   return r;
@@ -138,8 +139,8 @@ bool renew(session_scope& s, const std::string& name, const std::string& token, 
 
 bool release(session_scope& s, const std::string& name, const std::string& token,
              std::int64_t fence, std::int64_t* ring_id) {
-  const sql_result r =
-      write_statement(s, s.statements().release, {name, token, static_cast<long long>(fence)});
+  const sql_result r = write_statement(
+      s, s.statements().release, {name, token, static_cast<long long>(fence)}, write_kind::release);
   const bool returns_id = !s.statements().bell_ring.text.empty();  // release_head()
   if (ring_id) *ring_id = returns_id && r.affected == 1 ? r.insert_id : 0;
   return r.affected == 1;

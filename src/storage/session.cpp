@@ -152,8 +152,8 @@ write_scope::write_scope(session_scope& s, write_kind kind, std::string what,
                          std::optional<std::chrono::milliseconds> lock_timeout)
     : s_(s), kind_(kind), what_(std::move(what)) {
   try {
-    if (kind_ == write_kind::statement)
-      s_.dia().exec.begin_statement(s_);
+    if (kind_ != write_kind::transaction)
+      s_.dia().exec.begin_statement(s_, kind_ == write_kind::release);
     else
       s_.dia().conn.begin(s_.sql(), s_.state(), s_.db().options, lock_timeout);
   } catch (...) {
@@ -186,7 +186,7 @@ void write_scope::end() noexcept {
 
 void write_scope::rollback() noexcept {
   if (!open_) return;
-  if (kind_ == write_kind::statement) {
+  if (kind_ != write_kind::transaction) {
     s_.dia().exec.rollback_statement(s_);
   } else {
     try {
@@ -213,7 +213,7 @@ void write_scope::commit() {
   }
   const session_ref server = s_.server();
   try {
-    if (kind_ == write_kind::statement)
+    if (kind_ != write_kind::transaction)
       s_.dia().exec.commit_statement(s_);
     else
       s_.dia().conn.commit(s_.sql(), s_.state());

@@ -18,6 +18,10 @@ namespace dblock::detail {
 enum class write_kind {
   transaction,  ///< BEGIN (SQLite: BEGIN IMMEDIATE) ... COMMIT
   statement,    ///< one autocommit statement (SQLite: inside its prepared write transaction)
+  /// A statement (as above) that frees what it holds, whose commit need not wait for the disk:
+  /// a crash can only undo it (SQLite: `PRAGMA synchronous = NORMAL` for its commit alone;
+  /// PostgreSQL does the same in the release statement's own SQL).
+  release,
 };
 
 class write_scope {

@@ -117,7 +117,7 @@ class executor final : public detail::executor {
   sql_result run(session_scope&, const statement& st,
                  const std::vector<sql_param>& values) const override;
   /// Outside a transaction, gives the session the server's lock wait back (set_lock_wait()).
-  void begin_statement(session_scope&) const override;
+  void begin_statement(session_scope&, bool no_flush_wait) const override;
 };
 
 }  // namespace dblock::detail::my

@@ -45,7 +45,7 @@ std::string substitute(MYSQL* c, const statement& st, const std::vector<sql_para
 
 }  // namespace
 
-void executor::begin_statement(session_scope& s) const {
+void executor::begin_statement(session_scope& s, bool) const {
   if (!(raw(s.sql())->server_status & SERVER_STATUS_IN_TRANS))
     set_lock_wait(s.sql(), s.state(), -1);
 }

@@ -32,6 +32,9 @@ struct state final : connection_state {
   mutable std::map<std::string, sqlite3_stmt*> stmts;
   mutable std::size_t caller_stmts = 0;  // of those, caller statements (statement::caller)
   bool own_write = false;                // begin_statement() opened the write transaction
+  int synchronous = 2;                   // the connection's own PRAGMA synchronous (2: FULL)
+  bool relaxed = false;                  // lowered to NORMAL for a release's commit
+  bool wal = false;                      // journal_mode is WAL
   explicit state(sqlite3* d) : db(d) {}
   ~state() override;
   /// The cached statement for `key`, prepared from `text` on first use.
@@ -116,7 +119,7 @@ class executor final : public detail::executor {
  public:
   sql_result run(session_scope&, const statement& st,
                  const std::vector<sql_param>& values) const override;
-  void begin_statement(session_scope&) const override;
+  void begin_statement(session_scope&, bool no_flush_wait) const override;
   void commit_statement(session_scope&) const override;
   void rollback_statement(session_scope&) const noexcept override;
   bool statement_in_transaction() const override { return true; }

@@ -50,7 +50,10 @@ std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
                           nullptr);
   std::string mode;
   sql << "PRAGMA journal_mode=WAL", soci::into(mode);
-  return std::make_unique<state>(db);
+  auto st = std::make_unique<state>(db);
+  sql << "PRAGMA synchronous", soci::into(st->synchronous);
+  st->wal = mode == "wal";
+  return st;
 }
 
 void connector::begin(soci::session& sql, const connection_state& st, const database_options&,

@@ -112,16 +112,52 @@ sql_result executor::run(session_scope& s, const statement& st,
   return out;
 }
 
-void executor::begin_statement(session_scope& s) const {
+namespace {
+
+// Back to the connection's own durability after a release's commit (or its failure). SQLite
+// refuses to change it inside a transaction, hence before BEGIN and after COMMIT; a connection
+// that could not go back is closed, never used for a grant that would not wait for the disk.
+void restore_synchronous(session_scope& s, state& c) noexcept {
+  if (!c.relaxed) return;
+  const std::string sql = "PRAGMA synchronous = " + std::to_string(c.synchronous);
+  if (sqlite3_exec(c.db, sql.c_str(), nullptr, nullptr, nullptr) != SQLITE_OK) s.mark_broken();
+  c.relaxed = false;
+}
+
+}  // namespace
+
+void executor::begin_statement(session_scope& s, bool no_flush_wait) const {
   auto& c = static_cast<state&>(s.state());
+  restore_synchronous(s, c);  // never left lowered, whatever ended the last release
   c.own_write = sqlite3_get_autocommit(c.db) != 0;  // inside a caller's transaction: join it
-  if (c.own_write) c.exec("begin", "BEGIN IMMEDIATE");
+  if (!c.own_write) return;
+  // A release's commit skips the sync of the WAL (WAL mode with NORMAL; in a rollback journal
+  // NORMAL could cost more than the release, so nothing changes there). A process crash loses
+  // nothing; an OS crash or power loss, which ends every process that could hold a lease on
+  // this file too, can undo it, and the lease then runs out at its TTL. The next grant's commit
+  // syncs the WAL, the release's frames with it.
+  try {
+    if (no_flush_wait && c.wal && c.synchronous > 1) {
+      c.relaxed = true;
+      c.exec("relax", "PRAGMA synchronous = NORMAL");
+    }
+    c.exec("begin", "BEGIN IMMEDIATE");
+  } catch (...) {
+    restore_synchronous(s, c);
+    throw;
+  }
 }
 
 void executor::commit_statement(session_scope& s) const {
   auto& c = static_cast<state&>(s.state());
-  if (c.own_write) c.exec("commit", "COMMIT");
+  try {
+    if (c.own_write) c.exec("commit", "COMMIT");
+  } catch (...) {
+    if (sqlite3_get_autocommit(c.db)) restore_synchronous(s, c);  // else at the rollback
+    throw;
+  }
   c.own_write = false;
+  restore_synchronous(s, c);
 }
 
 void executor::rollback_statement(session_scope& s) const noexcept {
@@ -129,6 +165,7 @@ void executor::rollback_statement(session_scope& s) const noexcept {
   if (c.own_write && !sqlite3_get_autocommit(c.db))
     sqlite3_exec(c.db, "ROLLBACK", nullptr, nullptr, nullptr);
   c.own_write = false;
+  restore_synchronous(s, c);
 }
 
 }  // namespace dblock::detail::lite
