@@ -81,14 +81,21 @@ restart_run run_with_restarts(context& ctx, const workload& w, const char* cmd_v
   return out;
 }
 
+// The variable naming the command that restarts the test's server (test-servers.sh sets it).
+const char* restart_cmd_var(const context& ctx) {
+  const char* var =
+      ctx.backend == "postgresql" ? "DBLOCK_TEST_PG_RESTART_CMD" : "DBLOCK_TEST_MYSQL_RESTART_CMD";
+  if (!std::getenv(var))
+    FAIL(std::string(var) + " is not set: start the servers with scripts/test-servers.sh");
+  return var;
+}
+
 }  // namespace
 
 DBLOCK_TEST_SERVERS("server restart mid-run: 8 fenced counter processes survive restarts",
                     "[faults][restart][serial]") {
   const bool pg = ctx.backend == "postgresql";
-  const char* cmd_var = pg ? "DBLOCK_TEST_PG_RESTART_CMD" : "DBLOCK_TEST_MYSQL_RESTART_CMD";
-  if (!std::getenv(cmd_var))
-    FAIL(std::string(cmd_var) + " is not set: start the servers with scripts/test-servers.sh");
+  const char* cmd_var = restart_cmd_var(ctx);
   const int ttl_ms = 1000;
   const int restarts = count(2, 5);
   create_workload_tables(ctx);
@@ -117,9 +124,7 @@ DBLOCK_TEST_SERVERS("server restart mid-run: 8 fenced counter processes survive 
 DBLOCK_TEST_SERVERS("a release acknowledged just before a server crash: free at once or at its TTL",
                     "[faults][restart][serial]") {
   const bool pg = ctx.backend == "postgresql";
-  const char* cmd_var = pg ? "DBLOCK_TEST_PG_RESTART_CMD" : "DBLOCK_TEST_MYSQL_RESTART_CMD";
-  if (!std::getenv(cmd_var))
-    FAIL(std::string(cmd_var) + " is not set: start the servers with scripts/test-servers.sh");
+  const char* cmd_var = restart_cmd_var(ctx);
   dblock::lease_options lo;
   lo.ttl = milliseconds(3000);
   const int rounds = count(3, 8);
