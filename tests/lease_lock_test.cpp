@@ -1,15 +1,19 @@
 // Lease lock semantics in one process: acquire/release, reentrancy, expiry and takeover,
 // renewal, the watchdog, waiting, cancellation, fenced writes and hostile names.
 #include <soci/soci.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <regex>
 #include <set>
 #include <thread>
 
 #include "harness.hpp"
 #include "internals.hpp"
+#include "lease/lock_impl.hpp"
 
 using dblock::errc;
 using dblock::lease_lock;
@@ -64,6 +68,66 @@ DBLOCK_TEST("acquire, release, and fences that only grow", "[lease]") {
     CHECK_FALSE(g->valid());
   }
   CHECK(tokens.size() == 5);  // a new owner token for every acquisition
+}
+
+// Owner tokens come from the kernel (getrandom(2)) per token: threads never share one, and a
+// forked child (dblock exec forks; so do services that fork workers) never repeats its parent's,
+// which a generator seeded once per thread and copied by fork() would.
+DBLOCK_TEST("owner tokens are unique across threads, and a forked child never repeats them",
+            "[lease]") {
+  const std::string base = "tokens/" + dblock::test::random_suffix() + "/";
+  std::mutex mu;
+  std::set<std::string> tokens;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        lease_lock lock(ctx.db, base + std::to_string(t) + "/" + std::to_string(i));
+        auto g = lock.try_acquire();
+        if (!g) continue;
+        std::lock_guard<std::mutex> l(mu);
+        tokens.insert(g->owner_token());
+      }
+    });
+  for (auto& t : ts)
+    t.join();
+  CHECK(tokens.size() == 100);
+  for (const auto& t : tokens)
+    CHECK(std::regex_match(t, std::regex("[0-9a-f]{32}")));
+
+  // This thread has made tokens before the fork; parent and child go on making them.
+  (void)dblock::detail::new_owner_token();
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    for (int i = 0; i < 64; ++i) {
+      const std::string t = dblock::detail::new_owner_token();
+      if (::write(fds[1], t.data(), t.size()) != static_cast<ssize_t>(t.size())) ::_exit(2);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::set<std::string> parent;
+  for (int i = 0; i < 64; ++i)
+    parent.insert(dblock::detail::new_owner_token());
+  std::string all;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+    all.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  REQUIRE(all.size() == 64 * 32);
+  int repeated = 0;
+  for (std::size_t i = 0; i < all.size(); i += 32)
+    repeated += parent.count(all.substr(i, 32)) > 0;
+  CHECK(parent.size() == 64);
+  CHECK(repeated == 0);
 }
 
 DBLOCK_TEST("a held lease is not granted to another owner", "[lease]") {
