@@ -199,54 +199,58 @@ dblock::database tagged_handle(const dblock::test::context& ctx, const std::stri
 
 // [direct]: LISTEN needs a server session of its own, so not through PgBouncer's transaction mode
 // (there waiters poll; the pooler tests in database_test.cpp cover listen_url).
-DBLOCK_TEST("two handles hand a lease back and forth with short holds: no wait lasts a poll",
+DBLOCK_TEST("two or three handles hand a lease around with short holds: no wait lasts a poll",
             "[waiting]") {
   // Each acquire joins the queue while the holder is about to release (a 100 us hold): on
   // PostgreSQL the release then looks up the queue as of its statement's start and may not see
   // the new entry, and the waiter, its first read done before that release committed, would
-  // sleep for a ring that never comes, up to poll_max (bell_channel::joined_recheck()).
-  for (const bool fair : {false, true}) {
-    INFO("fair " << fair);
-    dblock::lease_options o;
-    o.ttl = std::chrono::seconds(30);
-    o.poll_max = std::chrono::seconds(3);
-    o.fair = fair;
-    const std::string name = fair ? "pingpong-fair" : "pingpong";
-    std::atomic<long long> generation{0}, slowest_us{0};
-    std::atomic<int> handoffs{0}, failures{0};
-    auto player = [&] {
-      try {
-        dblock::lease_lock lk(dblock::test::open_db(ctx.url, ctx.prefix, 2), name, o);
-        for (int round = 0; handoffs.load() < 120; ++round) {
-          const auto asked = std::chrono::steady_clock::now();
-          auto g = lk.acquire(std::chrono::seconds(10));
-          const long long us = std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::steady_clock::now() - asked)
-                                   .count();
-          if (round > 0 && us > slowest_us.load()) slowest_us = us;  // the first connects
-          ++handoffs;
-          const long long gen = ++generation;
-          std::this_thread::sleep_for(std::chrono::microseconds(100));
-          g.release();
-          // Stay out until the other player has it (or it has stopped).
-          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-          while (generation.load() == gen && handoffs.load() < 120 &&
-                 std::chrono::steady_clock::now() < give_up)
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
+  // sleep for a ring that never comes, up to poll_max (bell_channel::joined_recheck()). With
+  // three, a waiter that joins behind another looks again only through the one in front of it.
+  for (const int players : {2, 3})
+    for (const bool fair : {false, true}) {
+      INFO("players " << players << ", fair " << fair);
+      dblock::lease_options o;
+      o.ttl = std::chrono::seconds(30);
+      o.poll_max = std::chrono::seconds(3);
+      o.fair = fair;
+      const std::string name = (fair ? "pingpong-fair-" : "pingpong-") + std::to_string(players);
+      std::atomic<long long> generation{0}, slowest_us{0};
+      std::atomic<int> handoffs{0}, failures{0};
+      auto player = [&] {
+        try {
+          dblock::lease_lock lk(dblock::test::open_db(ctx.url, ctx.prefix, 2), name, o);
+          for (int round = 0; handoffs.load() < 120; ++round) {
+            const auto asked = std::chrono::steady_clock::now();
+            auto g = lk.acquire(std::chrono::seconds(10));
+            const long long us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                     std::chrono::steady_clock::now() - asked)
+                                     .count();
+            if (round > 0 && us > slowest_us.load()) slowest_us = us;  // the first connects
+            ++handoffs;
+            const long long gen = ++generation;
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+            g.release();
+            // Stay out until the other player has it (or it has stopped).
+            const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+            while (generation.load() == gen && handoffs.load() < 120 &&
+                   std::chrono::steady_clock::now() < give_up)
+              std::this_thread::sleep_for(std::chrono::microseconds(50));
+          }
+        } catch (const std::exception& e) {
+          ++failures;
+          UNSCOPED_INFO("player: " << e.what());
         }
-      } catch (const std::exception& e) {
-        ++failures;
-        UNSCOPED_INFO("player: " << e.what());
-      }
-    };
-    std::thread a(player), b(player);
-    a.join();
-    b.join();
-    CHECK(failures == 0);
-    CHECK(handoffs >= 120);
-    INFO("slowest acquire " << slowest_us.load() / 1000 << " ms");
-    CHECK(slowest_us.load() < 2000000);  // poll_max is 3 s
-  }
+      };
+      std::vector<std::thread> ts;
+      for (int i = 0; i < players; ++i)
+        ts.emplace_back(player);
+      for (auto& t : ts)
+        t.join();
+      CHECK(failures == 0);
+      CHECK(handoffs >= 120);
+      INFO("slowest acquire " << slowest_us.load() / 1000 << " ms");
+      CHECK(slowest_us.load() < 2000000);  // poll_max is 3 s
+    }
 }
 
 DBLOCK_TEST("wake-up channel cut while a waiter waits: no lost grant, the channel comes back",

@@ -73,11 +73,14 @@ class waiting_acquire {
         const nanoseconds left = microseconds(st.expires_us - st.now_us) + milliseconds(1);
         sleep = live ? std::min<nanoseconds>(left, lk_.options.poll_max) : std::min(sleep, left);
         // Just joined: a release running meanwhile may not have seen the entry
-        // (bell_channel::joined_recheck()); look once more soon rather than at poll_max.
+        // (bell_channel::joined_recheck()); look once more soon rather than at poll_max. Only
+        // when nobody waits ahead: such a release rang the first entry it saw, and the waiter
+        // at the front of those it missed is the one that looks again.
         if (live && joined_) {
           joined_ = false;
           const milliseconds r = dbi_->hub->joined_recheck();
-          if (r.count() > 0) sleep = std::min<nanoseconds>(sleep, r);
+          if (r.count() > 0 && (!st.head || *st.head >= ticket_))
+            sleep = std::min<nanoseconds>(sleep, r);
         }
       }
       rung = entry_->wait(bounded(sleep));
