@@ -41,6 +41,9 @@ class raw_client {
   virtual std::string server_version() = 0;
   /// The underlying handle (PGconn*, MYSQL*, sqlite3*), for backend-specific measurements.
   virtual void* handle() = 0;
+  /// SQLite: the connection's own PRAGMA synchronous, read once at its first release, as dblock
+  /// reads it once at connect (-1: not read yet).
+  long long synchronous = -1;
 };
 
 /// Opens a raw connection for a dblock URL (same syntax as dblock::database).

@@ -258,8 +258,10 @@ bool raw_release(raw_client& c, const backend_ctx& b, const std::string& name,
                  const std::string& tok, long long fence) {
   // As dblock does on SQLite: the release's commit does not sync the WAL, unless the URL set
   // NORMAL already (PostgreSQL's statement text says so itself).
-  const long long level =
-      b.backend == "sqlite" ? c.run("level", "PRAGMA synchronous", {}).value.value_or(0) : 0;
+  if (c.synchronous < 0)
+    c.synchronous =
+        b.backend == "sqlite" ? c.run("level", "PRAGMA synchronous", {}).value.value_or(0) : 0;
+  const long long level = c.synchronous;
   if (level > 1) c.run("relax", "PRAGMA synchronous = NORMAL", {});
   const bool ok = raw_simple_write(c, b, "release", b.sql.release,
                                    {{"name", name}, {"token", tok}, {"fence", fence}});

@@ -61,7 +61,8 @@ class waiting_acquire {
       seen_fence = st.fence;
       // (A fair waiter that is not the head does not try: a refused write costs more than a
       // read, and the head is rung when the lease is freed.)
-      const bool our_turn = !lk_.options.fair || !st.head || *st.head >= ticket_;
+      const bool at_front = !st.head || *st.head >= ticket_;  // nobody live waits ahead
+      const bool our_turn = !lk_.options.fair || at_front;
       // Free and ours to take: try (when another waiter wins, the jittered sleep below keeps
       // us from spinning). Held: sleep until a release rings or, as the safety net, the
       // holder's expiry or poll_max, whichever is first (polling with jittered backoff when
@@ -79,8 +80,7 @@ class waiting_acquire {
         if (live && joined_) {
           joined_ = false;
           const milliseconds r = dbi_->hub->joined_recheck();
-          if (r.count() > 0 && (!st.head || *st.head >= ticket_))
-            sleep = std::min<nanoseconds>(sleep, r);
+          if (r.count() > 0 && at_front) sleep = std::min<nanoseconds>(sleep, r);
         }
       }
       rung = entry_->wait(bounded(sleep));
