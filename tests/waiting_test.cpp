@@ -28,6 +28,7 @@
 
 using dblock::errc;
 using dblock::test::count_waiters;
+using dblock::test::counting_listener;
 using dblock::test::full_run;
 using dblock::test::monotonic_ns;
 using dblock::test::process_set;
@@ -68,23 +69,6 @@ dblock::lease_guard hold_long(const dblock::test::context& ctx, const std::strin
   REQUIRE(h);
   return std::move(*h);
 }
-
-// Counts the wake-ups and releases a database handle reports.
-struct counting_listener : dblock::listener {
-  std::atomic<std::uint64_t> woken_n{0}, released_n{0};
-  void woken(std::string_view) override { woken_n.fetch_add(1); }
-  void released(std::string_view, std::chrono::microseconds) override { released_n.fetch_add(1); }
-  void log(dblock::log_level, std::string_view m) override {
-    std::lock_guard<std::mutex> l(mu);
-    logs += std::string(m) + "\n";
-  }
-  std::string logged() {
-    std::lock_guard<std::mutex> l(mu);
-    return logs;
-  }
-  std::mutex mu;
-  std::string logs;
-};
 
 // ---- the wake-up channel cut
 // ---------------------------------------------------------------------

@@ -20,11 +20,12 @@ struct options {
   std::string json_path;                 ///< write the results here (bench/results/ format)
   std::string plot_path;                 ///< draw throughput against clients here (SVG, gnuplot)
   int keys = 1000;                       ///< distinct keys per client for the spread operations
-  int hold_us = 1000;
-  int watchdog_leases = 10000;  ///< leases held with the watchdog by dblock.watchdog
-  int watchdog_ttl_ms = 3000;   ///< their TTL; they are held for three TTLs
-  int poll_max_ms = 0;  ///< lease_options::poll_max for waiting acquires; 0: default ///< how long
-                        ///< a holder keeps the lock in the handoff test
+  int hold_us = 1000;                    ///< how long a holder keeps the lock in the handoff test
+  int watchdog_leases = 10000;           ///< leases held with the watchdog by dblock.watchdog
+  int watchdog_ttl_ms = 3000;            ///< their TTL; they are held for three TTLs
+  int poll_max_ms = 0;  ///< lease_options::poll_max for waiting acquires; 0: default
+  /// database_options::share_listener = false: a PostgreSQL listener per handle, not per host
+  bool listener_per_handle = false;
 };
 
 /// Runs the suite: progress on `progress`, the table on `out`. Returns a process exit status.

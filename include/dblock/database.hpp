@@ -70,6 +70,15 @@ struct database_options {
   /// docs/waiting.md). The listener is one connection outside the pool, opened when the first
   /// acquire starts waiting.
   std::string listen_url;
+  /// PostgreSQL only: the database handles of this host (every process of this user) whose
+  /// listener would connect alike share one listener connection (true, the default): one of
+  /// them listens for all and relays each wake-up to the handle it is for through a private
+  /// directory ($XDG_RUNTIME_DIR/dblock, else /tmp/dblock-UID); when that process ends, the
+  /// next one with a waiter takes over. PostgreSQL signals every listening backend of the
+  /// database at each NOTIFY, so one listener per host instead of one per handle keeps
+  /// handoffs fast with many waiting processes. false, or a directory that cannot be used: one
+  /// listener per handle. See docs/waiting.md.
+  bool share_listener = true;
   /// Receives events and log messages of everything using this database (optional).
   std::shared_ptr<listener> events;
 };

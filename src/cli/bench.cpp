@@ -44,6 +44,9 @@ CLI::App* add_bench(CLI::App& app, common_options& common, bench_options& b) {
                    "lease_options::poll_max of the waiting acquires (0: the library default)")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
+  bench->add_flag("--listener-per-handle", o.listener_per_handle,
+                  "PostgreSQL: one wake-up listener per database handle instead of one per host "
+                  "(database_options::share_listener = false)");
   bench
       ->add_option("--hold-us", o.hold_us,
                    "how long a holder keeps the lock in the handoff measurement (µs)")

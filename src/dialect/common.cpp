@@ -87,12 +87,22 @@ void poke_fd::poke() {
 }
 
 bool poke_fd::wait(int fd, int ms) {
-  pollfd p[2] = {{fd_, POLLIN, 0}, {fd, POLLIN, 0}};
-  ::poll(p, fd >= 0 ? 2 : 1, ms);
+  return wait_any(&fd, 1, ms) != 0;
+}
+
+unsigned poke_fd::wait_any(const int* fds, int n, int ms) {
+  pollfd p[8] = {{fd_, POLLIN, 0}};
+  n = std::min(n, 7);
+  for (int i = 0; i < n; ++i)
+    p[i + 1] = {fds[i], POLLIN, 0};  // poll() skips negative descriptors
+  ::poll(p, static_cast<nfds_t>(n + 1), ms);
   std::uint64_t v;
   if (p[0].revents & POLLIN && ::read(fd_, &v, sizeof v) < 0) {
   }
-  return fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR));
+  unsigned ready = 0;
+  for (int i = 0; i < n; ++i)
+    if (fds[i] >= 0 && (p[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) ready |= 1u << i;
+  return ready;
 }
 
 void watched_waiters::watch(const std::string& token, bool on) {

@@ -47,6 +47,9 @@ class poke_fd {
   /// Waits up to `ms` (-1: forever) for a poke or for socket `fd` (-1: none) to be readable
   /// (or broken); consumes the poke. True when the socket is.
   bool wait(int fd, int ms);
+  /// The same with `n` descriptors (-1 entries are skipped): bit i of the result is set when
+  /// `fds[i]` is readable (or broken).
+  unsigned wait_any(const int* fds, int n, int ms);
 
  private:
   int fd_ = -1;

@@ -1,15 +1,37 @@
-// Shared by waiting_test.cpp and waiting_process_test.cpp: reading the waiter queue of a test.
+// Shared by waiting_test.cpp, waiting_process_test.cpp and wake_relay_test.cpp: reading the
+// waiter queue of a test, and a listener that counts wake-ups.
 #pragma once
 
 #include <soci/soci.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "harness.hpp"
 
 namespace dblock::test {
+
+// Counts the wake-ups and releases a database handle reports, and keeps its log messages.
+struct counting_listener : dblock::listener {
+  std::atomic<std::uint64_t> woken_n{0}, released_n{0};
+  void woken(std::string_view) override { woken_n.fetch_add(1); }
+  void released(std::string_view, std::chrono::microseconds) override { released_n.fetch_add(1); }
+  void log(dblock::log_level, std::string_view m) override {
+    std::lock_guard<std::mutex> l(mu);
+    logs += std::string(m) + "\n";
+  }
+  std::string logged() {
+    std::lock_guard<std::mutex> l(mu);
+    return logs;
+  }
+  std::mutex mu;
+  std::string logs;
+};
 
 // count(*) of this test's waiter queue: all entries, those of `name`, or those of `name` that
 // process `pid` made.

@@ -7,10 +7,16 @@
 #include <soci/postgresql/soci-postgresql.h>
 #include <soci/soci.h>
 
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
+#include <thread>
 
+#include "../common.hpp"
 #include "../dialect.hpp"
 
 namespace dblock::detail::pg {
@@ -70,6 +76,63 @@ class connector final : public detail::connector {
 };
 
 /// LISTEN/NOTIFY wake-ups while a handle has waiters (doorbell.cpp).
+/// The wake-up listener's connection helpers (doorbell.cpp), shared by the channel of one
+/// handle and the host relay (relay.cpp); failures are logged through `log`, not thrown.
+struct listen_link {
+  std::string conninfo;
+  std::function<void(const std::string&)> log;
+  /// A new connection, or nullptr (logged: waiters poll meanwhile).
+  PGconn* connect() const;
+  /// Runs `sql`; false (logged) when it failed and the caller should reconnect.
+  bool command(PGconn* c, const std::string& sql) const;
+};
+/// What the two PostgreSQL wake-up channels share (doorbell.cpp: a listener per handle;
+/// relay.cpp: one per host): the callbacks, the listener connection, the handle's waiters and
+/// the channel's thread, which runs run() until the channel is destroyed.
+class listening_channel : public bell_channel {
+ public:
+  bool live() const override { return live_.load(); }
+  bool addressed() const override { return true; }
+  // The release looks up the head of the queue as of its statement's start: a release that
+  // began before a new waiter's entry was committed, and commits after that waiter's first
+  // read, rings nobody for it. It commits within milliseconds; one more read then finds it.
+  std::chrono::milliseconds joined_recheck() const override {
+    return std::chrono::milliseconds(10);
+  }
+  void watch(const std::string& token, bool on) override;
+
+ protected:
+  /// `what` names the channel in log messages.
+  listening_channel(std::string conninfo, bell_callbacks cb, std::string what);
+  /// Starts run() on the channel's thread: the last step of the derived constructor.
+  void start();
+  /// Stops and joins the thread: the first step of the derived destructor.
+  void stop();
+  virtual void run() = 0;
+  void log(const std::string& m) const;
+  bool wanted() const { return watched_.any(); }
+
+  const std::string what_;
+  bell_callbacks cb_;
+  const listen_link link_;
+  poke_fd poke_;
+  watched_waiters watched_;
+  std::atomic<bool> stop_{false}, live_{false};
+
+ private:
+  std::thread thread_;
+};
+
+/// Parses a release's NOTIFY payload "<fence>:<head token>[@<handle>]:<name>" (the name may
+/// contain ':'): `handle` is the part of the head's bell after the host relay's (empty for a
+/// bell of one handle). False when it is not such a payload.
+bool parse_ring_payload(const std::string& payload, ring_event& ev, std::string& handle);
+/// The LISTEN channel of a bell: dblock_w_<bell>.
+std::string bell_listen(const std::string& bell);
+/// The host relay's channel (relay.cpp) for the handles of this host that connect with
+/// `conninfo`; nullptr when its directory cannot be used (the handle then listens alone).
+std::unique_ptr<bell_channel> open_relay(const std::string& conninfo, bell_callbacks& cb);
+
 class doorbell final : public detail::doorbell {
  public:
   std::string target(const parsed_url& u, const database_options& o) const override;

@@ -23,74 +23,33 @@
 namespace dblock::detail::pg {
 namespace {
 
-const std::string channel_prefix = "dblock_w_";
+/// database_options::share_listener: the target names the host relay (relay.cpp).
+const std::string relay_mark = "relay\n";
 /// How long the connection keeps listening after the handle's last waiter left.
 constexpr auto linger = std::chrono::seconds(1);
 
-class channel final : public bell_channel {
+class channel final : public listening_channel {
  public:
   channel(std::string conninfo, bell_callbacks cb)
-      : conninfo_(std::move(conninfo)), cb_(std::move(cb)), bell_(random_hex32()) {
-    thread_ = std::thread([this] { run(); });
+      : listening_channel(std::move(conninfo), std::move(cb), "wake-up listener"),
+        bell_(random_hex32()) {
+    start();
   }
-  ~channel() override {
-    stop_.store(true);
-    poke_.poke();
-    thread_.join();
-  }
-  bool live() const override { return live_.load(); }
-  bool addressed() const override { return true; }
-  // The release looks up the head of the queue as of its statement's start: a release that
-  // began before a new waiter's entry was committed, and commits after that waiter's first
-  // read, rings nobody for it. It commits within milliseconds; one more read then finds it.
-  std::chrono::milliseconds joined_recheck() const override {
-    return std::chrono::milliseconds(10);
-  }
+  ~channel() override { stop(); }
   std::string address() const override { return bell_; }
-  void watch(const std::string& token, bool on) override {
-    watched_.watch(token, on);
-    poke_.poke();
-  }
 
  private:
-  void log(const std::string& m) {
-    if (cb_.log) cb_.log(log_level::warning, "wake-up listener: " + m);
-  }
   /// Waits for the socket or a poke up to `ms` (-1: forever); true when the socket is readable.
   bool wait(int fd, int ms) { return poke_.wait(fd, ms); }
-  bool wanted() const { return watched_.any(); }
-  PGconn* connect() {
-    PGconn* c = PQconnectdb(conninfo_.c_str());
-    if (PQstatus(c) == CONNECTION_OK) return c;
-    log(std::string("cannot connect (waiters poll meanwhile): ") + PQerrorMessage(c));
-    PQfinish(c);
-    return nullptr;
-  }
-  /// pg::command(), failures logged instead of thrown (the caller reconnects).
-  bool command(PGconn* c, const std::string& sql) {
-    try {
-      pg::command(c, sql);
-      return true;
-    } catch (const std::exception& e) {
-      log(sql + " failed (waiters poll meanwhile): " + e.what());
-      return false;
-    }
-  }
   /// Tells the hub that the waiters watched so far are reachable (the LISTEN is in place).
   void confirm() { watched_.confirm(cb_.confirmed); }
   void drain(PGconn* c) {
     while (PGnotify* n = PQnotifies(c)) {
-      // "<fence>:<head token>:<name>"; the name may itself contain ':'.
       const std::string p = n->extra ? n->extra : "";
       PQfreemem(n);
-      const auto a = p.find(':');
-      const auto b = a == std::string::npos ? a : p.find(':', a + 1);
-      if (b == std::string::npos) continue;
       ring_event ev;
-      ev.fence = std::atoll(p.substr(0, a).c_str());
-      ev.head = p.substr(a + 1, b - a - 1);
-      ev.name = p.substr(b + 1);
-      cb_.deliver(ev);
+      std::string handle;
+      if (parse_ring_payload(p, ev, handle)) cb_.deliver(ev);
     }
   }
   /// One connection's life: listens while the handle has waiters, until the connection breaks.
@@ -102,12 +61,12 @@ class channel final : public bell_channel {
       const bool want = wanted();
       if (want) idle_since = clock::now();
       if (want && !listening) {
-        if (!command(c, "LISTEN \"" + channel_prefix + bell_ + "\"")) break;
+        if (!link_.command(c, "LISTEN " + bell_listen(bell_))) break;
         listening = true;
         live_.store(true);
       } else if (!want && listening && clock::now() - idle_since >= linger) {
         live_.store(false);
-        if (!command(c, "UNLISTEN *")) break;
+        if (!link_.command(c, "UNLISTEN *")) break;
         listening = false;
       }
       if (listening) confirm();
@@ -129,14 +88,14 @@ class channel final : public bell_channel {
     live_.store(false);
     watched_.unconfirm_all(cb_.confirmed);  // confirmed again once the next connection listens
   }
-  void run() {
+  void run() override {
     int backoff_ms = 10;
     while (!stop_.load()) {
       if (!wanted()) {
         wait(-1, -1);  // connect only once the handle has a waiter
         continue;
       }
-      PGconn* c = connect();
+      PGconn* c = link_.connect();
       if (!c) {
         wait(-1, backoff_ms);
         backoff_ms = std::min(backoff_ms * 2, 1000);
@@ -150,13 +109,7 @@ class channel final : public bell_channel {
     }
   }
 
-  const std::string conninfo_;
-  bell_callbacks cb_;
   const std::string bell_;  // this handle's channel: dblock_w_<bell>
-  poke_fd poke_;
-  std::atomic<bool> stop_{false}, live_{false};
-  watched_waiters watched_;  // this handle's waiters
-  std::thread thread_;
 };
 
 }  // namespace
@@ -171,16 +124,80 @@ std::string doorbell::target(const parsed_url& u, const database_options& o) con
           "database_options::listen_url must be a postgresql:// URL, not '" + l.redacted + "'");
     database_options direct = o;
     direct.pooler = pooler_mode::none;
-    return conn.connect_string(l, direct);
+    return (o.share_listener ? relay_mark : "") + conn.connect_string(l, direct);
   }
   // LISTEN needs a server session of its own: not through a transaction-mode pooler.
   if (o.pooler == pooler_mode::transaction) return {};
-  return conn.connect_string(u, o);
+  return (o.share_listener ? relay_mark : "") + conn.connect_string(u, o);
 }
 
 std::unique_ptr<bell_channel> doorbell::open(const std::string& target, const table_names&,
                                              bell_callbacks cb) const {
+  if (target.rfind(relay_mark, 0) == 0) {
+    const std::string conninfo = target.substr(relay_mark.size());
+    if (auto r = open_relay(conninfo, cb)) return r;
+    return std::make_unique<channel>(conninfo, std::move(cb));
+  }
   return std::make_unique<channel>(target, std::move(cb));
+}
+
+listening_channel::listening_channel(std::string conninfo, bell_callbacks cb, std::string what)
+    : what_(std::move(what)),
+      cb_(std::move(cb)),
+      link_{std::move(conninfo), [this](const std::string& m) { log(m); }} {}
+
+void listening_channel::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void listening_channel::stop() {
+  stop_.store(true);
+  poke_.poke();
+  if (thread_.joinable()) thread_.join();
+}
+
+void listening_channel::watch(const std::string& token, bool on) {
+  watched_.watch(token, on);
+  poke_.poke();
+}
+
+void listening_channel::log(const std::string& m) const {
+  if (cb_.log) cb_.log(log_level::warning, what_ + ": " + m);
+}
+
+PGconn* listen_link::connect() const {
+  PGconn* c = PQconnectdb(conninfo.c_str());
+  if (PQstatus(c) == CONNECTION_OK) return c;
+  log(std::string("cannot connect (waiters poll meanwhile): ") + PQerrorMessage(c));
+  PQfinish(c);
+  return nullptr;
+}
+
+bool listen_link::command(PGconn* c, const std::string& sql) const {
+  try {
+    pg::command(c, sql);
+    return true;
+  } catch (const std::exception& e) {
+    log(sql + " failed (waiters poll meanwhile): " + e.what());
+    return false;
+  }
+}
+
+bool parse_ring_payload(const std::string& p, ring_event& ev, std::string& handle) {
+  const auto a = p.find(':');
+  const auto b = a == std::string::npos ? a : p.find(':', a + 1);
+  if (b == std::string::npos) return false;
+  ev.fence = std::atoll(p.substr(0, a).c_str());
+  ev.head = p.substr(a + 1, b - a - 1);
+  ev.name = p.substr(b + 1);
+  const auto at = ev.head.find('@');
+  handle = at == std::string::npos ? std::string() : ev.head.substr(at + 1);
+  if (at != std::string::npos) ev.head.resize(at);
+  return true;
+}
+
+std::string bell_listen(const std::string& bell) {
+  return "\"dblock_w_" + bell + "\"";
 }
 
 }  // namespace dblock::detail::pg

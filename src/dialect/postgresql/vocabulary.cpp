@@ -40,13 +40,17 @@ std::string vocabulary::lease_acquire_dequeue(const table_names& t, bool in_queu
 
 std::string vocabulary::release_returning(const table_names& t, bool forced) const {
   // The head's channel is its handle's bell (doorbell.cpp), or its own token's for an entry
-  // without one; the payload is "<fence>:<head token>:<name>". The lock row's columns are its
-  // new values: hold_count 0 once the lease is free.
+  // without one; a bell "<host>.<handle>" is the host relay's (relay.cpp), whose channel is the
+  // host part. The payload is "<fence>:<head token>[@<handle>]:<name>". The lock row's columns
+  // are its new values: hold_count 0 once the lease is free.
   const std::string row = t.lock + ".";
   const std::string ring =
       " RETURNING (SELECT count(pg_notify('dblock_w_' || CASE WHEN h.bell = '' THEN"
-      " h.owner_token ELSE h.bell END, CAST(" +
-      row + "fence AS TEXT) || ':' || h.owner_token || ':' || " + row +
+      " h.owner_token ELSE split_part(h.bell, '.', 1) END, CAST(" +
+      row +
+      "fence AS TEXT) || ':' || h.owner_token || CASE WHEN strpos(h.bell, '.') > 0 THEN '@' ||"
+      " split_part(h.bell, '.', 2) ELSE '' END || ':' || " +
+      row +
       "resource_name)) FROM (SELECT CAST(w.owner_token AS TEXT) AS owner_token,"
       " CAST(w.bell AS TEXT) AS bell FROM " +
       t.waiters + " w WHERE w.resource_name = :name AND w.owner_token <> :token AND" +

@@ -13,11 +13,11 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <thread>
 
 #include "backend.hpp"
+#include "dialect/host_doorbell.hpp"
 #include "url.hpp"
 
 namespace dblock::detail::lite {
@@ -27,8 +27,7 @@ class channel final : public bell_channel {
  public:
   channel(std::string dir, bell_callbacks cb) : dir_(std::move(dir)), cb_(std::move(cb)) {
     stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    in_fd_ = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-    if (in_fd_ < 0) {
+    if (!watch_.ok()) {
       log(std::string("inotify is not available (") + std::strerror(errno) +
           "); waiters poll instead");
       return;
@@ -41,7 +40,6 @@ class channel final : public bell_channel {
     if (::write(stop_fd_, &one, sizeof one) < 0) {
     }
     if (thread_.joinable()) thread_.join();
-    if (in_fd_ >= 0) ::close(in_fd_);
     ::close(stop_fd_);
   }
   bool live() const override { return live_.load(); }
@@ -52,8 +50,7 @@ class channel final : public bell_channel {
   }
   /// Creates the directory if needed and watches it; live when that worked.
   void arm(bool report) {
-    if ((::mkdir(dir_.c_str(), 0777) != 0 && errno != EEXIST) ||
-        ::inotify_add_watch(in_fd_, dir_.c_str(), IN_CREATE) < 0) {
+    if ((::mkdir(dir_.c_str(), 0777) != 0 && errno != EEXIST) || watch_.add(dir_, IN_CREATE) < 0) {
       if (report)
         log("cannot watch " + dir_ + " (" + std::strerror(errno) + "); waiters poll instead");
       return;
@@ -61,42 +58,29 @@ class channel final : public bell_channel {
     live_.store(true);
     if (!report) cb_.lost();  // re-armed: rings meanwhile went unheard
   }
-  void handle(const inotify_event& e) {
-    if (e.mask & IN_Q_OVERFLOW) cb_.lost();
-    if (e.mask & IN_IGNORED) {  // the directory was removed: poll until it is back
+  void handle(std::uint32_t mask, const char* name) {
+    if (mask & IN_Q_OVERFLOW) cb_.lost();
+    if (mask & IN_IGNORED) {  // the directory was removed: poll until it is back
       live_.store(false);
       cb_.lost();
     }
-    unsigned long long hash = 0;
-    long long fence = 0;
-    char head[65] = {0};
-    if (e.len && std::sscanf(e.name, "%16llx.%lld.%64s", &hash, &fence, head) == 3) {
-      ring_event ev;
-      ev.hash = hash;
-      ev.fence = fence;
-      ev.head = head;
-      cb_.deliver(ev);
-    }
+    ring_event ev;
+    if (*name && parse_ring_entry(name, ev)) cb_.deliver(ev);
   }
   void run() {
-    alignas(inotify_event) char buf[16384];
     for (;;) {
-      pollfd p[2] = {{stop_fd_, POLLIN, 0}, {in_fd_, POLLIN, 0}};
+      pollfd p[2] = {{stop_fd_, POLLIN, 0}, {watch_.fd(), POLLIN, 0}};
       ::poll(p, 2, live_.load() ? -1 : 100);
       if (p[0].revents & POLLIN) return;
       if (!live_.load()) arm(false);
-      const ssize_t n = ::read(in_fd_, buf, sizeof buf);
-      for (ssize_t off = 0; n > 0 && off < n;) {
-        const auto* e = reinterpret_cast<const inotify_event*>(buf + off);
-        off += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
-        handle(*e);
-      }
+      watch_.read([this](int, std::uint32_t mask, const char* name) { handle(mask, name); });
     }
   }
 
   const std::string dir_;
   bell_callbacks cb_;
-  int stop_fd_ = -1, in_fd_ = -1;
+  int stop_fd_ = -1;
+  dir_watch watch_;
   std::atomic<bool> live_{false};
   std::thread thread_;
 };
@@ -122,17 +106,9 @@ bool doorbell::rings_head(const std::string& target) const {
 
 void doorbell::ring(const std::string& target, const std::string& name, std::int64_t fence,
                     const std::string& head) const {
-  if (head.empty() || head.size() > 64) return;  // nobody waits
-  char entry[128];
-  std::snprintf(entry, sizeof entry, "/%016llx.%lld.%s",
-                static_cast<unsigned long long>(name_hash(name)), static_cast<long long>(fence),
-                head.c_str());
-  const std::string path = target + entry;
-  // No directory: no process has waited on this file yet, so nobody listens.
-  const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0666);
-  if (fd < 0) return;
-  ::close(fd);
-  ::unlink(path.c_str());
+  // No directory: no process has waited on this file yet, so nobody listens. No head: nobody
+  // waits (ring_entry() is empty).
+  touch_entry(target, ring_entry(name_hash(name), fence, head));
 }
 
 }  // namespace dblock::detail::lite

@@ -1,0 +1,51 @@
+// Internal: the pieces of a host-local doorbell, a directory whose entries ring waiters of other
+// processes of this host through inotify (SQLite's doorbell beside the database file, and the
+// PostgreSQL wake-up relay, postgresql/relay.cpp). A ring is an entry created and at once
+// removed: "<name hash, 16 hex>.<fence>.<head owner token>".
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "dialect/dialect.hpp"
+
+namespace dblock::detail {
+
+/// The entry name of a ring (see the file comment); empty when `head` is not 1..64 letters,
+/// digits, `_` or `-`.
+std::string ring_entry(std::uint64_t hash, std::int64_t fence, const std::string& head);
+/// Parses an entry name made by ring_entry(); false for any other name.
+bool parse_ring_entry(const char* name, ring_event& ev);
+/// Rings through directory `dir`: creates the entry `name` in it and removes it again. False
+/// when it could not be created (no directory: nobody listens there).
+bool touch_entry(const std::string& dir, const std::string& name);
+
+/// A directory of this host that only this user can write, made when missing:
+/// $XDG_RUNTIME_DIR/dblock when that is set, else /tmp/dblock-<uid>. Empty (and `why` set)
+/// when it cannot be made or is not safe (not a directory, another owner, open to others).
+std::string private_runtime_dir(std::string& why);
+
+/// inotify on a few directories, read on the caller's thread. Not thread-safe.
+class dir_watch {
+ public:
+  dir_watch();
+  ~dir_watch();
+  dir_watch(const dir_watch&) = delete;
+  dir_watch& operator=(const dir_watch&) = delete;
+  /// False when inotify is not available (see error()).
+  bool ok() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  /// Watches `dir` for `mask` (IN_CREATE, ...); the watch descriptor, or -1 (errno set).
+  int add(const std::string& dir, std::uint32_t mask);
+  /// Stops watch `wd` (no-op for -1).
+  void remove(int wd);
+  /// Reads what is pending (non-blocking) and calls `on` for each event: its watch descriptor,
+  /// mask and entry name (empty for the directory itself).
+  void read(const std::function<void(int wd, std::uint32_t mask, const char* name)>& on);
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace dblock::detail

@@ -1,0 +1,288 @@
+// Wake-ups shared by the handles of one host. Every backend: handles of one host that wait on one
+// lock are each rung. PostgreSQL (the wake-up relay, database_options::share_listener, see
+// docs/waiting.md): they share one LISTEN connection (one each without it, the negative
+// control), the leading process killed with SIGKILL is replaced and the next release still rings,
+// and a relay directory that cannot be used leaves the handle listening alone, with a warning.
+#include <signal.h>
+#include <soci/soci.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "harness.hpp"
+#include "waiting_support.hpp"
+
+using dblock::test::counting_listener;
+using dblock::test::monotonic_ns;
+using dblock::test::open_db;
+using dblock::test::process_set;
+using dblock::test::temp_dir;
+using dblock::test::wait_for_waiters;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr long long ns_per_ms = 1000000LL;
+
+// `url` whose connections are named `tag` (application_name), to find them on the server.
+std::string tagged(const std::string& url, const std::string& tag) {
+  return url + (url.find('?') == std::string::npos ? "?" : "&") + "application_name=" + tag;
+}
+
+// A waiter's own handle; on PostgreSQL its listener connects as `tag`.
+dblock::database waiting_handle(const dblock::test::context& ctx, const std::string& tag,
+                                bool share, std::shared_ptr<dblock::listener> events = {}) {
+  auto o = ctx.options();
+  o.events = std::move(events);
+  o.share_listener = share;
+  if (ctx.backend == "postgresql") o.listen_url = tagged(ctx.url, tag);
+  return ctx.open(o);
+}
+
+// Server process ids of the PostgreSQL connections named `tag` that LISTEN.
+std::vector<long long> listeners(const dblock::test::context& ctx, const std::string& tag) {
+  auto c = ctx.db.connect();
+  std::vector<long long> pids(64);
+  c.session() << "SELECT pid FROM pg_stat_activity WHERE application_name = :a AND query LIKE "
+                 "'LISTEN%'",
+      soci::use(tag), soci::into(pids);
+  return pids;
+}
+
+// Polls listeners() until `ok` holds for them, up to `limit`; the last answer.
+template <class Pred>
+std::vector<long long> await_listeners(const dblock::test::context& ctx, const std::string& tag,
+                                       Pred ok, milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  auto l = listeners(ctx, tag);
+  while (!ok(l) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(20));
+    l = listeners(ctx, tag);
+  }
+  return l;
+}
+
+dblock::lease_guard hold(const dblock::test::context& ctx, const std::string& name) {
+  dblock::lease_options ho;
+  ho.ttl = std::chrono::seconds(60);  // only its release frees it soon
+  dblock::lease_lock holder(ctx.db, name, ho);
+  auto h = holder.try_acquire();
+  REQUIRE(h);
+  return std::move(*h);
+}
+
+struct round_result {
+  std::vector<long long> listening;  // PostgreSQL: LISTEN connections while all waited
+  std::vector<std::uint64_t> woken;  // per handle
+  long long last_grant_ms = -1;      // after the release
+  int granted = 0;
+  std::string errors;
+};
+
+// `n` handles of this process wait on one held lock (poll_max 20 s: only rings make the round
+// quick), then the holder releases and each takes it in turn for 20 ms.
+round_result hand_around(const dblock::test::context& ctx, int n, bool share) {
+  const std::string tag = "dblock_relay_" + dblock::test::random_suffix();
+  const std::string name = "relay-" + dblock::test::random_suffix();
+  auto h = hold(ctx, name);
+  std::vector<std::shared_ptr<counting_listener>> events;
+  std::vector<dblock::database> dbs;
+  for (int i = 0; i < n; ++i) {
+    events.push_back(std::make_shared<counting_listener>());
+    dbs.push_back(waiting_handle(ctx, tag, share, events.back()));
+  }
+  round_result r;
+  std::mutex mu;
+  std::atomic<long long> released{0}, last{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      try {
+        dblock::lease_options lo;
+        lo.ttl = std::chrono::seconds(30);
+        lo.poll_max = std::chrono::seconds(20);
+        dblock::lease_lock lk(dbs[i], name, lo);
+        auto g = lk.acquire(std::chrono::seconds(60));
+        const long long t = monotonic_ns();
+        if (t > last.load()) last.store(t);
+        std::this_thread::sleep_for(milliseconds(20));
+        g.release();
+        std::lock_guard<std::mutex> l(mu);
+        ++r.granted;
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> l(mu);
+        r.errors += std::string(e.what()) + "\n";
+      }
+    });
+  const bool queued = wait_for_waiters(ctx, name, n, milliseconds(20000));
+  std::this_thread::sleep_for(milliseconds(500));  // listeners confirmed
+  if (ctx.backend == "postgresql") r.listening = listeners(ctx, tag);
+  released.store(monotonic_ns());
+  h.release();
+  for (auto& t : ts)
+    t.join();
+  REQUIRE(queued);
+  r.last_grant_ms = (last.load() - released.load()) / ns_per_ms;
+  for (const auto& e : events)
+    r.woken.push_back(e->woken_n.load());
+  return r;
+}
+
+}  // namespace
+
+// args: url prefix name tag
+// Waits for `name` with its own handle (listener named `tag`, waiter TTL 1 s) until killed.
+DBLOCK_WORKER(relay_waiter) {
+  auto o = dblock::test::with_prefix(args.at(1));
+  o.listen_url = tagged(args.at(0), args.at(3));
+  dblock::database db(args.at(0), o);
+  dblock::lease_options lo;
+  lo.ttl = milliseconds(1000);
+  lo.poll_max = std::chrono::seconds(30);
+  dblock::lease_lock lock(db, args.at(2), lo);
+  auto g = lock.acquire(std::chrono::seconds(120));
+  return 0;
+}
+
+// [direct]: rings across handles need LISTEN, which PgBouncer's transaction mode cannot carry.
+DBLOCK_TEST(
+    "handles of one host waiting on one lock are each rung; on PostgreSQL they share "
+    "one listener",
+    "[waiting][direct]") {
+  const int n = 4;
+  const auto r = hand_around(ctx, n, true);
+  INFO(r.errors << "last grant " << r.last_grant_ms << " ms after the release");
+  REQUIRE(r.granted == n);
+  for (int i = 0; i < n; ++i) {
+    INFO("handle " << i);
+    CHECK(r.woken[static_cast<std::size_t>(i)] >= 1);  // rung, not found by a poll
+  }
+  CHECK(r.last_grant_ms < 5000);  // a handle that missed its ring would sleep up to 20 s
+  if (ctx.backend == "postgresql") {
+    CHECK(r.listening.size() == 1);
+    // Negative control: a listener per handle.
+    const auto own = hand_around(ctx, n, false);
+    INFO(own.errors);
+    REQUIRE(own.granted == n);
+    CHECK(own.listening.size() == static_cast<std::size_t>(n));
+  }
+}
+
+DBLOCK_TEST_ONLY("postgresql",
+                 "wake-up relay: the leading process killed with SIGKILL, another takes over and "
+                 "the next release still rings",
+                 "[waiting][process][direct]") {
+  const std::string tag = "dblock_relay_" + dblock::test::random_suffix();
+  const std::string name = "relay-kill-" + dblock::test::random_suffix();
+  auto h = hold(ctx, name);
+  process_set ps;
+  // A waits first, so it leads: the one LISTEN connection named `tag` is its.
+  const int a = ps.spawn("relay_waiter", {ctx.url, ctx.prefix, name, tag});
+  REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(20000)));
+  const auto before = await_listeners(
+      ctx, tag, [](const auto& l) { return l.size() == 1; }, milliseconds(10000));
+  REQUIRE(before.size() == 1);
+  // B, in this process, follows.
+  std::atomic<long long> granted{0};
+  std::string error;
+  std::thread b([&] {
+    try {
+      dblock::lease_options lo;
+      lo.ttl = std::chrono::seconds(30);       // its queue entry is refreshed every 10 s only
+      lo.poll_max = std::chrono::seconds(30);  // so only a ring makes it quick
+      dblock::lease_lock lk(waiting_handle(ctx, tag, true), name, lo);
+      auto g = lk.acquire(std::chrono::seconds(120));
+      granted.store(monotonic_ns());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  const bool queued = wait_for_waiters(ctx, name, 2, milliseconds(20000));
+  std::this_thread::sleep_for(milliseconds(300));
+  const auto both = listeners(ctx, tag);
+  REQUIRE(::kill(a, SIGKILL) == 0);
+  const long long killed = monotonic_ns();
+  CHECK(ps.wait(a, milliseconds(5000)) == 128 + SIGKILL);
+  // B leads now: one LISTEN connection again, not A's.
+  const auto after = await_listeners(
+      ctx, tag, [&](const auto& l) { return l.size() == 1 && l[0] != before[0]; },
+      milliseconds(5000));
+  const long long took_over = monotonic_ns();
+  // A's queue entry is expired by then (its TTL is 1 s), so the release rings B.
+  std::this_thread::sleep_for(milliseconds(1500) - std::chrono::nanoseconds(took_over - killed));
+  const long long released = monotonic_ns();
+  h.release();
+  b.join();
+  INFO(error << "; takeover " << (took_over - killed) / ns_per_ms << " ms; B granted "
+             << (granted.load() - released) / ns_per_ms << " ms after the release");
+  REQUIRE(queued);
+  CHECK(both.size() == 1);
+  REQUIRE(after.size() == 1);
+  CHECK(after[0] != before[0]);
+  REQUIRE(granted.load() > 0);
+  CHECK(granted.load() - released < 2000 * ns_per_ms);  // polling would sleep up to 30 s
+}
+
+DBLOCK_TEST_ONLY("postgresql",
+                 "wake-up relay: a directory that cannot be used leaves the handle listening "
+                 "alone, with a warning",
+                 "[waiting][direct]") {
+  temp_dir dir("relay");
+  ::chmod(dir.path.c_str(), 0700);
+  { std::ofstream(dir.path + "/dblock") << "not a directory\n"; }
+  const char* old = std::getenv("XDG_RUNTIME_DIR");
+  const std::string saved = old ? old : "";
+  ::setenv("XDG_RUNTIME_DIR", dir.path.c_str(), 1);
+  struct restore {
+    const char* had;
+    std::string value;
+    ~restore() {
+      if (had)
+        ::setenv("XDG_RUNTIME_DIR", value.c_str(), 1);
+      else
+        ::unsetenv("XDG_RUNTIME_DIR");
+    }
+  } restore_env{old, saved};
+  const std::string tag = "dblock_relay_" + dblock::test::random_suffix();
+  const std::string name = "relay-alone-" + dblock::test::random_suffix();
+  auto events = std::make_shared<counting_listener>();
+  auto wdb = waiting_handle(ctx, tag, true, events);
+  auto h = hold(ctx, name);
+  std::atomic<long long> granted{0};
+  std::string error;
+  std::thread t([&] {
+    try {
+      dblock::lease_options lo;
+      lo.ttl = std::chrono::seconds(30);
+      lo.poll_max = std::chrono::seconds(20);
+      dblock::lease_lock lk(wdb, name, lo);
+      auto g = lk.acquire(std::chrono::seconds(60));
+      granted.store(monotonic_ns());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
+  const auto l = await_listeners(
+      ctx, tag, [](const auto& x) { return x.size() == 1; }, milliseconds(5000));
+  std::this_thread::sleep_for(milliseconds(300));
+  const long long released = monotonic_ns();
+  h.release();
+  t.join();
+  INFO(error << "; logged: " << events->logged());
+  REQUIRE(queued);
+  CHECK(l.size() == 1);
+  CHECK(events->logged().find("this handle listens alone") != std::string::npos);
+  CHECK(events->woken_n.load() >= 1);
+  REQUIRE(granted.load() > 0);
+  CHECK(granted.load() - released < 2000 * ns_per_ms);
+}
