@@ -47,7 +47,7 @@ bool touch_entry(const std::string& dir, const std::string& name) {
 namespace {
 
 // Makes `dir` (mode 0700) when missing; true when it is a directory of this user that nobody
-// else can write.
+// else can read or write (ring entries name waiters' owner tokens).
 bool private_dir(const std::string& dir, std::string& why) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     why = "cannot create " + dir + ": " + std::strerror(errno);
@@ -58,8 +58,8 @@ bool private_dir(const std::string& dir, std::string& why) {
     why = "cannot read " + dir + ": " + std::strerror(errno);
     return false;
   }
-  if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
-    why = dir + " is not a directory of this user that only it can write";
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    why = dir + " is not a directory of this user that only it can use (mode 0700)";
     return false;
   }
   return true;

@@ -23,7 +23,8 @@ bool touch_entry(const std::string& dir, const std::string& name);
 
 /// A directory of this host that only this user can write, made when missing:
 /// $XDG_RUNTIME_DIR/dblock when that is set, else /tmp/dblock-<uid>. Empty (and `why` set)
-/// when it cannot be made or is not safe (not a directory, another owner, open to others).
+/// when it cannot be made or is not safe (not a directory, another owner, open to others: the
+/// mode must be 0700).
 std::string private_runtime_dir(std::string& why);
 
 /// inotify on a few directories, read on the caller's thread. Not thread-safe.

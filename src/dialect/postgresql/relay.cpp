@@ -8,9 +8,9 @@
 //   notifies dblock_w_<host bell> with the payload "<fence>:<head token>@<handle>:<name>"
 //   (vocabulary::release_returning()).
 // - `leader`: one handle with waiters holds flock(LOCK_EX) on it, LISTENs, and writes
-//   "listening" into it while its LISTEN is in place. It relays each notification to the handle
-//   it names, as a ring entry in that handle's directory h.<handle>, which only that handle
-//   watches (no herd); rings for its own waiters it delivers at once.
+//   "listening <host bell>" into it while its LISTEN is in place. It relays each notification to
+//   the handle it names, as a ring entry in that handle's directory h.<handle>, which only that
+//   handle watches (no herd); rings for its own waiters it delivers at once.
 // - Every other handle with waiters watches the directory with inotify: the leader file's
 //   content tells it whether rings reach it (live), and the close of the leader's writable
 //   descriptor (it resigned, or its process ended) makes it try to lead, as does a check every
@@ -30,6 +30,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -50,8 +51,10 @@ constexpr std::size_t handle_digits = 15;
 
 // The leader's lock and writable descriptors, closed in a forked child: a child that kept them
 // would keep the lock (flock belongs to the open file) and hold off the next leader after its
-// parent ended. Lock-free: the child runs this with whatever other threads held at the fork.
-std::atomic<int> inherited[256];  // descriptor + 1; 0: free
+// parent ended. A descriptor is opened and remembered under fork_mu, which fork() takes first
+// (pthread_atfork), so that no child is forked between the two.
+std::mutex fork_mu;
+std::atomic<int> inherited[1024];  // descriptor + 1; 0: free
 
 void close_inherited() {
   for (auto& a : inherited) {
@@ -60,13 +63,27 @@ void close_inherited() {
   }
 }
 
-void remember(int fd) {
+/// open(2) of a descriptor that a forked child does not keep; -1 (errno set) when it failed or
+/// there are too many to track (EMFILE).
+int open_private(const std::string& path, int flags) {
   static std::once_flag once;
-  std::call_once(once, [] { ::pthread_atfork(nullptr, nullptr, close_inherited); });
+  std::call_once(once, [] {
+    ::pthread_atfork([] { fork_mu.lock(); }, [] { fork_mu.unlock(); },
+                     [] {
+                       close_inherited();
+                       fork_mu.unlock();
+                     });
+  });
+  std::lock_guard<std::mutex> l(fork_mu);
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return -1;
   for (auto& a : inherited) {
     int free = 0;
-    if (a.compare_exchange_strong(free, fd + 1)) return;
+    if (a.compare_exchange_strong(free, fd + 1)) return fd;
   }
+  ::close(fd);
+  errno = EMFILE;
+  return -1;
 }
 
 void close_remembered(int& fd) {
@@ -120,10 +137,11 @@ class relay final : public listening_channel {
         host_(std::move(host)),
         handle_(random_hex32().substr(0, handle_digits)),
         sub_(dir_ + "/h." + handle_) {
-    if (!watch_.ok()) log(std::string("inotify is not available: ") + std::strerror(errno));
-    start();
+    if (watch_.ok()) start();
   }
   ~relay() override { stop(); }
+  /// False without inotify (see dir_watch::error()): the handle then listens alone.
+  bool usable() const { return watch_.ok(); }
   std::string address() const override { return host_ + "." + handle_; }
 
  private:
@@ -150,10 +168,7 @@ class relay final : public listening_channel {
     }
     sub_wd_ = watch_.add(sub_, IN_CREATE);
     dir_wd_ = watch_.add(dir_, IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE);
-    if (lock_fd_ < 0) {
-      lock_fd_ = ::open(leader_path().c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-      if (lock_fd_ >= 0) remember(lock_fd_);
-    }
+    if (lock_fd_ < 0) lock_fd_ = open_private(leader_path(), O_RDONLY | O_CREAT);
     if (sub_wd_ < 0 || dir_wd_ < 0 || lock_fd_ < 0) {
       log("cannot watch " + dir_ + " (" + std::strerror(errno) + "); waiters poll meanwhile");
       deactivate();
@@ -172,20 +187,27 @@ class relay final : public listening_channel {
     active_ = false;
   }
 
-  /// Leads when nobody does (this handle has waiters).
-  void try_lead() {
-    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) return;
-    write_fd_ = ::open(leader_path().c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+  /// Leads when nobody does (this handle has waiters). False when the lock was free but
+  /// leading failed: then nobody leads, whatever the leader file says.
+  bool try_lead() {
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) return true;
+    set_live(false);  // its waiters relied on the leader that ended; they poll until it listens
+    write_fd_ = open_private(leader_path(), O_WRONLY);
     if (write_fd_ < 0) {
+      log("cannot open " + leader_path() + " (" + std::strerror(errno) +
+          "); waiters poll meanwhile");
       ::flock(lock_fd_, LOCK_UN);
-      return;
+      return false;
     }
-    remember(write_fd_);
     mark_listening(false);  // a leader that ended left "listening" behind
     leader_ = true;
+    return true;
   }
+  /// The leader file says "listening <host bell>" while the leader's LISTEN is in place.
+  std::string listening_mark() const { return "listening " + host_ + "\n"; }
   void mark_listening(bool on) {
-    if (on ? ::pwrite(write_fd_, "listening\n", 10, 0) < 0 : ::ftruncate(write_fd_, 0) != 0)
+    const std::string m = listening_mark();
+    if (on ? ::pwrite(write_fd_, m.data(), m.size(), 0) < 0 : ::ftruncate(write_fd_, 0) != 0)
       log(std::string("cannot write ") + leader_path() + ": " + std::strerror(errno));
   }
   /// Stops listening and leading; the handles that wait take over (they see the close).
@@ -198,11 +220,13 @@ class relay final : public listening_channel {
     close_remembered(write_fd_);
     leader_ = false;
   }
-  /// A follower: whether the leader's LISTEN is in place.
+  /// A follower: whether the leader's LISTEN is in place, on this host's bell (a bell file
+  /// removed and made again names another channel).
   bool leader_listening() const {
-    char b[16] = {0};
+    const std::string want = listening_mark();
+    char b[64] = {0};
     const ssize_t n = ::pread(lock_fd_, b, sizeof b - 1, 0);
-    return n >= 9 && std::strncmp(b, "listening", 9) == 0;
+    return n == static_cast<ssize_t>(want.size()) && want == b;
   }
   void drop_connection() {
     if (conn_) PQfinish(conn_);
@@ -244,9 +268,14 @@ class relay final : public listening_channel {
       if (!parse_ring_payload(p, ev, to)) continue;
       if (to.empty() || to == handle_) {
         cb_.deliver(ev);
-      } else if (hex_digits(to, handle_digits)) {
-        // No directory: that handle has no waiter any more.
-        touch_entry(dir_ + "/h." + to, ring_entry(name_hash(ev.name), ev.fence, ev.head));
+      } else if (hex_digits(to, handle_digits) &&
+                 !touch_entry(dir_ + "/h." + to,
+                              ring_entry(name_hash(ev.name), ev.fence, ev.head)) &&
+                 errno != ENOENT) {  // ENOENT: that handle has no waiter any more
+        log("cannot ring through " + dir_ + " (" + std::strerror(errno) +
+            "); every waiter of this host looks again");
+        touch_entry(dir_, "lost." + random_hex32());
+        cb_.lost();
       }
     }
   }
@@ -255,7 +284,9 @@ class relay final : public listening_channel {
       cb_.lost();
       return;
     }
-    if (mask & IN_IGNORED) {  // a directory was removed: made and watched again next round
+    // A watched directory was removed (not a watch this thread removed itself, whose
+    // IN_IGNORED comes later with a number no longer in use): made and watched again next round.
+    if ((mask & IN_IGNORED) && wd >= 0 && (wd == sub_wd_ || wd == dir_wd_)) {
       if (wd == sub_wd_) sub_wd_ = -1;
       if (wd == dir_wd_) dir_wd_ = -1;
       if (leader_) resign();
@@ -289,14 +320,14 @@ class relay final : public listening_channel {
       }
       int ms = recheck_ms;
       if (activate()) {
-        if (!leader_ && want) try_lead();
+        const bool someone_may_lead = leader_ || !want || try_lead();
         if (leader_ && listen()) {
           backoff_ms = 10;
         } else if (leader_) {
           ms = backoff_ms;
           backoff_ms = std::min(backoff_ms * 2, 1000);
         } else {
-          set_live(leader_listening());
+          set_live(someone_may_lead && leader_listening());
         }
         if (live_.load()) watched_.confirm(cb_.confirmed);
       }
@@ -338,8 +369,16 @@ std::unique_ptr<bell_channel> open_relay(const std::string& conninfo, bell_callb
   const std::string base = private_runtime_dir(why);
   std::string dir, host;
   if (!base.empty()) {
+    // libpq fills in what the conninfo leaves out from the environment: handles that connect
+    // alike have the same conninfo and the same of these.
+    std::string key = conninfo;
+    for (const char* v : {"PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE",
+                          "PGSERVICEFILE", "PGOPTIONS", "PGSYSCONFDIR"}) {
+      const char* x = std::getenv(v);
+      key += std::string("\n") + v + "=" + (x ? x : "");
+    }
     char h[24];
-    std::snprintf(h, sizeof h, "/pg-%016llx", static_cast<unsigned long long>(name_hash(conninfo)));
+    std::snprintf(h, sizeof h, "/pg-%016llx", static_cast<unsigned long long>(name_hash(key)));
     dir = base + h;
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
       why = "cannot create " + dir + ": " + std::strerror(errno);
@@ -350,7 +389,12 @@ std::unique_ptr<bell_channel> open_relay(const std::string& conninfo, bell_callb
     if (cb.log) cb.log(log_level::warning, "wake-up relay: " + why + "; this handle listens alone");
     return nullptr;
   }
-  return std::make_unique<relay>(conninfo, dir, host, std::move(cb));
+  auto r = std::make_unique<relay>(conninfo, dir, host, cb);
+  if (r->usable()) return r;
+  if (cb.log)
+    cb.log(log_level::warning,
+           "wake-up relay: inotify is not available; this handle listens alone");
+  return nullptr;
 }
 
 }  // namespace dblock::detail::pg
