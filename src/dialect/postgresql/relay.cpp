@@ -140,7 +140,7 @@ class relay final : public listening_channel {
     if (watch_.ok()) start();
   }
   ~relay() override { stop(); }
-  /// False without inotify (see dir_watch::error()): the handle then listens alone.
+  /// False without inotify (inotify_init1() failed): the handle then listens alone.
   bool usable() const { return watch_.ok(); }
   std::string address() const override { return host_ + "." + handle_; }
 
