@@ -2,8 +2,11 @@
 // lock are each rung. PostgreSQL (the wake-up relay, database_options::share_listener, see
 // docs/waiting.md): they share one LISTEN connection (one each without it, the negative
 // control), the leading process killed with SIGKILL is replaced and the next release still rings,
-// and a relay directory that cannot be used leaves the handle listening alone, with a warning.
+// a relay directory that cannot be used leaves the handle listening alone, with a warning, and a
+// release rings a waiter that shares its relay directory itself, without a NOTIFY (a waiter it
+// cannot reach it notifies).
 #include <signal.h>
+#include <soci/postgresql/soci-postgresql.h>
 #include <soci/soci.h>
 #include <sys/stat.h>
 
@@ -78,6 +81,63 @@ dblock::lease_guard hold(const dblock::test::context& ctx, const std::string& na
   auto h = holder.try_acquire();
   REQUIRE(h);
   return std::move(*h);
+}
+
+// PostgreSQL: a connection of its own that LISTENs on `channel`, and what it heard.
+class raw_listener {
+ public:
+  raw_listener(const dblock::test::context& ctx, const std::string& channel)
+      : db_(ctx.open(ctx.options())), c_(db_.connect()) {
+    pg_ = static_cast<soci::postgresql_session_backend*>(c_.session().get_backend())->conn_;
+    c_.session() << ("LISTEN \"" + channel + "\"");
+  }
+  /// The payloads of the notifications that arrive within `wait`.
+  std::vector<std::string> heard(milliseconds wait) {
+    std::vector<std::string> out;
+    const auto until = std::chrono::steady_clock::now() + wait;
+    while (std::chrono::steady_clock::now() < until) {
+      PQconsumeInput(pg_);
+      while (PGnotify* n = PQnotifies(pg_)) {
+        out.emplace_back(n->extra ? n->extra : "");
+        PQfreemem(n);
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return out;
+  }
+
+ private:
+  dblock::database db_;
+  dblock::database::connection c_;
+  PGconn* pg_ = nullptr;
+};
+
+// The bell of `name`'s queue entry (there is one).
+std::string entry_bell(const dblock::test::context& ctx, const std::string& name) {
+  auto c = ctx.db.connect();
+  std::string bell;
+  c.session() << "SELECT CAST(bell AS TEXT) FROM " + ctx.prefix +
+                     "lock_waiter WHERE resource_name = :n",
+      soci::use(name), soci::into(bell);
+  return bell;
+}
+
+// Waits for `name` with `db` on a thread of its own (poll_max 20 s: only a ring makes it quick),
+// noting when it was granted, or the error.
+std::thread wait_on_thread(dblock::database& db, const std::string& name,
+                           std::atomic<long long>& granted, std::string& error) {
+  return std::thread([&db, name, &granted, &error] {
+    try {
+      dblock::lease_options lo;
+      lo.ttl = std::chrono::seconds(30);
+      lo.poll_max = std::chrono::seconds(20);
+      dblock::lease_lock lk(db, name, lo);
+      auto g = lk.acquire(std::chrono::seconds(60));
+      granted.store(monotonic_ns());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
 }
 
 struct round_result {
@@ -259,18 +319,7 @@ DBLOCK_TEST_ONLY("postgresql",
   auto h = hold(ctx, name);
   std::atomic<long long> granted{0};
   std::string error;
-  std::thread t([&] {
-    try {
-      dblock::lease_options lo;
-      lo.ttl = std::chrono::seconds(30);
-      lo.poll_max = std::chrono::seconds(20);
-      dblock::lease_lock lk(wdb, name, lo);
-      auto g = lk.acquire(std::chrono::seconds(60));
-      granted.store(monotonic_ns());
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
+  std::thread t = wait_on_thread(wdb, name, granted, error);
   const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
   const auto l = await_listeners(
       ctx, tag, [](const auto& x) { return x.size() == 1; }, milliseconds(5000));
@@ -285,4 +334,60 @@ DBLOCK_TEST_ONLY("postgresql",
   CHECK(events->woken_n.load() >= 1);
   REQUIRE(granted.load() > 0);
   CHECK(granted.load() - released < 2000 * ns_per_ms);
+}
+
+DBLOCK_TEST_ONLY("postgresql",
+                 "wake-up relay: a release rings a waiter of its own relay directory itself, "
+                 "without a NOTIFY; a waiter it cannot reach there it notifies",
+                 "[waiting][direct]") {
+  const std::string tag = "dblock_relay_" + dblock::test::random_suffix();
+  const std::string name = "relay-direct-" + dblock::test::random_suffix();
+  // The holder's handle connects as the waiter's does, so both meet in one relay directory.
+  auto hdb = waiting_handle(ctx, tag, true);
+  auto events = std::make_shared<counting_listener>();
+  auto wdb = waiting_handle(ctx, tag, true, events);
+  dblock::lease_options ho;
+  ho.ttl = std::chrono::seconds(60);
+  dblock::lease_lock holder(hdb, name, ho);
+  auto h = holder.try_acquire();
+  REQUIRE(h);
+  std::atomic<long long> granted{0};
+  std::string error;
+  std::thread t = wait_on_thread(wdb, name, granted, error);
+  REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(20000)));
+  const std::string bell = entry_bell(ctx, name);
+  INFO("the waiter's bell: " << bell);
+  REQUIRE(bell.size() == 32);
+  REQUIRE(bell[16] == '.');
+  const std::string host = bell.substr(0, 16);
+  raw_listener heard(ctx, "dblock_w_" + host);     // where the release would notify it
+  std::this_thread::sleep_for(milliseconds(300));  // the waiter relies on rings by now
+  const long long released = monotonic_ns();
+  h->release();
+  t.join();
+  INFO(error << "; logged: " << events->logged());
+  REQUIRE(granted.load() > 0);
+  CHECK(granted.load() - released < 2000 * ns_per_ms);  // rung (a poll would take 20 s)
+  CHECK(events->woken_n.load() >= 1);
+  CHECK(heard.heard(milliseconds(300)).empty());  // rung directly: no NOTIFY
+
+  // A head the releasing process cannot ring there (no such handle directory): it notifies it
+  // after all, on the channel and with the payload the release would have used.
+  const std::string fake_handle = "f00d" + std::string(11, '0');
+  const std::string fake_token(32, 'e');
+  auto h2 = holder.try_acquire();
+  REQUIRE(h2);
+  {
+    auto c = ctx.db.connect();
+    const std::string fake_bell = host + "." + fake_handle;
+    c.session() << "INSERT INTO " + ctx.prefix +
+                       "lock_waiter (resource_name, owner_token, enqueued_at, expires_at,"
+                       " holder_host, holder_pid, bell) VALUES (:n, :t, clock_timestamp(),"
+                       " clock_timestamp() + INTERVAL '60 seconds', 'elsewhere', 1, :b)",
+        soci::use(name), soci::use(fake_token), soci::use(fake_bell);
+  }
+  h2->release();
+  const auto payloads = heard.heard(milliseconds(1000));
+  REQUIRE(payloads.size() == 1);
+  CHECK(payloads[0].find(":" + fake_token + "@" + fake_handle + ":" + name) != std::string::npos);
 }

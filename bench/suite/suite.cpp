@@ -263,8 +263,9 @@ bool raw_release(raw_client& c, const backend_ctx& b, const std::string& name,
         b.backend == "sqlite" ? c.run("level", "PRAGMA synchronous", {}).value.value_or(0) : 0;
   const long long level = c.synchronous;
   if (level > 1) c.run("relax", "PRAGMA synchronous = NORMAL", {});
-  const bool ok = raw_simple_write(c, b, "release", b.sql.release,
-                                   {{"name", name}, {"token", tok}, {"fence", fence}});
+  params p{{"name", name}, {"token", tok}, {"fence", fence}};
+  if (b.sql.release.find(":bell") != std::string::npos) p.push_back({"bell", std::string()});
+  const bool ok = raw_simple_write(c, b, "release", b.sql.release, p);
   if (level > 1) c.exec("PRAGMA synchronous = " + std::to_string(level));
   return ok;
 }

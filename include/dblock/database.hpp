@@ -73,7 +73,8 @@ struct database_options {
   /// PostgreSQL only: the database handles of this host (every process of this user) whose
   /// listener would connect alike share one listener connection (true, the default): one of
   /// them listens for all and relays each wake-up to the handle it is for through a private
-  /// directory ($XDG_RUNTIME_DIR/dblock, else /tmp/dblock-UID); when that process ends, the
+  /// directory ($XDG_RUNTIME_DIR/dblock, else /dev/shm/dblock-UID, else /tmp/dblock-UID), and a
+  /// release rings a waiter of the same directory itself; when that process ends, the
   /// next one with a waiter takes over. PostgreSQL signals every listening backend of the
   /// database at each NOTIFY, so one listener per host instead of one per handle keeps
   /// handoffs fast with many waiting processes. false, or a directory that cannot be used: one

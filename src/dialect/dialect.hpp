@@ -27,6 +27,7 @@
 #include "dblock/error.hpp"
 #include "dblock/listener.hpp"
 #include "dblock/value.hpp"
+#include "dialect/doorbell.hpp"
 
 #include <soci/soci-backend.h>  // soci::data_type
 
@@ -300,6 +301,12 @@ class vocabulary {
   /// Suffix of an INSERT that yields the generated `column` (MySQL: none; its value comes back
   /// in the OK packet as the insert id).
   virtual std::string returning(const std::string& column) const { return " RETURNING " + column; }
+  /// returning(), for an insert whose commit need not wait for durability (a fair-queue entry:
+  /// one lost in a crash is made again by its waiter's next refresh). PostgreSQL: the commit
+  /// does not wait for the WAL flush.
+  virtual std::string returning_unflushed(const std::string& column) const {
+    return returning(column);
+  }
   /**
    * The lease acquire statement (parameters as lease_acquire, then `ticket`) that also deletes
    * the fair-queue entry `ticket` when, and only when, it acquires: one round trip. Empty where
@@ -316,8 +323,13 @@ class vocabulary {
   /// Where the database rings in the release's own transaction (PostgreSQL): a suffix of the
   /// release and of the forced release (after their WHERE clause) that notifies the head of the
   /// freed lease's live queue, entries of :token excluded, when the lease is free; a release
-  /// (not forced) that frees it also commits without waiting for the WAL flush. Empty elsewhere.
+  /// (not forced) that frees it also commits without waiting for the WAL flush. The release
+  /// (not forced) instead returns a number for a head that its own process may ring directly,
+  /// 0 otherwise (see doorbell::ring_handle()). Empty elsewhere.
   virtual std::string release_returning(const table_names&, bool /*forced*/) const { return {}; }
+  /// With release_returning(): a query that notifies the head of the live queue as the release
+  /// would (:name, :token, :fence bound), for a head the releasing process could not ring.
+  virtual std::string head_notify(const table_names&) const { return {}; }
   virtual std::string bell_ring() const { return {}; }
   /// The same session id as a query (:name, :token bound), for a release that did not go
   /// through the lease release statement (a forced release). Empty elsewhere.
@@ -340,84 +352,6 @@ class executor {
   virtual void rollback_statement(session_scope&) const noexcept {}
   /// True when begin_statement() really opens a write transaction (SQLite).
   virtual bool statement_in_transaction() const { return false; }
-};
-
-/// FNV-1a of a resource name: how a doorbell names a lock without carrying the name.
-std::uint64_t name_hash(const std::string& name);
-
-/// A release as a doorbell delivers it: the resource name (empty where only its hash travels),
-/// the hash (name_hash()), the fence of the freed lease (0: unknown) and the owner token of the
-/// head of the name's live fair queue (empty: unknown or none). With neither name nor hash, the
-/// ring is for the waiter `head`, whatever its name. (A woken waiter tries at once; a fair one's
-/// acquire statement checks the queue order, so a ring that reaches it out of turn breaks none.)
-struct ring_event {
-  std::string name;
-  std::uint64_t hash = 0;
-  std::int64_t fence = 0;
-  std::string head;
-};
-
-/// A backend's open wake-up channel: a thread that delivers rings from other processes until
-/// destroyed.
-class bell_channel {
- public:
-  virtual ~bell_channel() = default;
-  /// True while rings are known to arrive (for example after LISTEN succeeded and until the
-  /// listening connection broke).
-  virtual bool live() const = 0;
-  /// True when rings are addressed to single waiters, which must subscribe (watch()) and are
-  /// reached only once the subscription is confirmed (bell_callbacks::confirmed).
-  virtual bool addressed() const { return false; }
-  /// Subscribes (`on`) or unsubscribes the waiter with owner token `token`.
-  virtual void watch(const std::string& token, bool on) { (void)token, (void)on; }
-  /// The address a waiter's queue entry carries so that a release can ring this channel
-  /// (MySQL: the mark of its sleeping connection); empty where rings find waiters otherwise.
-  virtual std::string address() const { return {}; }
-  /// True when server session `id` is this channel's own connection (MySQL).
-  virtual bool is_self(std::int64_t /*id*/) const { return false; }
-  /// How soon a waiter that joined the queue reads once more before it relies on rings, where a
-  /// release running as it joined may not have seen its entry (PostgreSQL); 0: never needed.
-  virtual std::chrono::milliseconds joined_recheck() const { return {}; }
-};
-
-/// Callbacks of a bell_channel, called on its thread.
-struct bell_callbacks {
-  std::function<void(const ring_event&)> deliver;
-  /// Rings may have been lost (the channel reconnected): every waiter should look again.
-  std::function<void()> lost;
-  /// The subscription of waiter `token` is in place (addressed channels), or gone (`false`,
-  /// the connection broke).
-  std::function<void(const std::string& token, bool)> confirmed;
-  std::function<void(log_level, const std::string&)> log;
-};
-
-/// Wake-ups across processes. The default has none: waiters are woken by releases in their own
-/// process and otherwise poll (MySQL, which has no NOTIFY).
-class doorbell {
- public:
-  virtual ~doorbell() = default;
-  /// Where the channel of a database handle connects (PostgreSQL: a libpq conninfo; SQLite: the
-  /// doorbell directory); empty when there is none.
-  /// Refuses database_options::listen_url where the backend has no listener.
-  virtual std::string target(const parsed_url&, const database_options& o) const;
-  /// Opens the channel (its thread connects and reconnects by itself); nullptr when none.
-  virtual std::unique_ptr<bell_channel> open(const std::string& /*target*/, const table_names&,
-                                             bell_callbacks) const {
-    return nullptr;
-  }
-  /// True when ring() should name the head of the queue (the releaser then reads it): the
-  /// doorbell at `target` has listeners to tell apart.
-  virtual bool rings_head(const std::string& target) const {
-    (void)target;
-    return false;
-  }
-  /// Called by the releasing process after the lease of `name` (fence) was freed: rings the
-  /// other processes where the database does not do it in the release's own transaction;
-  /// `head` is the owner token of the head of the queue (empty: unknown or nobody).
-  virtual void ring(const std::string& target, const std::string& name, std::int64_t fence,
-                    const std::string& head) const {
-    (void)target, (void)name, (void)fence, (void)head;
-  }
 };
 
 /// One backend: its name and its five roles.

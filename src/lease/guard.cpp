@@ -10,6 +10,7 @@
 #include "storage/wait_queue.hpp"
 #include "storage/write_scope.hpp"
 #include "wake/gate.hpp"
+#include "wake/hub.hpp"
 
 namespace dblock {
 
@@ -92,6 +93,8 @@ void lease_state::report_released(int left, std::int64_t ring_id) {
 // no longer ours (false, with in_doubt set).
 bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id) {
   const std::string what = "release lease '" + name + "'";
+  // Where the release may leave a head of this host to this process (PostgreSQL's host relay).
+  const std::string bell = left == 0 ? db->hub->relay_bell() : std::string();
   for (int round = 0; round < 3; ++round) {
     session_ref server;
     try {
@@ -99,7 +102,7 @@ bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id) 
       return retry(policy, [&] {
         return with_session(db, what, [&](session_scope& s) {
           server = s.server();
-          return lock_table::release(s, name, token, fence, &ring_id);
+          return lock_table::release(s, name, token, fence, &ring_id, bell);
         });
       });
     } catch (const error& e) {
@@ -150,13 +153,13 @@ void lease_state::release_one() {
   auto row = with_session(db, "release lease '" + name + "'",
                           [&](session_scope& s) { return lock_table::read(s, name); });
   if (row && row->owner_token == token && row->fence == fence && row->hold_count == left) {
-    report_released(left);  // an earlier attempt whose reply was lost did it
+    report_released(left, -1);  // an earlier attempt whose reply was lost did it
     return;
   }
   if (in_doubt && (!row || row->owner_token != token)) {
     // Our release may have gone through before someone else took the free lease; either way the
     // lease is no longer ours and the successor's row was not touched.
-    report_released(left);
+    report_released(left, -1);
     return;
   }
   mark_lost(error(errc::lease_lost, "lease '" + name + "' was lost before release"));

@@ -78,6 +78,8 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
 
  private:
   bool release_sent(int left, bool& in_doubt, std::int64_t& ring_id);
+  /// `ring_id`: what the release statement returned for the head waiter to ring
+  /// (wait_queue::ring_freed()); -1 when its reply was lost (looked up instead).
   void report_released(int left, std::int64_t ring_id = 0);
 
   /// Finishes the deletion of leave_queue_later()'s entry (idempotent).

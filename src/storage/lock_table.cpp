@@ -138,11 +138,19 @@ bool renew(session_scope& s, const std::string& name, const std::string& token, 
 }
 
 bool release(session_scope& s, const std::string& name, const std::string& token,
-             std::int64_t fence, std::int64_t* ring_id) {
-  const sql_result r = write_statement(
-      s, s.statements().release, {name, token, static_cast<long long>(fence)}, write_kind::release);
-  const bool returns_id = !s.statements().bell_ring.text.empty();  // release_head()
-  if (ring_id) *ring_id = returns_id && r.affected == 1 ? r.insert_id : 0;
+             std::int64_t fence, std::int64_t* ring_id, const std::string& bell) {
+  std::vector<sql_param> v{name, token, static_cast<long long>(fence)};
+  if (s.statements().release.params.size() > 3) v.emplace_back(bell);
+  const sql_result r = write_statement(s, s.statements().release, v, write_kind::release);
+  if (ring_id) {
+    *ring_id = 0;
+    if (r.affected != 1) {
+    } else if (!s.statements().bell_ring.text.empty()) {  // release_head()
+      *ring_id = r.insert_id;
+    } else if (!s.statements().head_notify.text.empty() && !r.empty() && !r.is_null(0, 0)) {
+      *ring_id = r.integer(0, 0);  // release_returning()
+    }
+  }
   return r.affected == 1;
 }
 

@@ -72,12 +72,14 @@ std::optional<std::int64_t> acquired_fence(const sql_result&);
 /// Extends an unexpired lease owned by `token`; false when no longer ours or expired.
 bool renew(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
            std::int64_t ttl_us);
-/// Drops one hold of an unexpired lease owned by `token`; false when no longer ours. Where the
-/// dialect returns it with the release (vocabulary::release_head()), `ring_id` receives the
-/// server session id of the connection to ring for the head of the live waiter queue when this
-/// release freed the lease (else 0; see wait_queue::ring()).
+/// Drops one hold of an unexpired lease owned by `token`; false when no longer ours. When this
+/// release freed the lease, `ring_id` receives what the dialect returns with the release for
+/// the head of the live waiter queue (else 0; see wait_queue::ring_freed()): the server session
+/// id of the connection to ring (MySQL, vocabulary::release_head()), or the handle of a head
+/// that waits through the host relay whose bell is `bell` (PostgreSQL,
+/// vocabulary::release_returning(); `bell` is the releasing handle's, wake_hub::relay_bell()).
 bool release(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
-             std::int64_t* ring_id = nullptr);
+             std::int64_t* ring_id = nullptr, const std::string& bell = std::string());
 /// One lease of a batch renewal: the acquisition renew() would be given.
 struct renewal {
   std::string name;

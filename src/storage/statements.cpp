@@ -36,7 +36,9 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
                       "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " +
                           now + " ELSE expires_at END, hold_count = hold_count - 1" +
                           v.release_head(t) + ours_and_held + now + v.release_returning(t, false),
-                      {"name", "token", "fence"});
+                      v.release_returning(t, false).empty()
+                          ? std::vector<std::string>{"name", "token", "fence"}
+                          : std::vector<std::string>{"name", "token", "fence", "bell"});
   s.read = make("read",
                 "SELECT resource_name, owner_token, fence, hold_count, " +
                     v.epoch_us("acquired_at") + ", " + v.epoch_us("expires_at") + ", " +
@@ -73,13 +75,13 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
   s.acquire_dequeue_in_order =
       routine(dqo.empty() ? "" : "lease_acquire_dequeue_in_order", dqo,
               {"name", "token", "ttl", "host", "pid", "thread", "floor", "ticket"});
-  s.waiter_insert =
-      make("waiter_insert",
-           "INSERT INTO " + t.waiters +
-               " (resource_name, owner_token, enqueued_at, expires_at, holder_host,"
-               " holder_pid, bell) VALUES (:name, :token, " +
-               now + ", " + v.plus_us(now, "ttl") + ", :host, :pid, :bell)" + v.returning("ticket"),
-           {"name", "token", "ttl", "host", "pid", "bell"});
+  s.waiter_insert = make("waiter_insert",
+                         "INSERT INTO " + t.waiters +
+                             " (resource_name, owner_token, enqueued_at, expires_at, holder_host,"
+                             " holder_pid, bell) VALUES (:name, :token, " +
+                             now + ", " + v.plus_us(now, "ttl") + ", :host, :pid, :bell)" +
+                             v.returning_unflushed("ticket"),
+                         {"name", "token", "ttl", "host", "pid", "bell"});
   s.waiter_refresh = make("waiter_refresh",
                           "UPDATE " + t.waiters + " SET expires_at = " + v.plus_us(now, "ttl") +
                               " WHERE ticket = :ticket AND owner_token = :token",
@@ -102,6 +104,8 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
                            " expires_at > " +
                            now + " ORDER BY ticket LIMIT 1",
                        {"name", "token"});
+  if (!v.head_notify(t).empty())
+    s.head_notify = make("head_notify", v.head_notify(t), {"name", "token", "fence"});
   if (!v.bell_ring().empty()) {
     s.bell_ring = make("bell_ring", v.bell_ring(), {"id"});
     s.head_sleeper = make("head_sleeper", v.head_sleeper(t), {"name", "token"});

@@ -16,9 +16,11 @@ struct lock_statements {
   /// acquire's parameters, then ticket -> fence: takes a free lease only when no live entry
   /// of the name's queue below ticket waits (vocabulary::lease_acquire, in queue order)
   statement acquire_in_order;
-  statement renew;    ///< ttl, name, token, fence; one row affected when renewed
-  statement release;  ///< name, token, fence; one row affected when a hold was released
-  statement read;     ///< name -> the row and the database clock
+  statement renew;  ///< ttl, name, token, fence; one row affected when renewed
+  /// name, token, fence[, bell (release_returning(), PostgreSQL)]; one row affected when a
+  /// hold was released
+  statement release;
+  statement read;  ///< name -> the row and the database clock
   /// name, token -> fence, locking the row (inside a write transaction): the fenced-write check
   statement fenced_check;
   /// table -> 1 when the lock table is durable, 0 when a crash may lose its writes (PostgreSQL:
@@ -46,6 +48,10 @@ struct lock_statements {
   /// name, token -> the session id bell_ring would interrupt for the head of the queue (0:
   /// none). Empty text where bell_ring is.
   statement head_sleeper;
+  /// name, token, fence: notifies the head of the live queue as the release does (PostgreSQL,
+  /// for a head that the release left to its process to ring, doorbell::ring_handle()). Empty
+  /// text elsewhere.
+  statement head_notify;
   statement waiters_list;  ///< -> name, ticket, host, pid, enqueued (µs), now (µs): live entries
   statement waiters_reap;  ///< neg_retention: deletes entries expired longer ago than that
   // ---- named lock rows ------------------------------------------------------------------------

@@ -70,6 +70,23 @@ void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& nam
     }
   }
   db->hub->released(name, fence, head);
+  // PostgreSQL: a head on this host that the release left to this process (`sleeper` is its
+  // handle) is rung through the relay's directory, or else notified through the database after
+  // all; so is the head after a release whose reply was lost (-1 with the releaser's token; a
+  // forced release, without one, notified in its own statement).
+  if (!db->statements.head_notify.text.empty()) {
+    if (sleeper == 0 || (sleeper < 0 && token.empty())) return;
+    if (sleeper > 0 &&
+        (db->hub->is_own_bell(sleeper) || db->hub->ring_handle(name, fence, sleeper)))
+      return;
+    try {
+      with_session(db, what, [&](session_scope& s) {
+        s.run(s.statements().head_notify, {name, token, static_cast<long long>(fence)});
+      });
+    } catch (const error&) {
+    }
+    return;
+  }
   if (sleeper == 0 || db->statements.bell_ring.text.empty()) return;
   try {
     with_session(db, what, [&](session_scope& s) {

@@ -61,8 +61,10 @@ bool ring(session_scope&, std::int64_t id);
 /// not the head): wakes a local waiter through the hub and rings the head waiter's process where
 /// the database does not: the doorbell with the head of the queue (SQLite; one local read), or
 /// an interrupt of the sleeping connection of the head waiter's handle (MySQL), `sleeper` being
-/// the session id the release returned (0: nobody waits; -1: look it up, for a forced release).
-/// A failure only costs the wake-up.
+/// the session id the release returned (0: nobody waits; -1: look it up, for a forced release);
+/// on PostgreSQL, `sleeper` is the handle of a head on this host that the release did not
+/// notify (vocabulary::release_returning()), rung through the host relay's directory, or
+/// notified now when that fails. A failure only costs the wake-up.
 void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
                 std::int64_t fence, const std::string& token, std::int64_t sleeper);
 /// A ticket above every entry's: with it, acquire_dequeue() in order takes a free lease only

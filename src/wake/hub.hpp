@@ -64,6 +64,14 @@ class wake_hub {
   /// The lease of `name` with fence `fence` was freed by this process: wakes a local waiter and
   /// rings the other processes where the database does not (dialect doorbell).
   void released(const std::string& name, std::int64_t fence, const std::string& head);
+  /// The bell of the host relay this handle's releases may ring through (doorbell::relay_bell();
+  /// empty: none).
+  std::string relay_bell() const { return dia_.bell.relay_bell(target_); }
+  /// Rings handle `handle` of this host, which the release of `name` at `fence` left to this
+  /// process (doorbell::ring_handle()); false when it could not.
+  bool ring_handle(const std::string& name, std::int64_t fence, std::int64_t handle) const {
+    return dia_.bell.ring_handle(target_, name, fence, handle);
+  }
   /// True when released() should be given the head of the queue (see doorbell::rings_head()).
   bool wants_head() const { return !target_.empty() && dia_.bell.rings_head(target_); }
   /// True while rings from other processes are known to reach `w`: it may then sleep until the
@@ -71,7 +79,7 @@ class wake_hub {
   bool live(const wake_waiter& w) const;
   /// bell_channel::joined_recheck() of this handle's channel (0 while it has none).
   std::chrono::milliseconds joined_recheck() const;
-  /// True when server session `id` is this handle's own wake-up connection
+  /// True when `id` is this handle's own wake-up connection or relay handle
   /// (bell_channel::is_self(); a release then wakes the waiter here without ringing it).
   bool is_own_bell(std::int64_t id) const;
   /// The wake-up address for this handle's queue entries (bell_channel::address()).

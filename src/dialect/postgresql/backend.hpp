@@ -132,12 +132,23 @@ std::string bell_listen(const std::string& bell);
 /// The host relay's channel (relay.cpp) for the handles of this host that connect with
 /// `conninfo`; nullptr when its directory cannot be used (the handle then listens alone).
 std::unique_ptr<bell_channel> open_relay(const std::string& conninfo, bell_callbacks& cb);
+/// The host bell of the relay directory of `conninfo` (made when missing); empty when there is
+/// no usable directory.
+std::string relay_host_bell(const std::string& conninfo);
+/// Rings handle `handle` (its 15 hex digits as a number) of the host relay of `conninfo` through
+/// its directory, for the lease of `name` freed at `fence`; false when it could not (no such
+/// handle directory: that handle has no waiters any more).
+bool ring_relay_handle(const std::string& conninfo, const std::string& name, std::int64_t fence,
+                       std::int64_t handle);
 
 class doorbell final : public detail::doorbell {
  public:
   std::string target(const parsed_url& u, const database_options& o) const override;
   std::unique_ptr<bell_channel> open(const std::string& target, const table_names& t,
                                      bell_callbacks cb) const override;
+  std::string relay_bell(const std::string& target) const override;
+  bool ring_handle(const std::string& target, const std::string& name, std::int64_t fence,
+                   std::int64_t handle) const override;
 };
 
 class classifier final : public detail::classifier {
@@ -158,6 +169,11 @@ class vocabulary final : public detail::vocabulary {
   std::string lease_acquire_dequeue(const table_names& t, bool in_queue_order) const override;
   std::string id_reserve(const table_names& t) const override;
   std::string release_returning(const table_names& t, bool forced) const override;
+  std::string head_notify(const table_names& t) const override;
+  std::string returning_unflushed(const std::string& column) const override {
+    // set_config(..., true) lasts until the end of this statement's own transaction.
+    return " RETURNING " + column + " + 0 * length(set_config('synchronous_commit', 'off', true))";
+  }
   std::string lock_table_durable() const override {
     return "SELECT CASE WHEN c.relpersistence = 'u' THEN 0 ELSE 1 END FROM pg_catalog.pg_class c"
            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"

@@ -1,7 +1,11 @@
 // PostgreSQL wake-ups: the release statement notifies the head of a freed lease's waiter
 // queue in the release's own transaction (vocabulary::release_returning(), migration 0009), on
 // the channel of the handle that holds that waiter: dblock_w_<bell>, the bell its queue entry
-// carries. Each database handle keeps one connection outside its pool that LISTENs on its own
+// carries. By default the handles of a host share one listener, the host relay (relay.cpp,
+// database_options::share_listener), and a release rings a head of its own relay directory
+// itself (doorbell::ring_handle()). This file has what both ways share, the target, and the
+// listener of one handle (share_listener = false, or no usable relay directory): each database
+// handle keeps one connection outside its pool that LISTENs on its own
 // channel only, and only while the handle has waiters (and a second after the last one left):
 // PostgreSQL signals every listening backend of the database at each NOTIFY, whatever its
 // channel, so a handle that listened for its whole life would slow down the handoffs of every
@@ -139,6 +143,24 @@ std::unique_ptr<bell_channel> doorbell::open(const std::string& target, const ta
     return std::make_unique<channel>(conninfo, std::move(cb));
   }
   return std::make_unique<channel>(target, std::move(cb));
+}
+
+namespace {
+// The listener's conninfo of a target (with or without the relay).
+std::string listen_conninfo(const std::string& target) {
+  return target.rfind(relay_mark, 0) == 0 ? target.substr(relay_mark.size()) : target;
+}
+}  // namespace
+
+std::string doorbell::relay_bell(const std::string& target) const {
+  // Also for a handle that listens alone (share_listener = false): its releases can still ring
+  // the relay's handles. None behind a transaction pooler without a listen_url.
+  return target.empty() ? std::string() : relay_host_bell(listen_conninfo(target));
+}
+
+bool doorbell::ring_handle(const std::string& target, const std::string& name, std::int64_t fence,
+                           std::int64_t handle) const {
+  return !target.empty() && ring_relay_handle(listen_conninfo(target), name, fence, handle);
 }
 
 listening_channel::listening_channel(std::string conninfo, bell_callbacks cb, std::string what)

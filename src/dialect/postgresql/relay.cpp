@@ -6,7 +6,9 @@
 // - `bell`: the host's bell, 16 hex digits, made once. A waiter's queue entry carries
 //   "<host bell>.<handle>" (32 characters, the handle 15 random hex digits); the release
 //   notifies dblock_w_<host bell> with the payload "<fence>:<head token>@<handle>:<name>"
-//   (vocabulary::release_returning()).
+//   (vocabulary::release_returning()); but a release given this directory's bell as :bell
+//   (its process meets here too) returns the handle instead, and its process creates the ring
+//   entry itself (ring_relay_handle()), without a NOTIFY.
 // - `leader`: one handle with waiters holds flock(LOCK_EX) on it, LISTENs, and writes
 //   "listening <host bell>" into it while its LISTEN is in place. It relays each notification to
 //   the handle it names, as a ring entry in that handle's directory h.<handle>, which only that
@@ -32,7 +34,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -143,6 +147,9 @@ class relay final : public listening_channel {
   /// False without inotify (inotify_init1() failed): the handle then listens alone.
   bool usable() const { return watch_.ok(); }
   std::string address() const override { return host_ + "." + handle_; }
+  bool is_self(std::int64_t id) const override {
+    return static_cast<unsigned long long>(id) == std::strtoull(handle_.c_str(), nullptr, 16);
+  }
 
  private:
   std::string leader_path() const { return dir_ + "/leader"; }
@@ -364,27 +371,81 @@ class relay final : public listening_channel {
 
 }  // namespace
 
+namespace {
+
+/// What decides where the handles that connect with `conninfo` meet: libpq fills in what the
+/// conninfo leaves out from the environment, so handles that connect alike have the same
+/// conninfo and the same of these; and the runtime directory's.
+std::string relay_key(const std::string& conninfo) {
+  std::string key = conninfo;
+  for (const char* v : {"PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE",
+                        "PGSERVICEFILE", "PGOPTIONS", "PGSYSCONFDIR", "XDG_RUNTIME_DIR"}) {
+    const char* x = std::getenv(v);
+    key += std::string("\n") + v + "=" + (x ? x : "");
+  }
+  return key;
+}
+
+/// The relay directory for `key` (made when missing); empty (and `why` set) when there is no
+/// usable private runtime directory.
+std::string relay_directory(const std::string& key, std::string& why) {
+  const std::string base = private_runtime_dir(why);
+  if (base.empty()) return {};
+  char h[24];
+  std::snprintf(h, sizeof h, "/pg-%016llx", static_cast<unsigned long long>(name_hash(key)));
+  const std::string dir = base + h;
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    why = "cannot create " + dir + ": " + std::strerror(errno);
+    return {};
+  }
+  return dir;
+}
+
+struct known_relay {
+  std::string dir, bell;
+};
+
+/// The directory and bell of `conninfo`'s relay, looked up once (a release is on the handoff's
+/// path); nothing when there is no usable directory.
+std::optional<known_relay> relay_of(const std::string& conninfo) {
+  static std::mutex mu;
+  static std::map<std::string, known_relay> known;
+  const std::string key = relay_key(conninfo);
+  std::lock_guard<std::mutex> l(mu);
+  const auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  std::string why;
+  known_relay r;
+  r.dir = relay_directory(key, why);
+  if (r.dir.empty() || (r.bell = host_bell(r.dir)).empty()) return std::nullopt;
+  if (known.size() >= 64) known.clear();
+  known.emplace(key, r);
+  return r;
+}
+
+}  // namespace
+
+std::string relay_host_bell(const std::string& conninfo) {
+  const auto r = relay_of(conninfo);
+  return r ? r->bell : std::string();
+}
+
+bool ring_relay_handle(const std::string& conninfo, const std::string& name, std::int64_t fence,
+                       std::int64_t handle) {
+  if (handle <= 0 || handle >= (std::int64_t{1} << (4 * handle_digits))) return false;
+  const auto r = relay_of(conninfo);
+  if (!r) return false;
+  char sub[32];
+  std::snprintf(sub, sizeof sub, "/h.%015llx", static_cast<unsigned long long>(handle));
+  // No such directory: that handle has no waiters any more.
+  return touch_entry(r->dir + sub, ring_entry(name_hash(name), fence, any_waiter));
+}
+
 std::unique_ptr<bell_channel> open_relay(const std::string& conninfo, bell_callbacks& cb) {
   std::string why;
-  const std::string base = private_runtime_dir(why);
-  std::string dir, host;
-  if (!base.empty()) {
-    // libpq fills in what the conninfo leaves out from the environment: handles that connect
-    // alike have the same conninfo and the same of these.
-    std::string key = conninfo;
-    for (const char* v : {"PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE",
-                          "PGSERVICEFILE", "PGOPTIONS", "PGSYSCONFDIR"}) {
-      const char* x = std::getenv(v);
-      key += std::string("\n") + v + "=" + (x ? x : "");
-    }
-    char h[24];
-    std::snprintf(h, sizeof h, "/pg-%016llx", static_cast<unsigned long long>(name_hash(key)));
-    dir = base + h;
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-      why = "cannot create " + dir + ": " + std::strerror(errno);
-    else if ((host = host_bell(dir)).empty())
-      why = "cannot read or make " + dir + "/bell";
-  }
+  const std::string dir = relay_directory(relay_key(conninfo), why);
+  std::string host;
+  if (!dir.empty() && (host = host_bell(dir)).empty()) why = "cannot read or make " + dir + "/bell";
   if (host.empty()) {
     if (cb.log) cb.log(log_level::warning, "wake-up relay: " + why + "; this handle listens alone");
     return nullptr;
