@@ -142,16 +142,14 @@ bool release(session_scope& s, const std::string& name, const std::string& token
   std::vector<sql_param> v{name, token, static_cast<long long>(fence)};
   if (s.statements().release.params.size() > 3) v.emplace_back(bell);
   const sql_result r = write_statement(s, s.statements().release, v, write_kind::release);
-  if (ring_id) {
-    *ring_id = 0;
-    if (r.affected != 1) {
-    } else if (!s.statements().bell_ring.text.empty()) {  // release_head()
-      *ring_id = r.insert_id;
-    } else if (!s.statements().head_notify.text.empty() && !r.empty() && !r.is_null(0, 0)) {
-      *ring_id = r.integer(0, 0);  // release_returning()
-    }
-  }
-  return r.affected == 1;
+  const bool released = r.affected == 1;
+  if (!ring_id) return released;
+  *ring_id = 0;
+  if (released && !s.statements().bell_ring.text.empty())  // release_head()
+    *ring_id = r.insert_id;
+  else if (released && !s.statements().head_notify.text.empty() && !r.empty() && !r.is_null(0, 0))
+    *ring_id = r.integer(0, 0);  // release_returning()
+  return released;
 }
 
 std::optional<lease_row> read(session_scope& s, const std::string& name) {

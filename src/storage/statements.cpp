@@ -32,13 +32,13 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
   // expires_at is assigned before hold_count so that MySQL, which evaluates SET left to right,
   // sees the old hold_count like the other backends. A freed lease is also an expired one,
   // which is all that acquire checks.
+  const std::string rings = v.release_returning(t, false);
   s.release = routine("lease_release",
                       "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " +
                           now + " ELSE expires_at END, hold_count = hold_count - 1" +
-                          v.release_head(t) + ours_and_held + now + v.release_returning(t, false),
-                      v.release_returning(t, false).empty()
-                          ? std::vector<std::string>{"name", "token", "fence"}
-                          : std::vector<std::string>{"name", "token", "fence", "bell"});
+                          v.release_head(t) + ours_and_held + now + rings,
+                      rings.empty() ? std::vector<std::string>{"name", "token", "fence"}
+                                    : std::vector<std::string>{"name", "token", "fence", "bell"});
   s.read = make("read",
                 "SELECT resource_name, owner_token, fence, hold_count, " +
                     v.epoch_us("acquired_at") + ", " + v.epoch_us("expires_at") + ", " +
@@ -104,8 +104,8 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
                            " expires_at > " +
                            now + " ORDER BY ticket LIMIT 1",
                        {"name", "token"});
-  if (!v.head_notify(t).empty())
-    s.head_notify = make("head_notify", v.head_notify(t), {"name", "token", "fence"});
+  const std::string notify = v.head_notify(t);
+  if (!notify.empty()) s.head_notify = make("head_notify", notify, {"name", "token", "fence"});
   if (!v.bell_ring().empty()) {
     s.bell_ring = make("bell_ring", v.bell_ring(), {"id"});
     s.head_sleeper = make("head_sleeper", v.head_sleeper(t), {"name", "token"});

@@ -66,7 +66,11 @@ class wake_hub {
   void released(const std::string& name, std::int64_t fence, const std::string& head);
   /// The bell of the host relay this handle's releases may ring through (doorbell::relay_bell();
   /// empty: none).
-  std::string relay_bell() const { return dia_.bell.relay_bell(target_); }
+  /// Looked up once per handle (every release that frees a lease passes it).
+  const std::string& relay_bell() const {
+    std::call_once(relay_once_, [this] { relay_bell_ = dia_.bell.relay_bell(target_); });
+    return relay_bell_;
+  }
   /// Rings handle `handle` of this host, which the release of `name` at `fence` left to this
   /// process (doorbell::ring_handle()); false when it could not.
   bool ring_handle(const std::string& name, std::int64_t fence, std::int64_t handle) const {
@@ -111,6 +115,8 @@ class wake_hub {
   std::atomic<bool> channel_opened_{false};
   std::atomic<std::uint64_t> woken_{0};
   local_gates gates_;
+  mutable std::once_flag relay_once_;
+  mutable std::string relay_bell_;
 };
 
 /// A waiter's enlistment for the length of one waiting acquire (leaves on destruction).

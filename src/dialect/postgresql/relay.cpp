@@ -140,6 +140,7 @@ class relay final : public listening_channel {
         dir_(std::move(dir)),
         host_(std::move(host)),
         handle_(random_hex32().substr(0, handle_digits)),
+        handle_id_(std::strtoull(handle_.c_str(), nullptr, 16)),
         sub_(dir_ + "/h." + handle_) {
     if (watch_.ok()) start();
   }
@@ -148,7 +149,7 @@ class relay final : public listening_channel {
   bool usable() const { return watch_.ok(); }
   std::string address() const override { return host_ + "." + handle_; }
   bool is_self(std::int64_t id) const override {
-    return static_cast<unsigned long long>(id) == std::strtoull(handle_.c_str(), nullptr, 16);
+    return static_cast<unsigned long long>(id) == handle_id_;
   }
 
  private:
@@ -360,7 +361,9 @@ class relay final : public listening_channel {
     close_remembered(lock_fd_);
   }
 
-  const std::string dir_, host_, handle_, sub_;
+  const std::string dir_, host_, handle_;
+  const unsigned long long handle_id_;  // handle_ as the number a release returns
+  const std::string sub_;
   // The thread's own state.
   dir_watch watch_;
   int sub_wd_ = -1, dir_wd_ = -1, lock_fd_ = -1, write_fd_ = -1;

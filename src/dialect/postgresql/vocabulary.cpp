@@ -18,9 +18,9 @@ std::string vocabulary::lease_acquire(const table_names& t, bool in_queue_order)
   // moment earlier would have.
   return "INSERT INTO " + t.lock +
          " AS l (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
-         " holder_host, holder_pid, holder_thread) SELECT CAST(:name AS TEXT), CAST(:token AS "
-         "TEXT),"
-         " GREATEST(COALESCE((SELECT max_fence FROM " +
+         " holder_host, holder_pid, holder_thread)"
+         " SELECT CAST(:name AS TEXT), CAST(:token AS TEXT), GREATEST(COALESCE((SELECT max_fence "
+         "FROM " +
          t.floor + " WHERE id = 1), 0) + 1, CAST(:floor AS BIGINT)), 1, " + now() + ", " +
          plus_us(now(), "ttl") +
          ", CAST(:host AS TEXT), CAST(:pid AS BIGINT), CAST(:thread AS TEXT) WHERE NOT EXISTS"
