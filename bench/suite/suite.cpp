@@ -270,6 +270,27 @@ bool raw_release(raw_client& c, const backend_ctx& b, const std::string& name,
   return ok;
 }
 
+// Why a hot-key row took the lease not once: who holds the key (a lease that an earlier row
+// left held, or another process's), for the row's note.
+std::string hot_key_holder(const backend_ctx& b) {
+  try {
+    dblock::list_options lo;
+    lo.pattern = "bench/hot";
+    lo.include_free = true;
+    for (const auto& l : dblock::list_locks(b.db, lo))
+      if (l.name == "bench/hot")
+        return "no try succeeded: bench/hot " +
+               (l.held ? "was held by " + l.holder_host + " pid " + std::to_string(l.holder_pid) +
+                             " thread " + l.holder_thread + " (fence " + std::to_string(l.fence) +
+                             ", " + std::to_string(l.hold_count) + " holds, expires in " +
+                             std::to_string(l.expires_in.count() / 1000) + " ms)"
+                       : std::string("is free now"));
+    return "no try succeeded: bench/hot has no row";
+  } catch (const std::exception& e) {
+    return std::string("no try succeeded (reading bench/hot: ") + e.what() + ")";
+  }
+}
+
 // ---- the operations --------------------------------------------------------------------------
 
 struct operation {
@@ -1380,6 +1401,8 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
     r.kind = p.op.kind;
     r.floor = p.op.floor;
     r.note = p.op.note;
+    if (r.operations > 0 && r.successes == 0 && p.op.name.find("lease_hot") != std::string::npos)
+      r.note += "; " + hot_key_holder(*p.b);
     auto& v = rounds[{r.label, r.operation, r.clients}];
     v.push_back(r);
     if (static_cast<int>(v.size()) < o.repeat) {
@@ -1396,6 +1419,8 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
     for (const auto& x : v) {
       errors += x.errors;
       if (med.first_error.empty()) med.first_error = x.first_error;
+      // A round that succeeded not once says why in its note (hot_key_holder()).
+      if (x.operations > 0 && x.successes == 0 && med.successes > 0) med.note = x.note;
     }
     med.errors = errors;
     med.rounds = static_cast<int>(v.size());
