@@ -327,6 +327,17 @@ class vocabulary {
   /// (not forced) instead returns a number for a head that its own process may ring directly,
   /// 0 otherwise (see doorbell::ring_handle()). Empty elsewhere.
   virtual std::string release_returning(const table_names&, bool /*forced*/) const { return {}; }
+  /**
+   * The whole lease release statement (:name, :token, :fence, :bell) where a release that frees
+   * the lease hands it to the head of the live queue when that head asked for it
+   * (lock_waiter.grant_ttl_us > 0) and waits through the releasing process's own host relay
+   * (PostgreSQL): the head's owner token, fence + 1, a TTL of grant_ttl_us, its entry deleted,
+   * all in the statement's own durable transaction. Its rows: release_returning()'s number (a
+   * handed-over lease: the head's handle + 2^60), then, when handed over, the head's ticket.
+   * One row at least when a hold was released. Empty where the dialect never hands a lease
+   * over; the release is then built from release_head() and release_returning().
+   */
+  virtual std::string lease_release_granting(const table_names&) const { return {}; }
   /// With release_returning(): a query that notifies the head of the live queue as the release
   /// would (:name, :token, :fence bound), for a head the releasing process could not ring.
   virtual std::string head_notify(const table_names&) const { return {}; }

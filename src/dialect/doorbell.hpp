@@ -31,6 +31,9 @@ struct ring_event {
   std::uint64_t hash = 0;
   std::int64_t fence = 0;
   std::string head;
+  /// > 0: the release handed the lease, at `fence`, to the waiter with this queue ticket
+  /// (vocabulary::lease_release_granting()); that waiter alone is woken.
+  std::int64_t granted_ticket = 0;
 };
 
 /// A backend's open wake-up channel: a thread that delivers rings from other processes until
@@ -105,10 +108,11 @@ class doorbell {
   /// Rings, from the releasing process, the handle that vocabulary::release_returning()
   /// returned as `handle` (the lease of `name` freed at `fence`), the lowest ticket of its
   /// waiters of that name; false when that could not be done (the caller then notifies it
-  /// through the database, head_notify).
+  /// through the database, head_notify). `granted_ticket` > 0: the release handed the lease at
+  /// `fence` to that handle's waiter with this ticket, and the ring says so to it alone.
   virtual bool ring_handle(const std::string& target, const std::string& name, std::int64_t fence,
-                           std::int64_t handle) const {
-    (void)target, (void)name, (void)fence, (void)handle;
+                           std::int64_t handle, std::int64_t granted_ticket) const {
+    (void)target, (void)name, (void)fence, (void)handle, (void)granted_ticket;
     return false;
   }
 };

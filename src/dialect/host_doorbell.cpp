@@ -31,7 +31,18 @@ bool parse_ring_entry(const char* name, ring_event& ev) {
   ev.hash = hash;
   ev.fence = fence;
   ev.head = head == any_waiter ? std::string() : std::string(head);
+  if (head[0] == 'g') {  // granted_head()
+    char* end = nullptr;
+    const long long ticket = std::strtoll(head + 1, &end, 10);
+    if (end == head + 1 || *end != '\0' || ticket <= 0) return false;
+    ev.granted_ticket = ticket;
+    ev.head.clear();
+  }
   return true;
+}
+
+std::string granted_head(std::int64_t ticket) {
+  return "g" + std::to_string(ticket);
 }
 
 bool touch_entry(const std::string& dir, const std::string& name) {

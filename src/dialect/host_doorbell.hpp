@@ -15,6 +15,9 @@ namespace dblock::detail {
 /// The head of a ring that names no waiter: the one of the lowest ticket among the waiters of
 /// the name that the ring reaches (parse_ring_entry() gives an empty head).
 inline const std::string any_waiter = "_";
+/// The head of a ring that hands the lease to the waiter with queue ticket `ticket`
+/// (ring_event::granted_ticket): "g<ticket>" (an owner token is hexadecimal, never "g...").
+std::string granted_head(std::int64_t ticket);
 /// The entry name of a ring (see the file comment); empty when `head` is not 1..64 letters,
 /// digits, `_` or `-`.
 std::string ring_entry(std::uint64_t hash, std::int64_t fence, const std::string& head);

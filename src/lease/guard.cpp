@@ -75,12 +75,12 @@ void lease_state::finish_queue_exit() noexcept {
   if (x) x->finish(db, milliseconds(2000), true);
 }
 
-void lease_state::report_released(int left, std::int64_t ring_id) {
+void lease_state::report_released(int left, std::int64_t ring_id, std::int64_t granted) {
   // The lease is free: the next local contender goes first (it needs no ring), then a waiter
   // is woken now rather than at its next poll.
   if (left == 0) {
     open_gate();
-    wait_queue::ring_freed(db, name, fence, token, ring_id);
+    wait_queue::ring_freed(db, name, fence, token, ring_id, granted);
   }
   db->notify([&](listener& l) {
     l.released(name,
@@ -91,7 +91,8 @@ void lease_state::report_released(int left, std::int64_t ring_id) {
 // Sends the release (transient conflicts retried). True when it matched. A lost reply: the
 // server session is ended, then the row decides: applied (true), not applied (sent again), or
 // no longer ours (false, with in_doubt set).
-bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id) {
+bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id,
+                               std::int64_t& granted) {
   const std::string what = "release lease '" + name + "'";
   // Where the release may leave a head of this host to this process (PostgreSQL's host relay).
   const std::string bell = left == 0 ? db->hub->relay_bell() : std::string();
@@ -102,7 +103,8 @@ bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id) 
       return retry(policy, [&] {
         return with_session(db, what, [&](session_scope& s) {
           server = s.server();
-          return lock_table::release(s, name, token, fence, &ring_id, bell);
+          return lock_table::release(s, name, token, fence, &ring_id, bell,
+                                     left == 0 && hand_over.load() ? &granted : nullptr);
         });
       });
     } catch (const error& e) {
@@ -144,9 +146,9 @@ void lease_state::release_one() {
     }
   } opener{left == 0 ? this : nullptr};
   bool in_doubt = false;
-  std::int64_t ring_id = 0;
-  if (release_sent(left, in_doubt, ring_id)) {
-    report_released(left, ring_id);
+  std::int64_t ring_id = 0, granted = 0;
+  if (release_sent(left, in_doubt, ring_id, granted)) {
+    report_released(left, ring_id, granted);
     return;
   }
   // Not matched: already released by an earlier attempt whose reply was lost, or lost.

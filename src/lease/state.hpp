@@ -40,6 +40,9 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   std::atomic<int> holds{0};
 
   std::atomic<bool> watched{false};  // the handle's renewer renews it (watchdog on)
+  /// A fair acquisition that came through the waiter queue: others are likely queued behind it,
+  /// so its release may hand the lease to the head (lock_statements::release_granting).
+  std::atomic<bool> hand_over{false};
 
   /// The local validity ends `lease - margin` after the request was sent.
   void set_deadline(steady::time_point sent, std::chrono::milliseconds lease) {
@@ -77,10 +80,11 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   void release_one();
 
  private:
-  bool release_sent(int left, bool& in_doubt, std::int64_t& ring_id);
+  bool release_sent(int left, bool& in_doubt, std::int64_t& ring_id, std::int64_t& granted);
   /// `ring_id`: what the release statement returned for the head waiter to ring
-  /// (wait_queue::ring_freed()); -1 when its reply was lost (looked up instead).
-  void report_released(int left, std::int64_t ring_id = 0);
+  /// (wait_queue::ring_freed()); -1 when its reply was lost (looked up instead). `granted`: the
+  /// ticket of the waiter the release handed the lease to (0: none).
+  void report_released(int left, std::int64_t ring_id = 0, std::int64_t granted = 0);
 
   /// Finishes the deletion of leave_queue_later()'s entry (idempotent).
   void finish_queue_exit() noexcept;

@@ -27,7 +27,8 @@ class waiting_acquire {
         what_("acquire lease '" + lk.name + "'"),
         wait_(wait),
         deadline_(steady::now() + wait),
-        token_(new_owner_token()) {}
+        token_(new_owner_token()),
+        grants_(lk.options.fair && !dbi_->statements.release_granting.text.empty()) {}
   ~waiting_acquire() { leave_queue(); }
 
   lease_guard run() {
@@ -48,6 +49,7 @@ class waiting_acquire {
     bool rung = false;
     std::int64_t seen_fence = -1;
     for (int round = 0;; ++round) {
+      if (auto g = handed_over(rung)) return done(std::move(*g));
       check();
       // Rung: the lease was just freed; try at once without reading first. A fair waiter's
       // acquire takes it only when nobody waits ahead (the statement checks), so a ring that
@@ -68,7 +70,7 @@ class waiting_acquire {
       // holder's expiry or poll_max, whichever is first (polling with jittered backoff when
       // rings cannot be relied on).
       nanoseconds sleep = backoff(round);
-      if (st.free() && our_turn) {
+      if (st.mine || (st.free() && our_turn)) {  // mine: handed over, the ring did not say so
         if (auto g = lk_.attempt(token_, ticket_)) return done(std::move(*g));
       } else if (!st.free()) {
         const nanoseconds left = microseconds(st.expires_us - st.now_us) + milliseconds(1);
@@ -99,6 +101,9 @@ class waiting_acquire {
   }
   lease_guard done(lease_guard g) {
     if (entry_) entry_->acquired();
+    // Came through the queue, fair: its release may hand the lease to the next in line.
+    if (entry_ && grants_ && lk_.current && lk_.current->holds.load() == 1)
+      lk_.current->hand_over.store(true);
     // The acquire deleted the queue entry, or, where that would cost a second write on the
     // handoff's path, the lease deletes it during the hold (a reentrant hold, which came
     // through no queue, leaves it to the destructor).
@@ -123,14 +128,43 @@ class waiting_acquire {
   }
   wait_queue::wait_state read() {
     return with_session(dbi_, what_,
-                        [&](session_scope& s) { return wait_queue::read(s, lk_.name); });
+                        [&](session_scope& s) { return wait_queue::read(s, lk_.name, token_); });
+  }
+  // Handed the lease by a release, which rang this waiter with its fence: held without a
+  // statement (else `rung`, and the try takes it, one statement, as after a ring without it).
+  std::optional<lease_guard> handed_over(bool& rung) {
+    const std::int64_t f = entry_->granted();
+    if (!f) return std::nullopt;
+    rung = true;
+    return adopt(f);
+  }
+  // The lease a release handed over at `fence` (vocabulary::lease_release_granting()), held
+  // without a statement. Its TTL ran from the release's clock reading, which came after this
+  // waiter's entry was committed, so that entry's send time is a safe start for the local
+  // validity (as a try's send time is for its grant). After a long wait that start would cost
+  // the guard too much of its TTL: nullopt then, and the try takes the lease with a fresh TTL.
+  std::optional<lease_guard> adopt(std::int64_t fence) {
+    if (!grants_ || steady::now() - enqueued_at_ > lk_.options.ttl / 4) return std::nullopt;
+    acquire_params p;
+    p.name = lk_.name;
+    p.owner_token = token_;
+    p.ttl_us = ttl_us();
+    p.holder_host = host_name();
+    p.holder_pid = static_cast<std::int64_t>(::getpid());
+    dbi_->notify([&](listener& l) {
+      l.acquired(lk_.name, fence, duration_cast<microseconds>(steady::now() - started_));
+    });
+    return lk_.granted(p, fence, enqueued_at_, false);
   }
   std::int64_t ttl_us() const { return duration_cast<microseconds>(lk_.options.ttl).count(); }
   void enqueue() {
+    const steady::time_point sent = steady::now();
     ticket_ = with_session(dbi_, what_ + " (joining the queue)", [&](session_scope& s) {
       return wait_queue::enqueue(s, lk_.name, token_, ttl_us(), host_name(),
-                                 static_cast<std::int64_t>(::getpid()), entry_->address());
+                                 static_cast<std::int64_t>(::getpid()), entry_->address(),
+                                 grants_ ? ttl_us() : 0);
     });
+    enqueued_at_ = sent;
     entry_->set_ticket(ticket_);
     joined_ = true;
     refresh_at_ = steady::now() + lk_.options.ttl / 3;
@@ -142,6 +176,12 @@ class waiting_acquire {
         dbi_, what_ + " (refreshing the queue entry)",
         [&](session_scope& s) { return wait_queue::refresh(s, ticket_, token_, ttl_us()); });
     if (!alive) {
+      // Gone: reaped, or deleted by a release that handed the lease over (the next read sees
+      // it ours and the try takes it).
+      if (grants_ && read().mine) {
+        refresh_at_ = steady::time_point::max();
+        return;
+      }
       enqueue();
       return;
     }
@@ -150,10 +190,17 @@ class waiting_acquire {
   void leave_queue() noexcept {
     if (!ticket_) return;
     try {
-      with_session(dbi_, what_ + " (leaving the queue)",
-                   [&](session_scope& s) { wait_queue::dequeue(s, ticket_, token_); });
+      const bool left = with_session(dbi_, what_ + " (leaving the queue)", [&](session_scope& s) {
+        return wait_queue::dequeue(s, ticket_, token_);
+      });
+      // The entry was gone: a release may have handed this waiter the lease (the release locks
+      // the entry, so it has committed by now). Pass it on: take it and release it.
+      if (!left && grants_ && read().mine) {
+        if (auto g = lk_.attempt(token_, ticket_)) g->release();
+      }
     } catch (...) {
-      // The entry expires within the lease TTL; the reaper deletes it later.
+      // The entry expires within the lease TTL; the reaper deletes it later (a lease handed
+      // over runs out at its TTL).
     }
   }
   nanoseconds backoff(int round) const {
@@ -178,6 +225,9 @@ class waiting_acquire {
   std::shared_ptr<gate_pass> pass_;  // the local gate (not fair, not reentrant)
   std::optional<hub_entry> entry_;   // enlisted once the first try failed
   std::int64_t ticket_ = 0;
+  const bool grants_;               // fair, where a release may hand the lease to its queue's head
+  steady::time_point enqueued_at_;  // when the last enqueue was sent
+  const steady::time_point started_ = steady::now();  // for listener::acquired()
   bool joined_ = false;  // enqueued, and not yet slept on a held lease since
   steady::time_point refresh_at_ = steady::time_point::max();
 };

@@ -1,6 +1,7 @@
 #include "storage/lock_table.hpp"
 
 #include <random>
+#include <utility>
 
 #include "storage/write_scope.hpp"
 
@@ -138,17 +139,30 @@ bool renew(session_scope& s, const std::string& name, const std::string& token, 
 }
 
 bool release(session_scope& s, const std::string& name, const std::string& token,
-             std::int64_t fence, std::int64_t* ring_id, const std::string& bell) {
+             std::int64_t fence, std::int64_t* ring_id, const std::string& bell,
+             std::int64_t* granted_ticket) {
+  const lock_statements& all = s.statements();
+  const statement& st =
+      granted_ticket && !all.release_granting.text.empty() ? all.release_granting : all.release;
   std::vector<sql_param> v{name, token, static_cast<long long>(fence)};
-  if (s.statements().release.params.size() > 3) v.emplace_back(bell);
-  const sql_result r = write_statement(s, s.statements().release, v, write_kind::release);
-  const bool released = r.affected == 1;
+  if (st.params.size() > 3) v.emplace_back(bell);
+  const sql_result r = write_statement(s, st, v, write_kind::release);
+  // An UPDATE: the rows it changed (0 or 1); release_granting: the rows it returned (1, or 2
+  // when it handed the lease over).
+  const bool released = r.affected >= 1;
+  if (granted_ticket) *granted_ticket = 0;
   if (!ring_id) return released;
   *ring_id = 0;
-  if (released && !s.statements().bell_ring.text.empty())  // release_head()
+  if (released && !s.statements().bell_ring.text.empty()) {  // release_head()
     *ring_id = r.insert_id;
-  else if (released && !s.statements().head_notify.text.empty() && !r.empty() && !r.is_null(0, 0))
-    *ring_id = r.integer(0, 0);  // release_returning()
+  } else if (released && !s.statements().head_notify.text.empty()) {
+    // release_returning(), and the head's ticket when handed over (in either order).
+    std::int64_t ring = r.empty() || r.is_null(0, 0) ? 0 : r.integer(0, 0);
+    std::int64_t other = r.rows.size() > 1 ? r.integer(1, 0) : 0;
+    if ((other & handed_over) != 0) std::swap(ring, other);
+    *ring_id = ring;
+    if (granted_ticket && (ring & handed_over) != 0) *granted_ticket = other;
+  }
   return released;
 }
 

@@ -78,8 +78,15 @@ bool renew(session_scope&, const std::string& name, const std::string& token, st
 /// id of the connection to ring (MySQL, vocabulary::release_head()), or the handle of a head
 /// that waits through the host relay whose bell is `bell` (PostgreSQL,
 /// vocabulary::release_returning(); `bell` is the releasing handle's, wake_hub::relay_bell()).
+/// With `granted_ticket` (a fair holder that came through the queue), the release may hand the
+/// freed lease to the head of the queue (lock_statements::release_granting): `ring_id` is then
+/// that head's handle plus handed_over, and `granted_ticket` receives its ticket (else 0); the
+/// head holds the lease at `fence` + 1.
 bool release(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
-             std::int64_t* ring_id = nullptr, const std::string& bell = std::string());
+             std::int64_t* ring_id = nullptr, const std::string& bell = std::string(),
+             std::int64_t* granted_ticket = nullptr);
+/// The bit of release()'s `ring_id` that says the lease was handed over (handles are 60 bits).
+constexpr std::int64_t handed_over = std::int64_t(1) << 60;
 /// One lease of a batch renewal: the acquisition renew() would be given.
 struct renewal {
   std::string name;

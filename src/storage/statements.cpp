@@ -39,6 +39,10 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
                           v.release_head(t) + ours_and_held + now + rings,
                       rings.empty() ? std::vector<std::string>{"name", "token", "fence"}
                                     : std::vector<std::string>{"name", "token", "fence", "bell"});
+  const std::string granting = v.lease_release_granting(t);
+  if (!granting.empty())
+    s.release_granting =
+        routine("lease_release_granting", granting, {"name", "token", "fence", "bell"});
   s.read = make("read",
                 "SELECT resource_name, owner_token, fence, hold_count, " +
                     v.epoch_us("acquired_at") + ", " + v.epoch_us("expires_at") + ", " +
@@ -66,6 +70,23 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
       "", "UPDATE " + t.floor + " SET epoch = epoch + 1 WHERE id = 1" + v.returning("epoch"), {});
 }
 
+// The waiting acquire's read: the lock row, the head of the live queue (the holder's own entries
+// excluded) and whether :token holds it (a lease handed over in the release).
+statement wait_read(const vocabulary& v, const table_names& t) {
+  const std::string now = v.now();
+  const std::string head = "(SELECT MIN(w.ticket) FROM " + t.waiters +
+                           " w WHERE w.resource_name = l.resource_name AND w.owner_token <>"
+                           " l.owner_token AND w.expires_at > " +
+                           now + ")";
+  const std::string mine =
+      "CASE WHEN l.owner_token = :token AND l.hold_count > 0 THEN 1 ELSE 0 END";
+  return make("wait_read",
+              "SELECT hold_count, " + v.epoch_us("expires_at") + ", " + v.epoch_us(now) + ", " +
+                  head + ", fence, " + mine + " FROM " + t.lock +
+                  " l WHERE l.resource_name = :name",
+              {"token", "name"});
+}
+
 void waiter_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
   const std::string dq = v.lease_acquire_dequeue(t, false);
@@ -78,10 +99,10 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
   s.waiter_insert = make("waiter_insert",
                          "INSERT INTO " + t.waiters +
                              " (resource_name, owner_token, enqueued_at, expires_at, holder_host,"
-                             " holder_pid, bell) VALUES (:name, :token, " +
-                             now + ", " + v.plus_us(now, "ttl") + ", :host, :pid, :bell)" +
+                             " holder_pid, bell, grant_ttl_us) VALUES (:name, :token, " +
+                             now + ", " + v.plus_us(now, "ttl") + ", :host, :pid, :bell, :grant)" +
                              v.returning_unflushed("ticket"),
-                         {"name", "token", "ttl", "host", "pid", "bell"});
+                         {"name", "token", "ttl", "host", "pid", "bell", "grant"});
   s.waiter_refresh = make("waiter_refresh",
                           "UPDATE " + t.waiters + " SET expires_at = " + v.plus_us(now, "ttl") +
                               " WHERE ticket = :ticket AND owner_token = :token",
@@ -90,14 +111,7 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
       make("waiter_delete",
            "DELETE FROM " + t.waiters + " WHERE ticket = :ticket AND owner_token = :token",
            {"ticket", "token"});
-  s.wait_read =
-      make("wait_read",
-           "SELECT hold_count, " + v.epoch_us("expires_at") + ", " + v.epoch_us(now) +
-               ", (SELECT MIN(w.ticket) FROM " + t.waiters +
-               " w WHERE w.resource_name = l.resource_name AND w.owner_token <> l.owner_token"
-               " AND w.expires_at > " +
-               now + "), fence FROM " + t.lock + " l WHERE l.resource_name = :name",
-           {"name"});
+  s.wait_read = wait_read(v, t);
   s.waiter_head = make("waiter_head",
                        "SELECT owner_token FROM " + t.waiters +
                            " WHERE resource_name = :name AND owner_token <> :token AND"

@@ -20,6 +20,10 @@ struct lock_statements {
   /// name, token, fence[, bell (release_returning(), PostgreSQL)]; one row affected when a
   /// hold was released
   statement release;
+  /// The same (bell bound), handing a freed lease to the head of the queue when it asked for
+  /// that (vocabulary::lease_release_granting()); a fair holder that came through the queue
+  /// releases with it. Empty text where the dialect never hands a lease over.
+  statement release_granting;
   statement read;  ///< name -> the row and the database clock
   /// name, token -> fence, locking the row (inside a write transaction): the fenced-write check
   statement fenced_check;
@@ -35,10 +39,13 @@ struct lock_statements {
   /// text where the dialect cannot do both in one statement (see vocabulary).
   statement acquire_dequeue;
   statement acquire_dequeue_in_order;  ///< the same, in queue order (as acquire_in_order)
-  statement waiter_insert;   ///< name, token, ttl, host, pid -> ticket (RETURNING or insert id)
+  /// name, token, ttl, host, pid, bell, grant (the TTL in µs to be handed the lease with, 0:
+  /// never) -> ticket (RETURNING or insert id)
+  statement waiter_insert;
   statement waiter_refresh;  ///< ttl, ticket, token; one row affected while the entry lives
   statement waiter_delete;   ///< ticket, token
-  /// name -> hold_count, expires (µs), now (µs), the lowest live ticket (NULL: none), fence
+  /// token, name -> hold_count, expires (µs), now (µs), the lowest live ticket (NULL: none),
+  /// fence, 1 when held by `token` (a lease handed over in the release) else 0
   statement wait_read;
   /// name, token (the releaser's) -> the owner token of the head of the live queue
   statement waiter_head;

@@ -17,10 +17,11 @@ sql_result write_statement(session_scope& s, const statement& st, const std::vec
 
 std::int64_t enqueue(session_scope& s, const std::string& name, const std::string& token,
                      std::int64_t ttl_us, const std::string& host, std::int64_t pid,
-                     const std::string& bell) {
-  const sql_result r = write_statement(
-      s, s.statements().waiter_insert,
-      {name, token, static_cast<long long>(ttl_us), host, static_cast<long long>(pid), bell});
+                     const std::string& bell, std::int64_t grant_ttl_us) {
+  const sql_result r =
+      write_statement(s, s.statements().waiter_insert,
+                      {name, token, static_cast<long long>(ttl_us), host,
+                       static_cast<long long>(pid), bell, static_cast<long long>(grant_ttl_us)});
   return r.empty() ? r.insert_id : r.integer(0, 0);
 }
 
@@ -30,12 +31,13 @@ bool refresh(session_scope& s, std::int64_t ticket, const std::string& token, st
              .affected == 1;
 }
 
-void dequeue(session_scope& s, std::int64_t ticket, const std::string& token) {
-  write_statement(s, s.statements().waiter_delete, {static_cast<long long>(ticket), token});
+bool dequeue(session_scope& s, std::int64_t ticket, const std::string& token) {
+  return write_statement(s, s.statements().waiter_delete, {static_cast<long long>(ticket), token})
+             .affected == 1;
 }
 
-wait_state read(session_scope& s, const std::string& name) {
-  const sql_result r = s.run(s.statements().wait_read, {name});
+wait_state read(session_scope& s, const std::string& name, const std::string& token) {
+  const sql_result r = s.run(s.statements().wait_read, {token, name});
   wait_state w;
   if (r.empty()) return w;
   w.exists = true;
@@ -44,6 +46,7 @@ wait_state read(session_scope& s, const std::string& name) {
   w.now_us = r.integer(0, 2);
   if (!r.is_null(0, 3)) w.head = r.integer(0, 3);
   w.fence = r.integer(0, 4);
+  w.mine = r.integer(0, 5) != 0;
   return w;
 }
 
@@ -60,8 +63,20 @@ bool ring(session_scope& s, std::int64_t id) {
 }
 
 void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
-                std::int64_t fence, const std::string& token, std::int64_t sleeper) {
+                std::int64_t fence, const std::string& token, std::int64_t sleeper,
+                std::int64_t granted_ticket) {
   const std::string what = "ring the head waiter of '" + name + "'";
+  if (granted_ticket > 0) {
+    // Handed over: only that waiter may take it, so no other is woken. Its process is this one
+    // (the waiter learns of it here) or another of this host (its relay directory). When the
+    // ring cannot be made, the waiter finds the lease its own at its next read (poll_max).
+    const std::int64_t handle = sleeper & ~lock_table::handed_over;
+    if (db->hub->is_own_bell(handle))
+      db->hub->granted(name, granted_ticket, fence + 1);
+    else
+      db->hub->ring_handle(name, fence + 1, handle, granted_ticket);
+    return;
+  }
   std::string head;
   if (db->hub->wants_head()) {
     try {
@@ -77,7 +92,7 @@ void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& nam
   if (!db->statements.head_notify.text.empty()) {
     if (sleeper == 0 || (sleeper < 0 && token.empty())) return;
     if (sleeper > 0 &&
-        (db->hub->is_own_bell(sleeper) || db->hub->ring_handle(name, fence, sleeper)))
+        (db->hub->is_own_bell(sleeper) || db->hub->ring_handle(name, fence, sleeper, 0)))
       return;
     try {
       with_session(db, what, [&](session_scope& s) {

@@ -26,6 +26,7 @@ struct wait_state {
   std::int64_t expires_us = 0, now_us = 0;
   std::optional<std::int64_t> head;  ///< lowest live ticket (the last holder's entry excluded)
   std::int64_t fence = 0;            ///< the row's fence: a new holder has a new one
+  bool mine = false;                 ///< held by the reader's token: handed over in a release
   bool free() const { return !exists || hold_count == 0 || expires_us <= now_us; }
 };
 
@@ -41,15 +42,18 @@ struct entry_info {
 /// Adds an entry expiring `ttl_us` from now on the database clock; returns its ticket. `bell`
 /// is the wake-up address of the waiter's database handle where the backend rings one
 /// (bell_channel::address(); empty elsewhere).
+/// `grant_ttl_us` > 0: the release may hand the lease to this entry with that TTL
+/// (lock_statements::release_granting; fair waiters).
 std::int64_t enqueue(session_scope&, const std::string& name, const std::string& token,
                      std::int64_t ttl_us, const std::string& host, std::int64_t pid,
-                     const std::string& bell);
+                     const std::string& bell, std::int64_t grant_ttl_us = 0);
 /// Extends an entry; false when it is gone (reaped after expiring).
 bool refresh(session_scope&, std::int64_t ticket, const std::string& token, std::int64_t ttl_us);
-/// Deletes an entry (no error when already gone).
-void dequeue(session_scope&, std::int64_t ticket, const std::string& token);
-/// Reads the lock row of `name` and the head of its queue.
-wait_state read(session_scope&, const std::string& name);
+/// Deletes an entry (no error when already gone); false when it was gone already (reaped, or
+/// deleted by a release that handed the lease to it).
+bool dequeue(session_scope&, std::int64_t ticket, const std::string& token);
+/// Reads the lock row of `name` and the head of its queue; `mine` when `token` holds it.
+wait_state read(session_scope&, const std::string& name, const std::string& token);
 /// The owner token of the head of `name`'s live queue, the releaser's own entry (`token`)
 /// excluded; empty when nobody waits.
 std::string head_token(session_scope&, const std::string& name, const std::string& token);
@@ -65,8 +69,13 @@ bool ring(session_scope&, std::int64_t id);
 /// on PostgreSQL, `sleeper` is the handle of a head on this host that the release did not
 /// notify (vocabulary::release_returning()), rung through the host relay's directory, or
 /// notified now when that fails. A failure only costs the wake-up.
+///
+/// `granted_ticket` > 0: the release handed the lease to that head at `fence` + 1 instead
+/// (lock_table::release()); `sleeper` is then its handle plus lock_table::handed_over, and the
+/// ring carries the grant (doorbell::ring_handle()) to the waiter with that ticket alone.
 void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
-                std::int64_t fence, const std::string& token, std::int64_t sleeper);
+                std::int64_t fence, const std::string& token, std::int64_t sleeper,
+                std::int64_t granted_ticket = 0);
 /// A ticket above every entry's: with it, acquire_dequeue() in order takes a free lease only
 /// when nobody waits in its queue, and deletes no entry (a fair try before queueing).
 constexpr std::int64_t behind_everyone = INT64_MAX;

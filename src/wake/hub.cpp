@@ -98,8 +98,10 @@ void wake_hub::leave(const std::shared_ptr<wake_waiter>& w, bool acquired) {
   if (channel_ && channel_->addressed()) channel_->watch(w->token, false);
   std::lock_guard<std::mutex> l(mu_);
   waiters_.remove(w);
-  // A ring this waiter took but did not use belongs to the next waiter of the name.
-  if (!acquired && w->rung.load()) wake_one(w->name_hash, w->name, std::string());
+  // A ring this waiter took but did not use belongs to the next waiter of the name (not a
+  // lease handed to it: the waiter releases that itself, which rings the next one).
+  if (!acquired && w->rung.load() && w->granted_fence.load() == 0)
+    wake_one(w->name_hash, w->name, std::string());
 }
 
 bool wake_hub::wait(wake_waiter& w, std::chrono::nanoseconds d) {
@@ -128,16 +130,20 @@ bool wake_hub::wake_one(std::uint64_t hash, const std::string& name, const std::
     if (!pick || order(*w) < order(*pick)) pick = w;
   }
   if (!pick) return false;
-  pick->rung.store(true);
-  cancel_access::poke(pick->slot);
+  wake(*pick);
+  return true;
+}
+
+void wake_hub::wake(wake_waiter& w) {
+  w.rung.store(true);
+  cancel_access::poke(w.slot);
   woken_.fetch_add(1);
   if (events_) {
     try {
-      events_->woken(pick->name);
+      events_->woken(w.name);
     } catch (...) {
     }
   }
-  return true;
 }
 
 bool wake_hub::duplicate(std::uint64_t hash, std::int64_t fence) {
@@ -158,9 +164,29 @@ void wake_hub::released(const std::string& name, std::int64_t fence, const std::
   if (!target_.empty()) dia_.bell.ring(target_, name, fence, head);
 }
 
+bool wake_hub::granted(const std::string& name, std::int64_t ticket, std::int64_t fence) {
+  std::lock_guard<std::mutex> l(mu_);
+  return grant_one(name_hash(name), name, ticket, fence);
+}
+
+bool wake_hub::grant_one(std::uint64_t hash, const std::string& name, std::int64_t ticket,
+                         std::int64_t fence) {
+  for (const auto& w : waiters_) {
+    if (w->name_hash != hash || (!name.empty() && w->name != name) || w->ticket != ticket) continue;
+    w->granted_fence.store(fence);
+    wake(*w);
+    return true;
+  }
+  return false;
+}
+
 void wake_hub::deliver(const ring_event& ev) {
   const std::uint64_t h = ev.name.empty() ? ev.hash : name_hash(ev.name);
   std::lock_guard<std::mutex> l(mu_);
+  if (ev.granted_ticket > 0) {  // a lease handed over: that waiter alone, whatever came before
+    grant_one(h, ev.name, ev.granted_ticket, ev.fence);
+    return;
+  }
   // The same release rung twice (by this process at once, then by the database): once is enough,
   // unless it names the head of the queue, which the local ring could not know.
   const bool seen = duplicate(h, ev.fence);

@@ -38,6 +38,9 @@ struct wake_waiter {
   /// It read the lock without rings reaching it (it polls): a confirmation wakes it to look
   /// again. One that confirmed before its read needs no second read.
   std::atomic<bool> polling{false};
+  /// A release handed it the lease at this fence (0: not); set with `rung`, guarded by the
+  /// hub's mutex until taken (hub_entry::granted()).
+  std::atomic<std::int64_t> granted_fence{0};
 };
 
 /// The wake-ups of one database handle (see the file comment). Thread-safe.
@@ -73,9 +76,16 @@ class wake_hub {
   }
   /// Rings handle `handle` of this host, which the release of `name` at `fence` left to this
   /// process (doorbell::ring_handle()); false when it could not.
-  bool ring_handle(const std::string& name, std::int64_t fence, std::int64_t handle) const {
-    return dia_.bell.ring_handle(target_, name, fence, handle);
+  /// `granted_ticket` > 0: the release handed that waiter the lease at `fence`.
+  bool ring_handle(const std::string& name, std::int64_t fence, std::int64_t handle,
+                   std::int64_t granted_ticket) const {
+    return dia_.bell.ring_handle(target_, name, fence, handle, granted_ticket);
   }
+  /// A release handed the lease of `name` to this handle's waiter with queue ticket `ticket` at
+  /// `fence`: wakes that waiter alone, which then holds the lease without a statement. False
+  /// when no such waiter is here (it left, or has not recorded its ticket yet: it finds the
+  /// lease its own at its next read).
+  bool granted(const std::string& name, std::int64_t ticket, std::int64_t fence);
   /// True when released() should be given the head of the queue (see doorbell::rings_head()).
   bool wants_head() const { return !target_.empty() && dia_.bell.rings_head(target_); }
   /// True while rings from other processes are known to reach `w`: it may then sleep until the
@@ -100,7 +110,12 @@ class wake_hub {
   /// With mu_ held: wakes the waiter of `hash`/`name` that should try now: the head of the
   /// queue when `head` names it (nobody when it waits elsewhere), else the lowest ticket here.
   bool wake_one(std::uint64_t hash, const std::string& name, const std::string& head);
+  /// With mu_ held: rings `w` (it wakes, and the listener hears of it).
+  void wake(wake_waiter& w);
   bool duplicate(std::uint64_t hash, std::int64_t fence);
+  /// With mu_ held: hands the waiter of `hash`/`name` with `ticket` the lease at `fence`.
+  bool grant_one(std::uint64_t hash, const std::string& name, std::int64_t ticket,
+                 std::int64_t fence);
   void ensure_channel();
 
   const dialect& dia_;
@@ -142,6 +157,8 @@ class hub_entry {
   bool relook() { return w_->relook.exchange(false); }
   /// The acquire succeeded: a ring it holds is used up.
   void acquired() { acquired_ = true; }
+  /// The fence at which a release handed it the lease (wake_hub::granted()), once; 0: none.
+  std::int64_t granted() { return w_->granted_fence.exchange(0); }
   void set_ticket(std::int64_t t) { hub_.set_ticket(*w_, t); }
   /// The wake-up address for its queue entry.
   std::string address() { return hub_.address(); }

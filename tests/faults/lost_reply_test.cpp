@@ -1,5 +1,6 @@
-// Regression test for a lost-reply resolution bug found by scenario 2 (connection_cut_test.cpp),
-// fixed by ending the broken server session before reading the row back.
+// Lost replies. First, a regression test for a lost-reply resolution bug found by scenario 2
+// (connection_cut_test.cpp), fixed by ending the broken server session before reading the row
+// back.
 //
 // try_acquire's upsert waits on the lock row, which a holder's fenced() transaction has locked.
 // The connection is reset meanwhile; lease_lock resolves the lost reply by reading the row at
@@ -10,12 +11,15 @@
 #include <soci/soci.h>
 #include <unistd.h>
 
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "fault_support.hpp"
 #include "harness.hpp"
 #include "internals.hpp"
 #include "proxy.hpp"
+#include "waiting_support.hpp"
 
 using namespace dblock;
 using namespace dblock::test;
@@ -68,4 +72,70 @@ DBLOCK_TEST_SERVERS(
                    << row->fence << " pid " << row->holder_pid);
   // Acceptable: acquired, in_doubt, or not acquired with a row that is not ours.
   CHECK((acquired || code == errc::in_doubt || !ours));
+}
+
+// The reply of a release that hands the lease to the next fair waiter (PostgreSQL; elsewhere
+// the release that frees it) is lost. The holder's release() resolves it by reading the row:
+// on PostgreSQL the lease is no longer its own (handed over), elsewhere it is free; either way
+// release() returns. The waiter, whose ring the lost reply took with it on PostgreSQL, finds
+// the lease its own at its next read (poll_max 300 ms) and holds it once, at the next fence.
+// Holder and waiter connect through the proxy, one URL, so that they share a host relay.
+DBLOCK_TEST_SERVERS("a lost reply of a release that hands the lease over loses no grant",
+                    "[faults][lost-reply]") {
+  auto [host, port] = url_host_port(ctx.url);
+  tcp_proxy proxy(host, port);
+  const std::string name = "handover-lost-reply-" + random_suffix();
+  const std::string url = url_via(ctx.url, proxy.port());
+  lease_options fair;
+  fair.fair = true;
+  fair.ttl = milliseconds(30000);
+  fair.poll_max = milliseconds(300);
+  lease_lock x_lock(ctx.db, name, fair);
+  auto x = x_lock.try_acquire();
+  REQUIRE(x);
+  auto holder_db = open_db(url, ctx.prefix, 2);
+  lease_lock holder_lock(holder_db, name, fair);
+  std::optional<lease_guard> h;
+  std::thread holder([&] { h.emplace(holder_lock.acquire(milliseconds(20000))); });
+  REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+  x->release();
+  holder.join();  // H came through the queue
+  REQUIRE(h);
+  auto waiter_db = open_db(url, ctx.prefix, 2);
+  lease_lock waiter_lock(waiter_db, name, fair);
+  std::optional<lease_guard> w;
+  std::string failure;
+  std::thread waiter([&] {
+    try {
+      w.emplace(waiter_lock.acquire(milliseconds(20000)));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+  const std::string lock_table = ctx.prefix + "resource_lock";
+  proxy.cut_reply_to(ctx.backend == "postgresql"
+                         ? std::string("dblock_lease_release_granting")
+                         : faults::renew_release_request_pattern(ctx.url, lock_table));
+  const std::int64_t fence = h->fence();
+  std::optional<errc> code;
+  try {
+    h->release();
+  } catch (const error& e) {
+    code = e.code();
+  }
+  waiter.join();
+  const long long cuts = proxy.cuts();
+  proxy.cut_reply_to("");  // disarm, had it not fired
+  INFO("release: " << (code ? to_string(*code) : "returned") << "; waiter: " << failure);
+  CHECK(cuts == 1);  // the release's reply was lost
+  CHECK_FALSE(code);
+  REQUIRE(w);
+  CHECK(w->fence() == fence + 1);
+  auto c = ctx.db.connect();
+  auto row = dblock::test::read_lease(c, name);
+  REQUIRE(row);
+  CHECK(row->hold_count == 1);
+  CHECK(row->fence == fence + 1);
+  w->release();
 }

@@ -137,9 +137,10 @@ std::unique_ptr<bell_channel> open_relay(const std::string& conninfo, bell_callb
 std::string relay_host_bell(const std::string& conninfo);
 /// Rings handle `handle` (its 15 hex digits as a number) of the host relay of `conninfo` through
 /// its directory, for the lease of `name` freed at `fence`; false when it could not (no such
-/// handle directory: that handle has no waiters any more).
+/// handle directory: that handle has no waiters any more). `granted_ticket` > 0: the lease was
+/// handed to that handle's waiter with this ticket, at `fence`.
 bool ring_relay_handle(const std::string& conninfo, const std::string& name, std::int64_t fence,
-                       std::int64_t handle);
+                       std::int64_t handle, std::int64_t granted_ticket);
 
 class doorbell final : public detail::doorbell {
  public:
@@ -148,7 +149,7 @@ class doorbell final : public detail::doorbell {
                                      bell_callbacks cb) const override;
   std::string relay_bell(const std::string& target) const override;
   bool ring_handle(const std::string& target, const std::string& name, std::int64_t fence,
-                   std::int64_t handle) const override;
+                   std::int64_t handle, std::int64_t granted_ticket) const override;
 };
 
 class classifier final : public detail::classifier {
@@ -169,6 +170,7 @@ class vocabulary final : public detail::vocabulary {
   std::string lease_acquire_dequeue(const table_names& t, bool in_queue_order) const override;
   std::string id_reserve(const table_names& t) const override;
   std::string release_returning(const table_names& t, bool forced) const override;
+  std::string lease_release_granting(const table_names& t) const override;
   std::string head_notify(const table_names& t) const override;
   std::string returning_unflushed(const std::string& column) const override {
     // set_config(..., true) lasts until the end of this statement's own transaction.
@@ -188,6 +190,10 @@ class vocabulary final : public detail::vocabulary {
     return "SET LOCAL synchronous_commit = remote_apply";
   }
   bool reap_in_key_order() const override { return true; }
+
+ private:
+  /// release_returning()'s value for the release's new row `row` ("<table>." or "l.").
+  std::string freed_ring(const table_names& t, const std::string& row) const;
 };
 
 /// Behind a transaction-mode pooler, a statement::routine statement runs as a PL/pgSQL routine

@@ -159,8 +159,9 @@ std::string doorbell::relay_bell(const std::string& target) const {
 }
 
 bool doorbell::ring_handle(const std::string& target, const std::string& name, std::int64_t fence,
-                           std::int64_t handle) const {
-  return !target.empty() && ring_relay_handle(listen_conninfo(target), name, fence, handle);
+                           std::int64_t handle, std::int64_t granted_ticket) const {
+  return !target.empty() &&
+         ring_relay_handle(listen_conninfo(target), name, fence, handle, granted_ticket);
 }
 
 listening_channel::listening_channel(std::string conninfo, bell_callbacks cb, std::string what)

@@ -434,14 +434,16 @@ std::string relay_host_bell(const std::string& conninfo) {
 }
 
 bool ring_relay_handle(const std::string& conninfo, const std::string& name, std::int64_t fence,
-                       std::int64_t handle) {
+                       std::int64_t handle, std::int64_t granted_ticket) {
   if (handle <= 0 || handle >= (std::int64_t{1} << (4 * handle_digits))) return false;
   const auto r = relay_of(conninfo);
   if (!r) return false;
   char sub[32];
   std::snprintf(sub, sizeof sub, "/h.%015llx", static_cast<unsigned long long>(handle));
   // No such directory: that handle has no waiters any more.
-  return touch_entry(r->dir + sub, ring_entry(name_hash(name), fence, any_waiter));
+  return touch_entry(r->dir + sub,
+                     ring_entry(name_hash(name), fence,
+                                granted_ticket > 0 ? granted_head(granted_ticket) : any_waiter));
 }
 
 std::unique_ptr<bell_channel> open_relay(const std::string& conninfo, bell_callbacks& cb) {

@@ -16,6 +16,10 @@ std::string vocabulary::lease_acquire(const table_names& t, bool in_queue_order)
   // (a waiter's first try, a contender's poll). The clause below still decides every grant, on
   // the locked row; a lease freed while this statement started only fails this try, as a try a
   // moment earlier would have.
+  // In queue order, a row of our token is a lease the release handed to this waiter
+  // (lease_release_granting()): the statement takes it as it is, one hold, and restarts its TTL.
+  // (A reentrant acquire never runs in queue order.)
+  const std::string held_again = in_queue_order ? "l.hold_count" : "l.hold_count + 1";
   return "INSERT INTO " + t.lock +
          " AS l (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
          " holder_host, holder_pid, holder_thread)"
@@ -33,7 +37,7 @@ std::string vocabulary::lease_acquire(const table_names& t, bool in_queue_order)
          " ON CONFLICT (resource_name) DO UPDATE SET"
          " fence = CASE WHEN " +
          reentry + " THEN l.fence ELSE GREATEST(l.fence + 1, :floor) END, hold_count = CASE WHEN " +
-         reentry + " THEN l.hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
+         reentry + " THEN " + held_again + " ELSE 1 END, acquired_at = CASE WHEN " + reentry +
          " THEN l.acquired_at ELSE EXCLUDED.acquired_at END,"
          " owner_token = EXCLUDED.owner_token, expires_at = EXCLUDED.expires_at,"
          " holder_host = EXCLUDED.holder_host, holder_pid = EXCLUDED.holder_pid,"
@@ -74,6 +78,23 @@ std::string notify_head(const std::string& fence, const std::string& name) {
          name + ")";
 }
 
+// A bell column of a queue entry that waits through the host relay whose bell is :bell (the
+// releasing handle's, '' when it has none): "<16-char host bell>.<15 hex digits>".
+std::string same_relay(const std::string& bell) {
+  return "(CAST(:bell AS TEXT) <> '' AND strpos(" + bell + ", '.') = 17 AND split_part(" + bell +
+         ", '.', 1) = CAST(:bell AS TEXT) AND split_part(" + bell + ", '.', 2) ~ '^[0-9a-f]{15}$')";
+}
+
+// The handle part of such a bell, as a number.
+std::string relay_handle(const std::string& bell) {
+  return "CAST(CAST('x0' || split_part(" + bell + ", '.', 2) AS BIT(64)) AS BIGINT)";
+}
+
+// `ts` plus a column of microseconds.
+std::string plus_us_value(const std::string& ts, const std::string& us) {
+  return "(" + ts + " + CAST(" + us + " AS DOUBLE PRECISION) * INTERVAL '1 microsecond')";
+}
+
 }  // namespace
 
 std::string vocabulary::release_returning(const table_names& t, bool forced) const {
@@ -94,15 +115,61 @@ std::string vocabulary::release_returning(const table_names& t, bool forced) con
   // true) lasts until the end of this statement's own transaction. A server crash can undo such
   // a release only (the lease then runs out at its TTL); the next grant's commit is durable and
   // flushes the release before it. A forced release raises the fence and stays durable.
-  const std::string handle = "split_part(h.bell, '.', 2)";
-  return " RETURNING COALESCE((SELECT CASE WHEN strpos(h.bell, '.') = 17 AND"
-         " split_part(h.bell, '.', 1) = CAST(:bell AS TEXT) AND " +
-         handle + " ~ '^[0-9a-f]{15}$' THEN CAST(CAST('x0' || " + handle +
-         " AS BIT(64)) AS BIGINT) ELSE 0 * length(CAST(" +
-         notify_head(row + "fence", row + "resource_name") + " AS TEXT)) END FROM " +
-         queue_head(t, now()) + free + "), 0) + CASE WHEN " + row +
+  return " RETURNING " + freed_ring(t, row);
+}
+
+std::string vocabulary::freed_ring(const table_names& t, const std::string& row) const {
+  const std::string free = " WHERE " + row + "hold_count = 0";
+  return "COALESCE((SELECT CASE WHEN " + same_relay("h.bell") + " THEN " + relay_handle("h.bell") +
+         " ELSE 0 * length(CAST(" + notify_head(row + "fence", row + "resource_name") +
+         " AS TEXT)) END FROM " + queue_head(t, now()) + free + "), 0) + CASE WHEN " + row +
          "hold_count = 0 THEN 0 * length(set_config('synchronous_commit', 'off', true))"
          " ELSE 0 END";
+}
+
+std::string vocabulary::lease_release_granting(const table_names& t) const {
+  const std::string nw = now();
+  // The head of the live queue (entries of :token excluded), deleted when it is handed the
+  // lease: it asked for that (a fair waiter's TTL), it waits through the releasing process's own
+  // host relay (which then rings it with the fence, ring_handle()), and this release frees the
+  // lease (the statement's snapshot of our row; the UPDATE below re-checks on the locked row,
+  // and at the instant of the TTL's end alone could the two differ: the waiter then joins the
+  // queue again). The DELETE is the handover's lock: a waiter that deletes its entry to give up
+  // either goes first (this statement then hands nothing over) or waits for this one and finds
+  // its DELETE matched nothing: it holds the lease and passes it on.
+  const std::string head =
+      "gone AS (DELETE FROM " + t.waiters + " WHERE ticket = (SELECT w.ticket FROM " + t.waiters +
+      " w WHERE w.resource_name = :name AND w.owner_token <> :token AND" + " w.expires_at > " + nw +
+      " ORDER BY w.ticket LIMIT 1) AND grant_ttl_us > 0 AND " + same_relay("bell") +
+      " AND EXISTS (SELECT 1 FROM " + t.lock +
+      " o WHERE o.resource_name = :name AND o.owner_token = :token AND o.fence = :fence AND"
+      " o.hold_count = 1 AND o.expires_at > " +
+      nw +
+      ") RETURNING ticket AS g_ticket, CAST(owner_token AS TEXT) AS g_token, CAST(bell AS TEXT)"
+      " AS g_bell, grant_ttl_us AS g_ttl, holder_host AS g_host, holder_pid AS g_pid)";
+  const std::string g = "(l.hold_count = 1 AND gone.g_ticket IS NOT NULL)";
+  auto pick = [&](const std::string& given, const std::string& kept) {
+    return "CASE WHEN " + g + " THEN " + given + " ELSE " + kept + " END";
+  };
+  // The RETURNING clause sees the new row: handed over when its owner is the head's token.
+  const std::string handed = "(gone.g_ticket IS NOT NULL AND l.owner_token = gone.g_token)";
+  return "WITH " + head + ", r AS (UPDATE " + t.lock + " AS l SET expires_at = CASE WHEN " + g +
+         " THEN " + plus_us_value(nw, "gone.g_ttl") + " WHEN l.hold_count <= 1 THEN " + nw +
+         " ELSE l.expires_at END, hold_count = " + pick("1", "l.hold_count - 1") +
+         ", owner_token = " + pick("gone.g_token", "l.owner_token") +
+         ", fence = " + pick("l.fence + 1", "l.fence") +
+         ", acquired_at = " + pick(nw, "l.acquired_at") +
+         ", holder_host = " + pick("gone.g_host", "l.holder_host") +
+         ", holder_pid = " + pick("gone.g_pid", "l.holder_pid") +
+         ", holder_thread = " + pick("''", "l.holder_thread") +
+         " FROM (SELECT 1) AS one LEFT JOIN gone ON true"
+         " WHERE l.resource_name = :name AND l.owner_token = :token AND l.fence = :fence"
+         " AND l.hold_count > 0 AND l.expires_at > " +
+         nw + " RETURNING CASE WHEN " + handed + " THEN " + relay_handle("gone.g_bell") +
+         " + 1152921504606846976 ELSE " + freed_ring(t, "l.") + " END AS ring, CASE WHEN " +
+         handed +
+         " THEN gone.g_ticket END AS granted) SELECT ring FROM r UNION ALL"
+         " SELECT granted FROM r WHERE granted IS NOT NULL";
 }
 
 std::string vocabulary::head_notify(const table_names& t) const {
