@@ -70,7 +70,8 @@ class waiting_acquire {
       // holder's expiry or poll_max, whichever is first (polling with jittered backoff when
       // rings cannot be relied on).
       nanoseconds sleep = backoff(round);
-      if (st.mine || (st.free() && our_turn)) {  // mine: handed over, the ring did not say so
+      // Ours: handed over in a release whose ring did not reach this waiter.
+      if ((grants_ && st.mine) || (st.free() && our_turn)) {
         if (auto g = lk_.attempt(token_, ticket_)) return done(std::move(*g));
       } else if (!st.free()) {
         const nanoseconds left = microseconds(st.expires_us - st.now_us) + milliseconds(1);
