@@ -92,6 +92,14 @@ std::shared_ptr<wake_waiter> wake_hub::enlist(const std::string& name, const std
 void wake_hub::set_ticket(wake_waiter& w, std::int64_t ticket) {
   std::lock_guard<std::mutex> l(mu_);
   w.ticket = ticket;
+  // Handed the lease before its enqueue's reply came back (grant_one() kept it).
+  const auto p = early_grants_.find(ticket);
+  if (p == early_grants_.end()) return;
+  if (p->second.first == w.name_hash) {
+    w.granted_fence.store(p->second.second);
+    wake(w);
+  }
+  early_grants_.erase(p);
 }
 
 void wake_hub::leave(const std::shared_ptr<wake_waiter>& w, bool acquired) {
@@ -177,6 +185,11 @@ bool wake_hub::grant_one(std::uint64_t hash, const std::string& name, std::int64
     wake(*w);
     return true;
   }
+  // No such waiter yet: a release can hand the lease to an entry whose waiter has not had the
+  // reply of its enqueue (its ticket) yet. Kept for set_ticket(); a waiter that is gone leaves
+  // its grant here until the map is cleared (it only bounds the map).
+  if (early_grants_.size() >= 1024) early_grants_.clear();
+  early_grants_[ticket] = {hash, fence};
   return false;
 }
 

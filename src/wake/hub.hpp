@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "dblock/cancellation.hpp"
 #include "dialect/dialect.hpp"
@@ -125,6 +126,8 @@ class wake_hub {
   mutable std::mutex mu_;
   std::list<std::shared_ptr<wake_waiter>> waiters_;            // in arrival order
   std::unordered_map<std::uint64_t, std::int64_t> last_rung_;  // name hash -> fence rung last
+  /// Grants for a ticket no waiter here has recorded yet: ticket -> (name hash, fence).
+  std::unordered_map<std::int64_t, std::pair<std::uint64_t, std::int64_t>> early_grants_;
   std::mutex channel_mu_;
   std::unique_ptr<bell_channel> channel_;
   std::atomic<bool> channel_opened_{false};
