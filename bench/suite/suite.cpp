@@ -872,12 +872,30 @@ result watchdog_scale(backend_ctx& b, int n, int ttl_ms, std::ostream& progress)
 
 // A releaser stays out of the race until another thread has taken the lock (at most 2 s, and not
 // past the end of the measurement, when the others stop taking it), so that every measured
-// handoff goes to a waiter, not back to the releaser.
-void wait_for_successor(const std::atomic<long long>& generation, long long released) {
-  const auto give_up = std::min(clk::now() + std::chrono::seconds(2), measurement_end);
-  while (generation.load() == released && clk::now() < give_up)
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-}
+// handoff goes to a waiter, not back to the releaser. It sleeps on a condition variable: a
+// releaser that polled would take CPU from the very handoff it measures on a small machine
+// (polling every 50 us cost about 10 wake-ups per handoff).
+class turns {
+ public:
+  /// A new holder took the lock, or a holder starts its release: the number of that event.
+  long long next() {
+    std::lock_guard<std::mutex> l(mu_);
+    ++generation_;
+    cv_.notify_all();
+    return generation_;
+  }
+  /// Waits until another event than `released` (the caller's release) happened.
+  void wait_for_successor(long long released) {
+    const auto give_up = std::min(clk::now() + std::chrono::seconds(2), measurement_end);
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_until(l, give_up, [&] { return generation_ != released; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  long long generation_ = 0;
+};
 
 // K = clients - 1 waiters on one lock. Each holder keeps it hold_us, notes when it starts
 // release(), and the next holder measures from that instant to the return of its acquire().
@@ -904,7 +922,8 @@ struct wake_counter : dblock::listener {
 
 result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, bool own_handles,
                       const dblock::lease_options& lo) {
-  std::atomic<long long> release_started{0}, generation{0}, releases{0};
+  std::atomic<long long> release_started{0}, releases{0};
+  turns turn;
   std::mutex mu;
   std::vector<float> lat, waits;
   double held_ns = 0;  // how long holders really kept the lock (sleep_for() oversleeps)
@@ -938,7 +957,7 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
       const long long asked = now_ns();
       auto g = lk->acquire(std::chrono::seconds(30));
       const long long got = now_ns(), rel = release_started.exchange(0);
-      ++generation;
+      turn.next();
       const bool counted = in_window(asked);
       {
         std::lock_guard<std::mutex> l(mu);
@@ -948,7 +967,7 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
           waits.push_back(static_cast<float>((got - asked) / 1000.0));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
-      const long long gen = ++generation;
+      const long long gen = turn.next();
       const long long start = now_ns();
       release_started = start;
       if (counted) {
@@ -958,7 +977,7 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
       }
       g.release();
       if (in_window(start)) ++releases;
-      wait_for_successor(generation, gen);
+      turn.wait_for_successor(gen);
       return true;
     });
   });
@@ -983,7 +1002,8 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
 // The same with PostgreSQL LISTEN/NOTIFY: a waiter sleeps until the holder's release notifies
 // it (or 100 ms pass), instead of polling. Raw libpq, the lease statements of dblock.
 result handoff_notify(backend_ctx& b, int clients, double seconds, int hold_us) {
-  std::atomic<long long> release_started{0}, generation{0};
+  std::atomic<long long> release_started{0};
+  turns turn;
   std::mutex mu;
   std::vector<float> lat;
   auto now_ns = [] { return clk::now().time_since_epoch().count(); };
@@ -997,19 +1017,18 @@ result handoff_notify(backend_ctx& b, int clients, double seconds, int hold_us) 
         auto f = raw_acquire(*c, b, "bench/handoff_notify", tok);
         if (f) {
           const long long got = now_ns(), rel = release_started.exchange(0);
-          ++generation;
-          ++generation;
+          turn.next();
           if (rel && rel >= measurement_start.time_since_epoch().count() &&
               rel < measurement_end.time_since_epoch().count()) {
             std::lock_guard<std::mutex> l(mu);
             lat.push_back(static_cast<float>((got - rel) / 1000.0));
           }
           std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
-          const long long gen = ++generation;
+          const long long gen = turn.next();
           release_started = now_ns();
           raw_release(*c, b, "bench/handoff_notify", tok, *f);
           c->exec("NOTIFY dblock_bench_handoff");
-          wait_for_successor(generation, gen);
+          turn.wait_for_successor(gen);
           return true;
         }
         // Wait for a notification (or 100 ms), then drain them all and try again.
