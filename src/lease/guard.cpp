@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "dblock/retry.hpp"
+#include "identifier.hpp"
 #include "lease/renewer.hpp"
 #include "lease/state.hpp"
 #include "storage/lock_table.hpp"
@@ -132,6 +133,28 @@ bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id,
   return false;
 }
 
+namespace {
+
+// What the lock row showed when a release found the lease no longer ours (never the owner token,
+// which would let a reader release that lease).
+std::string row_after_loss(const std::optional<lease_row>& row, const std::string& token) {
+  if (!row) return "the row is gone (reaped)";
+  const long long left_ms = (row->expires_at_us - row->now_us) / 1000;
+  const std::string expiry = left_ms > 0 ? "expires in " + std::to_string(left_ms) + " ms"
+                                         : "expired " + std::to_string(-left_ms) + " ms ago";
+  std::string who = printable(row->holder_host) + ":" + std::to_string(row->holder_pid);
+  if (!row->holder_thread.empty()) who += " thread " + printable(row->holder_thread);
+  const std::string holds = "hold count " + std::to_string(row->hold_count);
+  if (row->owner_token == token)
+    return "the row is still this lease's at fence " + std::to_string(row->fence) + ", " + holds +
+           ", " + expiry;
+  const bool held = row->hold_count > 0 && left_ms > 0;
+  return "the row is at fence " + std::to_string(row->fence) + ", " +
+         (held ? "held by " : "last held by ") + who + ", " + holds + ", " + expiry;
+}
+
+}  // namespace
+
 void lease_state::release_one() {
   const int left = holds.fetch_sub(1) - 1;
   if (left == 0) {
@@ -164,10 +187,11 @@ void lease_state::release_one() {
     report_released(left, -1);
     return;
   }
-  mark_lost(error(errc::lease_lost, "lease '" + name + "' was lost before release"));
-  throw error(errc::lease_lost, "lease '" + name +
-                                    "' had expired or been taken over before release; the "
-                                    "successor's row was left untouched");
+  const std::string now = row_after_loss(row, token);
+  mark_lost(error(errc::lease_lost, "lease '" + name + "' was lost before release (" + now + ")"));
+  throw error(errc::lease_lost, "lease '" + name + "' (fence " + std::to_string(fence) +
+                                    ") had expired or been taken over before release; " + now +
+                                    "; the successor's row was left untouched");
 }
 
 }  // namespace detail
