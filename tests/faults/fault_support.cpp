@@ -283,8 +283,11 @@ DBLOCK_WORKER(fault_counter_worker) {
       }
     } catch (const dblock::error& e) {
       log.line(std::string("E acquire ") + dblock::to_string(e.code()) + ": " + e.what());
-      if (e.code() == errc::in_doubt) {
-        // The lease may be ours (nobody renews it; it expires): remember its fence.
+      // The lease may be ours (nobody renews it; it expires): remember its fence. So after an
+      // in_doubt, and after a leadership whose announcement failed on a cut connection once the
+      // lease was granted: the guard releases it on the way out, and that release can fail too.
+      if (e.code() == errc::in_doubt ||
+          (a.at("kind") == "election" && e.code() == errc::connection_lost)) {
         try {
           auto c = direct.connect();
           auto row = dblock::test::read_lease(c, row_name);
