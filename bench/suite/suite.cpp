@@ -897,6 +897,35 @@ class turns {
   long long generation_ = 0;
 };
 
+// Each handoff row also checks what it measures: one holder at a time, and every grant's fence
+// above the one before. A violation fails that cycle (an error of the row, the fences in its
+// note); the holder leaves before its release starts, so a successor never overlaps it.
+class exclusion_check {
+ public:
+  /// Empty, or what was broken.
+  std::string enter(std::int64_t fence) {
+    std::lock_guard<std::mutex> l(mu_);
+    std::string broken;
+    if (holders_++ > 0)
+      broken = "two holders at once: fence " + std::to_string(fence) + " granted while fence " +
+               std::to_string(held_) + " was held";
+    else if (fence <= last_)
+      broken = "fence " + std::to_string(fence) + " granted after fence " + std::to_string(last_);
+    held_ = fence;
+    last_ = std::max(last_, fence);
+    return broken;
+  }
+  void leave() {
+    std::lock_guard<std::mutex> l(mu_);
+    --holders_;
+  }
+
+ private:
+  std::mutex mu_;
+  int holders_ = 0;
+  std::int64_t held_ = 0, last_ = 0;
+};
+
 // K = clients - 1 waiters on one lock. Each holder keeps it hold_us, notes when it starts
 // release(), and the next holder measures from that instant to the return of its acquire().
 // With `own_handles` every client opens its own database handle, as separate processes would:
@@ -924,6 +953,7 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
                       const dblock::lease_options& lo) {
   std::atomic<long long> release_started{0}, releases{0};
   turns turn;
+  exclusion_check exclusion;
   std::mutex mu;
   std::vector<float> lat, waits;
   double held_ns = 0;  // how long holders really kept the lock (sleep_for() oversleeps)
@@ -957,6 +987,7 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
       const long long asked = now_ns();
       auto g = lk->acquire(std::chrono::seconds(30));
       const long long got = now_ns(), rel = release_started.exchange(0);
+      const std::string broken = exclusion.enter(g.fence());
       turn.next();
       const bool counted = in_window(asked);
       {
@@ -968,6 +999,7 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
       }
       std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
       const long long gen = turn.next();
+      exclusion.leave();
       const long long start = now_ns();
       release_started = start;
       if (counted) {
@@ -978,6 +1010,7 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
       g.release();
       if (in_window(start)) ++releases;
       turn.wait_for_successor(gen);
+      if (!broken.empty()) throw std::runtime_error(broken);
       return true;
     });
   });
