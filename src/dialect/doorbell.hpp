@@ -93,10 +93,11 @@ class doorbell {
   }
   /// Called by the releasing process after the lease of `name` (fence) was freed: rings the
   /// other processes where the database does not do it in the release's own transaction;
-  /// `head` is the owner token of the head of the queue (empty: unknown or nobody).
+  /// `head` is the owner token of the head of the queue (empty: unknown or nobody) and
+  /// `head_bell` its queue entry's wake-up address (bell_channel::address(); empty: none).
   virtual void ring(const std::string& target, const std::string& name, std::int64_t fence,
-                    const std::string& head) const {
-    (void)target, (void)name, (void)fence, (void)head;
+                    const std::string& head, const std::string& head_bell) const {
+    (void)target, (void)name, (void)fence, (void)head, (void)head_bell;
   }
   /// The bell of the host relay that the handles of this process connecting to `target` share
   /// (PostgreSQL, bound to the release as :bell, vocabulary::release_returning()); empty where

@@ -113,7 +113,7 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
            {"ticket", "token"});
   s.wait_read = wait_read(v, t);
   s.waiter_head = make("waiter_head",
-                       "SELECT owner_token FROM " + t.waiters +
+                       "SELECT owner_token, bell FROM " + t.waiters +
                            " WHERE resource_name = :name AND owner_token <> :token AND"
                            " expires_at > " +
                            now + " ORDER BY ticket LIMIT 1",

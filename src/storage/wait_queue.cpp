@@ -50,9 +50,10 @@ wait_state read(session_scope& s, const std::string& name, const std::string& to
   return w;
 }
 
-std::string head_token(session_scope& s, const std::string& name, const std::string& token) {
+queue_head head_of(session_scope& s, const std::string& name, const std::string& token) {
   const sql_result r = s.run(s.statements().waiter_head, {name, token});
-  return r.empty() ? std::string() : r.text(0, 0);
+  if (r.empty()) return {};
+  return {r.text(0, 0), r.is_null(0, 1) ? std::string() : r.text(0, 1)};
 }
 
 bool ring(session_scope& s, std::int64_t id) {
@@ -77,14 +78,14 @@ void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& nam
       db->hub->ring_handle(name, fence + 1, handle, granted_ticket);
     return;
   }
-  std::string head;
+  queue_head head;
   if (db->hub->wants_head()) {
     try {
-      head = with_session(db, what, [&](session_scope& s) { return head_token(s, name, token); });
+      head = with_session(db, what, [&](session_scope& s) { return head_of(s, name, token); });
     } catch (const error&) {
     }
   }
-  db->hub->released(name, fence, head);
+  db->hub->released(name, fence, head.token, head.bell);
   // PostgreSQL: a head on this host that the release left to this process (`sleeper` is its
   // handle) is rung through the relay's directory, or else notified through the database after
   // all; so is the head after a release whose reply was lost (-1 with the releaser's token; a

@@ -54,9 +54,13 @@ bool refresh(session_scope&, std::int64_t ticket, const std::string& token, std:
 bool dequeue(session_scope&, std::int64_t ticket, const std::string& token);
 /// Reads the lock row of `name` and the head of its queue; `mine` when `token` holds it.
 wait_state read(session_scope&, const std::string& name, const std::string& token);
-/// The owner token of the head of `name`'s live queue, the releaser's own entry (`token`)
-/// excluded; empty when nobody waits.
-std::string head_token(session_scope&, const std::string& name, const std::string& token);
+/// The head of a queue: its owner token and its entry's wake-up address (bell_channel::address();
+/// empty: none). Both empty when nobody waits.
+struct queue_head {
+  std::string token, bell;
+};
+/// The head of `name`'s live queue, the releaser's own entry (`token`) excluded.
+queue_head head_of(session_scope&, const std::string& name, const std::string& token);
 /// Where a release rings a sleeping connection (MySQL, statement bell_ring): interrupts the
 /// sleep of server session `id` (from lock_table::release()). False where the dialect rings
 /// otherwise.

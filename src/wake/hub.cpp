@@ -163,13 +163,14 @@ bool wake_hub::duplicate(std::uint64_t hash, std::int64_t fence) {
   return false;
 }
 
-void wake_hub::released(const std::string& name, std::int64_t fence, const std::string& head) {
+void wake_hub::released(const std::string& name, std::int64_t fence, const std::string& head,
+                        const std::string& head_bell) {
   const std::uint64_t h = name_hash(name);
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!duplicate(h, fence)) wake_one(h, name, head);
   }
-  if (!target_.empty()) dia_.bell.ring(target_, name, fence, head);
+  if (!target_.empty()) dia_.bell.ring(target_, name, fence, head, head_bell);
 }
 
 bool wake_hub::granted(const std::string& name, std::int64_t ticket, std::int64_t fence) {

@@ -67,7 +67,8 @@ class wake_hub {
   bool wait(wake_waiter& w, std::chrono::nanoseconds d);
   /// The lease of `name` with fence `fence` was freed by this process: wakes a local waiter and
   /// rings the other processes where the database does not (dialect doorbell).
-  void released(const std::string& name, std::int64_t fence, const std::string& head);
+  void released(const std::string& name, std::int64_t fence, const std::string& head,
+                const std::string& head_bell);
   /// The bell of the host relay this handle's releases may ring through (doorbell::relay_bell();
   /// empty: none).
   /// Looked up once per handle (every release that frees a lease passes it).

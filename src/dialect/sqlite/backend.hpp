@@ -79,7 +79,7 @@ class doorbell final : public detail::doorbell {
                                      bell_callbacks cb) const override;
   bool rings_head(const std::string& target) const override;
   void ring(const std::string& target, const std::string& name, std::int64_t fence,
-            const std::string& head) const override;
+            const std::string& head, const std::string& head_bell) const override;
 };
 
 class classifier final : public detail::classifier {
