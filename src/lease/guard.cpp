@@ -116,15 +116,7 @@ bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id,
     if (!end_broken_session(db, server))
       throw error(errc::in_doubt, what + ": the connection broke and " + session_not_ended(*db));
     in_doubt = true;
-    std::optional<lease_row> row;
-    try {
-      row = with_session(db, what, [&](session_scope& s) { return lock_table::read(s, name); });
-    } catch (const error& e2) {
-      if (e2.code() == errc::connection_lost && round < 2) continue;
-      throw error(
-          errc::in_doubt,
-          what + ": the connection broke and the outcome could not be read back: " + e2.what());
-    }
+    const std::optional<lease_row> row = read_back(what);
     const bool ours = row && row->owner_token == token && row->fence == fence;
     if (ours && row->hold_count == left) return true;  // it was applied
     if (!(ours && row->hold_count == left + 1 && row->expires_at_us > row->now_us)) return false;
@@ -154,6 +146,21 @@ std::string row_after_loss(const std::optional<lease_row>& row, const std::strin
 }
 
 }  // namespace
+
+// The row after a release whose reply was lost. Only the read is tried again when its own
+// connection breaks (up to three times), never the release: the outcome decides that.
+std::optional<lease_row> lease_state::read_back(const std::string& what) const {
+  for (int round = 0;; ++round) {
+    try {
+      return with_session(db, what, [&](session_scope& s) { return lock_table::read(s, name); });
+    } catch (const error& e) {
+      if (e.code() == errc::connection_lost && round < 2) continue;
+      throw error(
+          errc::in_doubt,
+          what + ": the connection broke and the outcome could not be read back: " + e.what());
+    }
+  }
+}
 
 void lease_state::release_one() {
   const int left = holds.fetch_sub(1) - 1;

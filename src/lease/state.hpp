@@ -20,6 +20,7 @@ namespace dblock::detail {
 
 using steady = std::chrono::steady_clock;
 class gate_pass;
+struct lease_row;
 namespace wait_queue {
 class deferred_exit;
 }
@@ -88,6 +89,7 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
 
   /// Finishes the deletion of leave_queue_later()'s entry (idempotent).
   void finish_queue_exit() noexcept;
+  std::optional<lease_row> read_back(const std::string& what) const;
 
   std::mutex gate_mu_;
   std::shared_ptr<gate_pass> gate_;

@@ -139,3 +139,48 @@ DBLOCK_TEST_SERVERS("a lost reply of a release that hands the lease over loses n
   CHECK(row->fence == fence + 1);
   w->release();
 }
+
+// A reentrant hold's release (2 holds -> 1) whose reply is lost, and whose read-back then loses
+// its connection too: only the read is tried again. Sent again blindly, the release would take
+// the last hold as well and free a lease still in use.
+DBLOCK_TEST_SERVERS("a lost release reply whose read-back also breaks never repeats the release",
+                    "[faults][lost-reply]") {
+  auto [host, port] = url_host_port(ctx.url);
+  tcp_proxy proxy(host, port);
+  const std::string name = "release-read-cut-" + random_suffix();
+  auto via = open_db(url_via(ctx.url, proxy.port()), ctx.prefix, 2);
+  lease_lock lk(via, name);
+  auto outer = lk.try_acquire();
+  REQUIRE(outer);
+  auto inner = lk.try_acquire();  // reentrant: hold count 2
+  REQUIRE(inner);
+  const std::string lock_table = ctx.prefix + "resource_lock";
+  proxy.cut_reply_to(faults::renew_release_request_pattern(ctx.url, lock_table));
+  proxy.cut_request_to(ctx.backend == "postgresql"
+                           ? std::string("dblock_read")
+                           : "SELECT resource_name, owner_token, fence, hold_count",
+                       false);
+  std::optional<errc> code;
+  try {
+    inner->release();
+  } catch (const error& e) {
+    code = e.code();
+  }
+  const long long cuts = proxy.cuts();
+  proxy.cut_reply_to("");
+  proxy.cut_request_to("", false);
+  INFO("release: " << (code ? to_string(*code) : "returned"));
+  CHECK(cuts == 2);  // the release's reply, then the read-back's request
+  CHECK_FALSE(code);
+  auto c = ctx.db.connect();
+  auto row = dblock::test::read_lease(c, name);
+  REQUIRE(row);
+  CHECK(row->hold_count == 1);  // the outer hold is still in use
+  CHECK(row->fence == outer->fence());
+  CHECK(row->expires_at_us > row->now_us);
+  CHECK(outer->valid());
+  outer->release();
+  row = dblock::test::read_lease(c, name);
+  REQUIRE(row);
+  CHECK(row->hold_count == 0);
+}
