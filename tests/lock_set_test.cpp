@@ -234,8 +234,10 @@ DBLOCK_WORKER(lock_set_worker) {
   for (int i = 0; i < pool_size; ++i)
     pool.push_back(name_prefix + std::to_string(i));
   // A cycle of one-by-one holders never resolves (the watchdog keeps every lease): 2 s shows it
-  // as well as 5 and saves CI time; a set acquire gets the margin of slow machines.
-  const auto wait = std::chrono::seconds(mode == "one-by-one" ? 2 : 5);
+  // as well as 5 and saves CI time. A set acquire gets the margin of slow machines: its waits
+  // are not fair, so under CI's parallel load a set can lose the race for its first name for
+  // over 5 s (seen once on MySQL) without any cycle; a deadlock still shows, at 20 s.
+  const auto wait = std::chrono::seconds(mode == "one-by-one" ? 2 : 20);
   std::ostringstream out;
   sleep_until_monotonic(start_ns);
   for (int i = 0; i < iterations; ++i) {
