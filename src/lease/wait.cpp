@@ -160,15 +160,54 @@ class waiting_acquire {
   std::int64_t ttl_us() const { return duration_cast<microseconds>(lk_.options.ttl).count(); }
   void enqueue() {
     const steady::time_point sent = steady::now();
-    ticket_ = with_session(dbi_, what_ + " (joining the queue)", [&](session_scope& s) {
-      return wait_queue::enqueue(s, lk_.name, token_, ttl_us(), host_name(),
-                                 static_cast<std::int64_t>(::getpid()), entry_->address(),
-                                 grants_ ? ttl_us() : 0);
-    });
+    ticket_ = insert_entry();
     enqueued_at_ = sent;
     entry_->set_ticket(ticket_);
     joined_ = true;
     refresh_at_ = steady::now() + lk_.options.ttl / 3;
+  }
+  // Sends the entry's insert. When its reply is lost the entry may exist, and nobody would
+  // refresh or delete it: it would stay at the head until its TTL ran out, fair waiters behind
+  // it waiting that long, and a release could hand it the lease. So once the broken server
+  // session is ended (nothing it ran can land later) the entry is looked up by this waiter's
+  // token: found, it is this waiter's; not found, the insert is sent again (three tries in all).
+  // A session that cannot be confirmed ended leaves the acquire failed, the entry if any
+  // expiring within the lease TTL.
+  std::int64_t insert_entry() {
+    const std::string what = what_ + " (joining the queue)";
+    for (int round = 0;; ++round) {
+      session_ref server;
+      try {
+        return with_session(dbi_, what, [&](session_scope& s) {
+          server = s.server();
+          return wait_queue::enqueue(s, lk_.name, token_, ttl_us(), host_name(),
+                                     static_cast<std::int64_t>(::getpid()), entry_->address(),
+                                     grants_ ? ttl_us() : 0);
+        });
+      } catch (const error& e) {
+        if (e.code() != errc::connection_lost || round >= 2) throw;
+        if (!end_broken_session(dbi_, server))
+          throw error(errc::connection_lost,
+                      what + ": the connection broke and " + session_not_ended(*dbi_) +
+                          "; a queue entry, if made, expires within the lease TTL: " + e.what(),
+                      e.backend(), e.sqlstate(), e.native_code());
+      }
+      if (const std::optional<std::int64_t> found = find_entry(what)) return *found;
+    }
+  }
+  // This waiter's entry, after a lost reply of its insert; only the read is tried again when
+  // its own connection breaks (up to three times), never the insert, which could then leave a
+  // second entry nobody deletes.
+  std::optional<std::int64_t> find_entry(const std::string& what) {
+    for (int round = 0;; ++round) {
+      try {
+        return with_session(
+            dbi_, what + " (reading the entry back after a lost reply)",
+            [&](session_scope& s) { return wait_queue::find(s, lk_.name, token_); });
+      } catch (const error& e) {
+        if (e.code() != errc::connection_lost || round >= 2) throw;
+      }
+    }
   }
   // The queue entry is a lease too: extend it while waiting; re-enter at the back when it was
   // reaped (this waiter stalled past its TTL).

@@ -111,6 +111,10 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
       make("waiter_delete",
            "DELETE FROM " + t.waiters + " WHERE ticket = :ticket AND owner_token = :token",
            {"ticket", "token"});
+  s.waiter_find = make(
+      "waiter_find",
+      "SELECT ticket FROM " + t.waiters + " WHERE resource_name = :name AND owner_token = :token",
+      {"name", "token"});
   s.wait_read = wait_read(v, t);
   s.waiter_head = make("waiter_head",
                        "SELECT owner_token, bell FROM " + t.waiters +

@@ -44,6 +44,8 @@ struct lock_statements {
   statement waiter_insert;
   statement waiter_refresh;  ///< ttl, ticket, token; one row affected while the entry lives
   statement waiter_delete;   ///< ticket, token
+  /// name, token -> the ticket of the entry `token` has in `name`'s queue (no row: none)
+  statement waiter_find;
   /// token, name -> hold_count, expires (µs), now (µs), the lowest live ticket (NULL: none),
   /// fence, 1 when held by `token` (a lease handed over in the release) else 0
   statement wait_read;

@@ -25,6 +25,13 @@ std::int64_t enqueue(session_scope& s, const std::string& name, const std::strin
   return r.empty() ? r.insert_id : r.integer(0, 0);
 }
 
+std::optional<std::int64_t> find(session_scope& s, const std::string& name,
+                                 const std::string& token) {
+  const sql_result r = s.run(s.statements().waiter_find, {name, token});
+  if (r.empty()) return std::nullopt;
+  return r.integer(0, 0);
+}
+
 bool refresh(session_scope& s, std::int64_t ticket, const std::string& token, std::int64_t ttl_us) {
   return write_statement(s, s.statements().waiter_refresh,
                          {static_cast<long long>(ttl_us), static_cast<long long>(ticket), token})

@@ -47,6 +47,9 @@ struct entry_info {
 std::int64_t enqueue(session_scope&, const std::string& name, const std::string& token,
                      std::int64_t ttl_us, const std::string& host, std::int64_t pid,
                      const std::string& bell, std::int64_t grant_ttl_us = 0);
+/// The ticket of `token`'s entry in `name`'s queue, expired or not; nullopt when it has none
+/// (to resolve an enqueue whose reply was lost).
+std::optional<std::int64_t> find(session_scope&, const std::string& name, const std::string& token);
 /// Extends an entry; false when it is gone (reaped after expiring).
 bool refresh(session_scope&, std::int64_t ticket, const std::string& token, std::int64_t ttl_us);
 /// Deletes an entry (no error when already gone); false when it was gone already (reaped, or

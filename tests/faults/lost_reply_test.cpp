@@ -25,6 +25,19 @@ using namespace dblock;
 using namespace dblock::test;
 using std::chrono::milliseconds;
 
+namespace {
+
+// Fair, a TTL far above the tests' waits, and polling every 300 ms where a ring is lost.
+lease_options fair_30s() {
+  lease_options o;
+  o.fair = true;
+  o.ttl = milliseconds(30000);
+  o.poll_max = milliseconds(300);
+  return o;
+}
+
+}  // namespace
+
 DBLOCK_TEST_SERVERS(
     "a lost reply of an upsert waiting on a row lock is never a false 'not acquired'",
     "[faults][lost-reply]") {
@@ -86,10 +99,7 @@ DBLOCK_TEST_SERVERS("a lost reply of a release that hands the lease over loses n
   tcp_proxy proxy(host, port);
   const std::string name = "handover-lost-reply-" + random_suffix();
   const std::string url = url_via(ctx.url, proxy.port());
-  lease_options fair;
-  fair.fair = true;
-  fair.ttl = milliseconds(30000);
-  fair.poll_max = milliseconds(300);
+  const lease_options fair = fair_30s();
   lease_lock x_lock(ctx.db, name, fair);
   auto x = x_lock.try_acquire();
   REQUIRE(x);
@@ -183,4 +193,65 @@ DBLOCK_TEST_SERVERS("a lost release reply whose read-back also breaks never repe
   row = dblock::test::read_lease(c, name);
   REQUIRE(row);
   CHECK(row->hold_count == 0);
+}
+
+// The reply to a fair waiter's queue insert is lost. The entry was made, and nothing else would
+// ever refresh or delete it: left alone it would stay at the head of the queue for the lease
+// TTL (30 s here), the next waiter behind it, and a release could hand it the lease. The waiter
+// reads its entry back by owner token once the broken session is ended and waits on with it:
+// it is granted the lease in its turn, the waiter behind it right after, and no entry is left.
+DBLOCK_TEST_SERVERS("a lost reply of a queue insert leaves no orphan entry at the head",
+                    "[faults][lost-reply]") {
+  auto [host, port] = url_host_port(ctx.url);
+  tcp_proxy proxy(host, port);
+  const std::string name = "enqueue-lost-reply-" + random_suffix();
+  const lease_options fair = fair_30s();
+  lease_lock x_lock(ctx.db, name, fair);
+  auto x = x_lock.try_acquire();
+  REQUIRE(x);
+  auto via = open_db(url_via(ctx.url, proxy.port()), ctx.prefix, 2);
+  via.ping();
+  lease_lock w_lock(via, name, fair);
+  // On PostgreSQL the statement is prepared in a round trip of its own first: the pattern is
+  // its execution's Bind message (the statement's name, then no format codes, 7 parameters).
+  const std::string bind("dblock_waiter_insert\0\0\0\0\x07", 25);
+  proxy.cut_reply_to(ctx.backend == "postgresql" ? bind
+                                                 : "INSERT INTO " + ctx.table("lock_waiter"));
+  std::optional<lease_guard> w;
+  std::string w_failure;
+  std::thread waiter([&] {
+    try {
+      w.emplace(w_lock.acquire(milliseconds(20000)));
+      std::this_thread::sleep_for(milliseconds(50));
+      w->release();
+    } catch (const std::exception& e) {
+      w_failure = e.what();
+    }
+  });
+  REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+  std::this_thread::sleep_for(milliseconds(300));  // W has resolved its lost reply by now
+  lease_lock y_lock(ctx.db, name, fair);
+  std::optional<lease_guard> y;
+  std::string y_failure;
+  std::thread behind([&] {
+    try {
+      y.emplace(y_lock.acquire(milliseconds(8000)));  // far below the entry TTL
+    } catch (const std::exception& e) {
+      y_failure = e.what();
+    }
+  });
+  REQUIRE(wait_for_waiters(ctx, name, 2, milliseconds(10000)));
+  const std::int64_t fence = x->fence();
+  x->release();
+  waiter.join();
+  behind.join();
+  const long long cuts = proxy.cuts();
+  proxy.cut_reply_to("");  // disarm, had it not fired
+  INFO("waiter: " << w_failure << "; the waiter behind: " << y_failure);
+  CHECK(cuts == 1);  // the insert's reply was lost
+  CHECK(w_failure.empty());
+  REQUIRE(y);
+  CHECK(y->fence() == fence + 2);  // W held it in between
+  y->release();
+  CHECK(count_waiters(ctx, name) == 0);
 }
