@@ -564,6 +564,18 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
     ++compared;
   }
   CHECK(compared >= 12);  // 7 operations at 1 and 2 clients (PostgreSQL: 8)
+
+  // --only =NAME selects that operation alone: "=dblock.handoff_fair" neither the other handoff
+  // rows (which "handoff" would select) nor any other; a plain part still selects by substring.
+  const auto [e, ej] = bench_json(ctx, {"--only", "=dblock.handoff_fair,ping", "--seconds", "0.2",
+                                        "--rounds", "1", "--clients", "1,2"});
+  INFO(e);
+  REQUIRE(e.status == 0);
+  REQUIRE(!ej.is_null());
+  std::set<std::string> ran;
+  for (const auto& row : ej.at("results"))
+    ran.insert(row.at("operation").get<std::string>());
+  CHECK(ran == std::set<std::string>{"dblock.handoff_fair", "dblock.ping"});
 }
 
 DBLOCK_TEST("cli bench: dblock.watchdog holds many watched leases on two threads, none lost",

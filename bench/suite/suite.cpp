@@ -302,14 +302,18 @@ struct operation {
   bool named_only = false;  // runs only when --only names it (it costs a long set-up)
 };
 
-// --only: comma-separated parts; an operation runs when its name contains one of them (all run
-// when it is empty).
+// --only: comma-separated parts; an operation runs when its name contains one of them, or is
+// one preceded by '=' (all run when it is empty).
 bool selected(const std::string& only, const std::string& name) {
   if (only.empty()) return true;
   for (std::size_t start = 0;;) {
     const std::size_t end = only.find(',', start);
     const std::string part = only.substr(start, end == std::string::npos ? end : end - start);
-    if (!part.empty() && name.find(part) != std::string::npos) return true;
+    if (part.size() > 1 && part[0] == '=') {
+      if (name == part.substr(1)) return true;
+    } else if (!part.empty() && name.find(part) != std::string::npos) {
+      return true;
+    }
     if (end == std::string::npos) return false;
     start = end + 1;
   }
@@ -1405,20 +1409,21 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
           }))
         prepare_sized(b, rows, progress);
   }
-  bool want_handoff = false;
-  for (const char* h : {"dblock.handoff", "dblock.handoff_shared", "dblock.handoff_fair",
-                        "dblock.handoff_fast", "pg.notify_handoff"})
-    want_handoff = want_handoff || selected(o.only, h);
+  // The handoff rows: each runs when --only selects it.
+  const bool want_plain = selected(o.only, "dblock.handoff");
+  const bool want_shared = selected(o.only, "dblock.handoff_shared");
+  const bool want_fair = selected(o.only, "dblock.handoff_fair");
+  const bool want_fast = selected(o.only, "dblock.handoff_fast");
+  const bool want_notify = selected(o.only, "pg.notify_handoff");
+  const auto notify_on = [](const backend_ctx& b) {  // LISTEN needs a session of its own
+    return b.backend == "postgresql" && b.db.options().pooler != dblock::pooler_mode::transaction;
+  };
   std::size_t total = plan.size();
-  if (want_handoff)
-    for (auto& b : ctxs)
-      for (int c : o.clients)
-        if (c > 1)
-          total += (b->backend == "postgresql" &&
-                            b->db.options().pooler != dblock::pooler_mode::transaction
-                        ? 4
-                        : 3) +
-                   (b->fast ? 1 : 0);
+  for (auto& b : ctxs)
+    for (int c : o.clients)
+      if (c > 1)
+        total += (want_plain ? 1 : 0) + (want_shared ? 1 : 0) + (want_fair ? 1 : 0) +
+                 (want_fast && b->fast ? 1 : 0) + (want_notify && notify_on(*b) ? 1 : 0);
   // Costs a long set-up (and minutes at 10,000 leases): only when --only names it.
   const bool want_watchdog = !o.only.empty() && selected(o.only, "dblock.watchdog");
   if (want_watchdog) total += 2 * ctxs.size();
@@ -1478,61 +1483,59 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
     med.rounds = static_cast<int>(v.size());
     report(std::move(med));
   }
-  if (want_handoff)
-    for (auto& b : ctxs)
-      for (int c : o.clients) {
-        if (c < 2) continue;
-        struct variant {
-          const char* op;
-          bool own, fair;
-        };
-        for (const variant v : {variant{"dblock.handoff", true, false},
-                                variant{"dblock.handoff_shared", false, false},
-                                variant{"dblock.handoff_fair", true, true}}) {
-          auto lo = b->wait_options;
-          lo.fair = v.fair;
-          result r = handoff_dblock(*b, c, o.seconds, o.hold_us, v.own, lo);
-          r.backend = b->backend;
-          r.label = b->label;
-          r.operation = v.op;
-          r.kind = "handoff";
-          char extra[96];
-          std::snprintf(extra, sizeof extra, "; woken per release %.2f; max/mean wait %.2f",
-                        r.woken_per_release.value_or(0), r.fairness.value_or(0));
-          r.note = std::string(v.own ? "one database handle per client (as processes)"
-                                     : "one database handle shared by the clients") +
-                   (v.fair ? ", fair" : "") +
-                   "; K=clients-1 waiters; latency from release() start to the next acquire() "
-                   "return (p50/p99); ops/s = handoffs/s; hold " +
-                   std::to_string(o.hold_us) + " us" + extra;
-          report(std::move(r));
-        }
-        // The same across handles on PostgreSQL's fast lease table: the wake-up path without
-        // the two commits' WAL flushes.
-        if (b->fast) {
-          result r = handoff_dblock(*b->fast, c, o.seconds, o.hold_us, true, b->wait_options);
-          r.backend = b->backend;
-          r.label = b->label;
-          r.operation = "dblock.handoff_fast";
-          r.kind = "handoff";
-          r.note =
-              "as dblock.handoff on the fast lease table (UNLOGGED, docs/fast-leases.md): the "
-              "wake-up path without the WAL flushes of the release and the acquire; hold " +
-              std::to_string(o.hold_us) + " us";
-          report(std::move(r));
-        }
-        // LISTEN does not work through a transaction-mode pooler.
-        if (b->backend == "postgresql" &&
-            b->db.options().pooler != dblock::pooler_mode::transaction) {
-          result q = handoff_notify(*b, c, o.seconds, o.hold_us);
-          q.backend = b->backend;
-          q.label = b->label;
-          q.operation = "pg.notify_handoff";
-          q.kind = "handoff";
-          q.note = "raw libpq: waiters LISTEN and retry on NOTIFY from the releaser";
-          report(std::move(q));
-        }
+  for (auto& b : ctxs)
+    for (int c : o.clients) {
+      if (c < 2) continue;
+      struct variant {
+        const char* op;
+        bool own, fair, wanted;
+      };
+      for (const variant v : {variant{"dblock.handoff", true, false, want_plain},
+                              variant{"dblock.handoff_shared", false, false, want_shared},
+                              variant{"dblock.handoff_fair", true, true, want_fair}}) {
+        if (!v.wanted) continue;
+        auto lo = b->wait_options;
+        lo.fair = v.fair;
+        result r = handoff_dblock(*b, c, o.seconds, o.hold_us, v.own, lo);
+        r.backend = b->backend;
+        r.label = b->label;
+        r.operation = v.op;
+        r.kind = "handoff";
+        char extra[96];
+        std::snprintf(extra, sizeof extra, "; woken per release %.2f; max/mean wait %.2f",
+                      r.woken_per_release.value_or(0), r.fairness.value_or(0));
+        r.note = std::string(v.own ? "one database handle per client (as processes)"
+                                   : "one database handle shared by the clients") +
+                 (v.fair ? ", fair" : "") +
+                 "; K=clients-1 waiters; latency from release() start to the next acquire() "
+                 "return (p50/p99); ops/s = handoffs/s; hold " +
+                 std::to_string(o.hold_us) + " us" + extra;
+        report(std::move(r));
       }
+      // The same across handles on PostgreSQL's fast lease table: the wake-up path without
+      // the two commits' WAL flushes.
+      if (b->fast && want_fast) {
+        result r = handoff_dblock(*b->fast, c, o.seconds, o.hold_us, true, b->wait_options);
+        r.backend = b->backend;
+        r.label = b->label;
+        r.operation = "dblock.handoff_fast";
+        r.kind = "handoff";
+        r.note =
+            "as dblock.handoff on the fast lease table (UNLOGGED, docs/fast-leases.md): the "
+            "wake-up path without the WAL flushes of the release and the acquire; hold " +
+            std::to_string(o.hold_us) + " us";
+        report(std::move(r));
+      }
+      if (want_notify && notify_on(*b)) {
+        result q = handoff_notify(*b, c, o.seconds, o.hold_us);
+        q.backend = b->backend;
+        q.label = b->label;
+        q.operation = "pg.notify_handoff";
+        q.kind = "handoff";
+        q.note = "raw libpq: waiters LISTEN and retry on NOTIFY from the releaser";
+        report(std::move(q));
+      }
+    }
   if (want_watchdog)
     for (auto& b : ctxs) {
       result f = raw_acquire_many(*b, o.watchdog_leases);

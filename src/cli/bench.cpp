@@ -30,7 +30,8 @@ CLI::App* add_bench(CLI::App& app, common_options& common, bench_options& b) {
   bench->add_option(
       "--only", o.only,
       "run only the operations whose name contains this, or one of these comma-separated "
-      "parts (e.g. lease, handoff, dblock.lease,semaphore)");
+      "parts (e.g. lease, handoff, dblock.lease,semaphore); a part =NAME selects that "
+      "operation alone (e.g. =dblock.handoff, without dblock.handoff_fair)");
   bench->add_option("--redis", o.redis,
                     "HOST:PORT of a throwaway redis-server for the Redis comparison");
   bench->add_option("--json", o.json_path, "write the results as JSON (bench/README.md)");

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -43,6 +44,12 @@ bool parse_ring_entry(const char* name, ring_event& ev) {
 
 std::string granted_head(std::int64_t ticket) {
   return "g" + std::to_string(ticket);
+}
+
+bool hex_digits(const std::string& s, std::size_t n) {
+  return s.size() == n && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 bool touch_entry(const std::string& dir, const std::string& name) {

@@ -4,6 +4,7 @@
 // removed: "<name hash, 16 hex>.<fence>.<head owner token>".
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -23,6 +24,12 @@ std::string granted_head(std::int64_t ticket);
 std::string ring_entry(std::uint64_t hash, std::int64_t fence, const std::string& head);
 /// Parses an entry name made by ring_entry(); false for any other name.
 bool parse_ring_entry(const char* name, ring_event& ev);
+/// The digits of a handle's bell in a host doorbell directory (SQLite's h.<bell>, the host bell
+/// of PostgreSQL's relay).
+constexpr std::size_t bell_digits = 16;
+/// True when `s` is `n` lowercase hexadecimal digits (a bell or handle id made here, safe as a
+/// path component).
+bool hex_digits(const std::string& s, std::size_t n);
 /// Rings through directory `dir`: creates the entry `name` in it and removes it again. False
 /// when it could not be created (no directory: nobody listens there).
 bool touch_entry(const std::string& dir, const std::string& name);

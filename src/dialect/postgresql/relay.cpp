@@ -100,12 +100,6 @@ void close_remembered(int& fd) {
   fd = -1;
 }
 
-bool hex_digits(const std::string& s, std::size_t n) {
-  return s.size() == n && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 /// The host bell in `dir`, made when missing (atomically: link() of a complete file); empty when
 /// it cannot be read or made.
 std::string host_bell(const std::string& dir) {
@@ -113,17 +107,17 @@ std::string host_bell(const std::string& dir) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd >= 0) {
-      char b[17] = {0};
-      const ssize_t n = ::read(fd, b, 16);
+      char b[bell_digits + 1] = {0};
+      const ssize_t n = ::read(fd, b, bell_digits);
       ::close(fd);
       const std::string bell(b, n > 0 ? static_cast<std::size_t>(n) : 0);
-      return hex_digits(bell, 16) ? bell : std::string();
+      return hex_digits(bell, bell_digits) ? bell : std::string();
     }
     if (errno != ENOENT) return {};
     const std::string tmp = path + "." + random_hex32();
     const int w = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
     if (w < 0) return {};
-    const std::string bell = random_hex32().substr(0, 16);
+    const std::string bell = random_hex32().substr(0, bell_digits);
     const bool written = ::write(w, bell.data(), bell.size()) == static_cast<ssize_t>(bell.size());
     ::close(w);
     const bool linked = written && (::link(tmp.c_str(), path.c_str()) == 0 || errno == EEXIST);

@@ -30,7 +30,7 @@ class channel final : public bell_channel {
  public:
   channel(std::string dir, bell_callbacks cb)
       : dir_(std::move(dir)),
-        handle_(random_hex32().substr(0, 16)),
+        handle_(random_hex32().substr(0, bell_digits)),
         sub_(dir_ + "/h." + handle_),
         cb_(std::move(cb)) {
     stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -132,8 +132,7 @@ void doorbell::ring(const std::string& target, const std::string& name, std::int
   const std::string entry = ring_entry(name_hash(name), fence, head);
   if (head_bell.empty()) {
     touch_entry(target, entry);
-  } else if (head_bell.size() == 16 &&
-             head_bell.find_first_not_of("0123456789abcdef") == std::string::npos) {
+  } else if (hex_digits(head_bell, bell_digits)) {
     touch_entry(target + "/h." + head_bell, entry);
   }
 }
