@@ -956,10 +956,12 @@ struct wake_counter : dblock::listener {
 result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, bool own_handles,
                       const dblock::lease_options& lo) {
   std::atomic<long long> release_started{0}, releases{0};
+  std::atomic<long long> grants{0};  // acquires so far, for the turns a wait lasted
   turns turn;
   exclusion_check exclusion;
   std::mutex mu;
   std::vector<float> lat, waits;
+  std::vector<long long> waited_turns;  // grants to other clients during each counted wait
   double held_ns = 0;  // how long holders really kept the lock (sleep_for() oversleeps)
   long long holds = 0;
   auto now_ns = [] { return clk::now().time_since_epoch().count(); };
@@ -988,9 +990,10 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
     auto cycles = std::make_shared<int>(0);
     return cycle_fn([&, lk, cycles] {
       counter->window(measurement_start, measurement_end);  // set once the threads start
-      const long long asked = now_ns();
+      const long long asked = now_ns(), grants_before = grants.load();
       auto g = lk->acquire(std::chrono::seconds(30));
       const long long got = now_ns(), rel = release_started.exchange(0);
+      const long long overtaken = grants.fetch_add(1) - grants_before;
       const std::string broken = exclusion.enter(g.fence());
       turn.next();
       const bool counted = in_window(asked);
@@ -998,8 +1001,10 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
         std::lock_guard<std::mutex> l(mu);
         if (rel && in_window(rel)) lat.push_back(static_cast<float>((got - rel) / 1000.0));
         // The first waits of a client include connecting its handle and joining the race.
-        if (++*cycles > 2 && counted && before_last_fifth(asked))
+        if (++*cycles > 2 && counted && before_last_fifth(asked)) {
           waits.push_back(static_cast<float>((got - asked) / 1000.0));
+          waited_turns.push_back(overtaken);
+        }
       }
       std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
       const long long gen = turn.next();
@@ -1032,6 +1037,17 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
     r.wait_mean_us = sum / waits.size();
     r.wait_max_us = top;
     if (sum > 0) r.fairness = top / (sum / waits.size());
+    // The same in turns, which machine hiccups do not lengthen: how many grants went to other
+    // clients during a wait (in queue order with K waiters, K - 1 every time).
+    long long turns_sum = 0, turns_top = 0;
+    for (long long t : waited_turns) {
+      turns_sum += t;
+      turns_top = std::max(turns_top, t);
+    }
+    const double turns_mean = static_cast<double>(turns_sum) / waited_turns.size();
+    r.figures["turns_mean"] = turns_mean;
+    r.figures["turns_max"] = static_cast<double>(turns_top);
+    if (turns_mean > 0) r.figures["fairness_max_over_mean_turns"] = turns_top / turns_mean;
   }
   return r;
 }
@@ -1613,14 +1629,17 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
   for (const auto& r : results) {
     if (r.kind != "handoff" || !r.woken_per_release) continue;
     if (!handoff_header)
-      out << "\nhandoffs (waiters woken per release; longest / mean acquire wait; handoffs/s "
-             "over 1 / (measured hold + one-client dblock.lease cycle)):\n";
+      out << "\nhandoffs (waiters woken per release; longest / mean acquire wait, in time and "
+             "in turns, the grants to others during a wait; handoffs/s over 1 / (measured hold + "
+             "one-client dblock.lease cycle)):\n";
     handoff_header = true;
     const auto rate = r.figures.find("rate_over_hold_plus_lease_cycle");
     out << "  " << std::left << std::setw(label_width) << r.label << std::setw(22) << r.operation
         << std::right << std::setw(4) << r.clients << " clients  woken " << std::fixed
-        << std::setprecision(2) << *r.woken_per_release << "  max/mean " << r.fairness.value_or(0)
-        << "  rate ";
+        << std::setprecision(2) << *r.woken_per_release << "  max/mean " << r.fairness.value_or(0);
+    const auto turns = r.figures.find("fairness_max_over_mean_turns");
+    if (turns != r.figures.end()) out << "  in turns " << turns->second;
+    out << "  rate ";
     if (rate != r.figures.end())
       out << rate->second << "x\n";
     else
