@@ -216,6 +216,14 @@ struct backend_ctx {
   std::unique_ptr<backend_ctx> fast;
 };
 
+// Names a result row: the backend it ran on (as the table labels it), its operation and kind.
+void name_row(result& r, const backend_ctx& b, std::string operation, std::string kind) {
+  r.backend = b.backend;
+  r.label = b.label;
+  r.operation = std::move(operation);
+  r.kind = std::move(kind);
+}
+
 // A raw lease acquire: the very statements dblock runs, through the C client.
 std::optional<long long> raw_acquire(raw_client& c, const backend_ctx& b, const std::string& name,
                                      const std::string& tok, long long floor = 0) {
@@ -1468,10 +1476,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
       r.errors = 1;
       r.first_error = e.what();
     }
-    r.backend = p.b->backend;
-    r.label = p.b->label;
-    r.operation = p.op.name;
-    r.kind = p.op.kind;
+    name_row(r, *p.b, p.op.name, p.op.kind);
     r.floor = p.op.floor;
     r.note = p.op.note;
     if (r.operations > 0 && r.successes == 0 && p.op.name.find("lease_hot") != std::string::npos)
@@ -1513,10 +1518,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
         auto lo = b->wait_options;
         lo.fair = v.fair;
         result r = handoff_dblock(*b, c, o.seconds, o.hold_us, v.own, lo);
-        r.backend = b->backend;
-        r.label = b->label;
-        r.operation = v.op;
-        r.kind = "handoff";
+        name_row(r, *b, v.op, "handoff");
         char extra[96];
         std::snprintf(extra, sizeof extra, "; woken per release %.2f; max/mean wait %.2f",
                       r.woken_per_release.value_or(0), r.fairness.value_or(0));
@@ -1532,10 +1534,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
       // the two commits' WAL flushes.
       if (b->fast && want_fast) {
         result r = handoff_dblock(*b->fast, c, o.seconds, o.hold_us, true, b->wait_options);
-        r.backend = b->backend;
-        r.label = b->label;
-        r.operation = "dblock.handoff_fast";
-        r.kind = "handoff";
+        name_row(r, *b, "dblock.handoff_fast", "handoff");
         r.note =
             "as dblock.handoff on the fast lease table (UNLOGGED, docs/fast-leases.md): the "
             "wake-up path without the WAL flushes of the release and the acquire; hold " +
@@ -1544,10 +1543,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
       }
       if (want_notify && notify_on(*b)) {
         result q = handoff_notify(*b, c, o.seconds, o.hold_us);
-        q.backend = b->backend;
-        q.label = b->label;
-        q.operation = "pg.notify_handoff";
-        q.kind = "handoff";
+        name_row(q, *b, "pg.notify_handoff", "handoff");
         q.note = "raw libpq: waiters LISTEN and retry on NOTIFY from the releaser";
         report(std::move(q));
       }
@@ -1555,10 +1551,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
   if (want_watchdog)
     for (auto& b : ctxs) {
       result f = raw_acquire_many(*b, o.watchdog_leases);
-      f.backend = b->backend;
-      f.label = b->label;
-      f.operation = "raw.acquire_many";
-      f.kind = "floor";
+      name_row(f, *b, "raw.acquire_many", "floor");
       f.note = std::to_string(o.watchdog_leases) +
                " distinct names acquired one after another (the acquire statement, C client)";
       report(std::move(f));
@@ -1570,10 +1563,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
         r.errors = 1;
         r.first_error = e.what();
       }
-      r.backend = b->backend;
-      r.label = b->label;
-      r.operation = "dblock.watchdog";
-      r.kind = "scale";
+      name_row(r, *b, "dblock.watchdog", "scale");
       r.floor = "raw.acquire_many";
       report(std::move(r));
     }

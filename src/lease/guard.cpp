@@ -89,25 +89,27 @@ void lease_state::report_released(int left, std::int64_t ring_id, std::int64_t g
   });
 }
 
-// Sends the release (transient conflicts retried). True when it matched. A lost reply: the
-// server session is ended, then the row decides: applied (true), not applied (sent again), or
-// no longer ours (false, with in_doubt set).
-bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id,
-                               std::int64_t& granted) {
+// Sends the release (transient conflicts retried). A lost reply: the server session is ended,
+// then the row decides: applied (matched, the head to be looked up), not applied (sent again),
+// or no longer ours (not matched; the row read is kept for the caller).
+lease_state::release_outcome lease_state::release_sent(int left) {
   const std::string what = "release lease '" + name + "'";
   // Where the release may leave a head of this host to this process (PostgreSQL's host relay).
   const std::string bell = left == 0 ? db->hub->relay_bell() : std::string();
+  release_outcome out;
   for (int round = 0; round < 3; ++round) {
     session_ref server;
+    out.read = false;
     try {
       static const retry_policy policy = transient_conflict_policy(3, milliseconds(8));
-      return retry(policy, [&] {
+      out.matched = retry(policy, [&] {
         return with_session(db, what, [&](session_scope& s) {
           server = s.server();
-          return lock_table::release(s, name, token, fence, &ring_id, bell,
-                                     left == 0 && hand_over.load() ? &granted : nullptr);
+          return lock_table::release(s, name, token, fence, &out.ring_id, bell,
+                                     left == 0 && hand_over.load() ? &out.granted : nullptr);
         });
       });
+      return out;
     } catch (const error& e) {
       if (e.code() != errc::connection_lost) throw;
     }
@@ -115,14 +117,20 @@ bool lease_state::release_sent(int left, bool& in_doubt, std::int64_t& ring_id,
     // would drop a hold that is still in use). Read the row back and decide.
     if (!end_broken_session(db, server))
       throw error(errc::in_doubt, what + ": the connection broke and " + session_not_ended(*db));
-    in_doubt = true;
-    const std::optional<lease_row> row = read_back(what);
+    out.in_doubt = true;
+    out.row = read_back(what);
+    out.read = true;
+    const auto& row = out.row;
     const bool ours = row && row->owner_token == token && row->fence == fence;
-    if (ours && row->hold_count == left) return true;  // it was applied
-    if (!(ours && row->hold_count == left + 1 && row->expires_at_us > row->now_us)) return false;
+    if (ours && row->hold_count == left) {  // it was applied; its reply named no head
+      out.matched = true;
+      out.ring_id = -1;
+      return out;
+    }
+    if (!(ours && row->hold_count == left + 1 && row->expires_at_us > row->now_us)) return out;
     // It was not applied: send it again.
   }
-  return false;
+  return out;
 }
 
 namespace {
@@ -148,17 +156,15 @@ std::string row_after_loss(const std::optional<lease_row>& row, const std::strin
 }  // namespace
 
 // The row after a release whose reply was lost. Only the read is tried again when its own
-// connection breaks (up to three times), never the release: the outcome decides that.
+// connection breaks, never the release: the outcome decides that.
 std::optional<lease_row> lease_state::read_back(const std::string& what) const {
-  for (int round = 0;; ++round) {
-    try {
-      return with_session(db, what, [&](session_scope& s) { return lock_table::read(s, name); });
-    } catch (const error& e) {
-      if (e.code() == errc::connection_lost && round < 2) continue;
-      throw error(
-          errc::in_doubt,
-          what + ": the connection broke and the outcome could not be read back: " + e.what());
-    }
+  try {
+    return read_retried(db, what, [&](session_scope& s) { return lock_table::read(s, name); });
+  } catch (const error& e) {
+    if (e.code() != errc::connection_lost) throw;
+    throw error(
+        errc::in_doubt,
+        what + ": the connection broke and the outcome could not be read back: " + e.what());
   }
 }
 
@@ -175,15 +181,18 @@ void lease_state::release_one() {
       if (s) s->open_gate();
     }
   } opener{left == 0 ? this : nullptr};
-  bool in_doubt = false;
-  std::int64_t ring_id = 0, granted = 0;
-  if (release_sent(left, in_doubt, ring_id, granted)) {
-    report_released(left, ring_id, granted);
+  release_outcome sent = release_sent(left);
+  if (sent.matched) {
+    report_released(left, sent.ring_id, sent.granted);
     return;
   }
-  // Not matched: already released by an earlier attempt whose reply was lost, or lost.
-  auto row = with_session(db, "release lease '" + name + "'",
-                          [&](session_scope& s) { return lock_table::read(s, name); });
+  const bool in_doubt = sent.in_doubt;
+  // Not matched: already released by an earlier attempt whose reply was lost, or lost. The row
+  // as the read-back after a lost reply saw it, else as it is now.
+  const std::optional<lease_row> row =
+      sent.read ? std::move(sent.row)
+                : with_session(db, "release lease '" + name + "'",
+                               [&](session_scope& s) { return lock_table::read(s, name); });
   if (row && row->owner_token == token && row->fence == fence && row->hold_count == left) {
     report_released(left, -1);  // an earlier attempt whose reply was lost did it
     return;

@@ -13,6 +13,7 @@
 
 #include "dblock/lease_lock.hpp"
 #include "dblock/retry.hpp"
+#include "storage/lock_table.hpp"
 #include "storage/session.hpp"
 #include "storage/write_scope.hpp"
 
@@ -20,7 +21,6 @@ namespace dblock::detail {
 
 using steady = std::chrono::steady_clock;
 class gate_pass;
-struct lease_row;
 namespace wait_queue {
 class deferred_exit;
 }
@@ -81,7 +81,19 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   void release_one();
 
  private:
-  bool release_sent(int left, bool& in_doubt, std::int64_t& ring_id, std::int64_t& granted);
+  /// What release_sent() learned.
+  struct release_outcome {
+    bool matched = false;   ///< the release applied
+    bool in_doubt = false;  ///< a reply was lost on the way
+    /// The row was read back after the last lost reply (`row`, nullopt when it was gone) and
+    /// decided the outcome.
+    bool read = false;
+    std::optional<lease_row> row;
+    /// What the release returned for the head waiter to ring (-1: look it up) and the ticket
+    /// of the waiter it handed the lease to (0: none); see report_released().
+    std::int64_t ring_id = 0, granted = 0;
+  };
+  release_outcome release_sent(int left);
   /// `ring_id`: what the release statement returned for the head waiter to ring
   /// (wait_queue::ring_freed()); -1 when its reply was lost (looked up instead). `granted`: the
   /// ticket of the waiter the release handed the lease to (0: none).

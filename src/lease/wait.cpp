@@ -195,19 +195,11 @@ class waiting_acquire {
       if (const std::optional<std::int64_t> found = find_entry(what)) return *found;
     }
   }
-  // This waiter's entry, after a lost reply of its insert; only the read is tried again when
-  // its own connection breaks (up to three times), never the insert, which could then leave a
-  // second entry nobody deletes.
+  // This waiter's entry, after a lost reply of its insert (only the read is tried again, never
+  // the insert, which could then leave a second entry nobody deletes).
   std::optional<std::int64_t> find_entry(const std::string& what) {
-    for (int round = 0;; ++round) {
-      try {
-        return with_session(
-            dbi_, what + " (reading the entry back after a lost reply)",
-            [&](session_scope& s) { return wait_queue::find(s, lk_.name, token_); });
-      } catch (const error& e) {
-        if (e.code() != errc::connection_lost || round >= 2) throw;
-      }
-    }
+    return read_retried(dbi_, what + " (reading the entry back after a lost reply)",
+                        [&](session_scope& s) { return wait_queue::find(s, lk_.name, token_); });
   }
   // The queue entry is a lease too: extend it while waiting; re-enter at the back when it was
   // reaped (this waiter stalled past its TTL).

@@ -124,6 +124,20 @@ auto with_session(const std::shared_ptr<database_impl>& db, const std::string& w
   }
 }
 
+/// Runs the read f(session_scope&) as with_session() does, and sends it again when its own
+/// connection breaks (up to three times in all), then passes that error on: for reading back the
+/// outcome of a write whose reply was lost, where only the read may ever be repeated.
+template <class F>
+auto read_retried(const std::shared_ptr<database_impl>& db, const std::string& what, F&& f) {
+  for (int round = 0;; ++round) {
+    try {
+      return with_session(db, what, f);
+    } catch (const error& e) {
+      if (e.code() != errc::connection_lost || round >= 2) throw;
+    }
+  }
+}
+
 /// Ends the server session behind a broken connection (connector::end_session) from another
 /// pooled connection, and waits until it is gone: then nothing it was still executing (a
 /// statement or a COMMIT whose reply was lost) can take effect any more, and reading the data
