@@ -5,10 +5,14 @@
 #include <sqlite3.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <optional>
+#include <thread>
 
 #include "harness.hpp"
 #include "internals.hpp"
+#include "waiting_support.hpp"
 
 using dblock::errc;
 using dblock::lease_durability;
@@ -289,6 +293,16 @@ sqlite3_vfs counted_vfs() {
   return v;
 }
 
+// The counting VFS, registered as the default for a test's length.
+struct counting_vfs {
+  counting_vfs() { REQUIRE(sqlite3_vfs_register(&vfs(), 1) == SQLITE_OK); }
+  ~counting_vfs() { sqlite3_vfs_register(base_vfs, 1), sqlite3_vfs_unregister(&vfs()); }
+  static sqlite3_vfs& vfs() {
+    static sqlite3_vfs v = counted_vfs();
+    return v;
+  }
+};
+
 }  // namespace
 
 // SQLite: a release's commit does not sync the WAL (PRAGMA synchronous = NORMAL for it alone);
@@ -296,11 +310,7 @@ sqlite3_vfs counted_vfs() {
 // own level afterwards. Counted by a VFS that counts syncs of WAL files.
 DBLOCK_TEST_ONLY("sqlite", "a release's commit alone skips the sync of the WAL",
                  "[lease][durability]") {
-  static sqlite3_vfs vfs = counted_vfs();
-  REQUIRE(sqlite3_vfs_register(&vfs, 1) == SQLITE_OK);
-  struct unregister {
-    ~unregister() { sqlite3_vfs_register(base_vfs, 1), sqlite3_vfs_unregister(&vfs); }
-  } restore_default;
+  counting_vfs counting;
   auto o = ctx.options();
   o.pool_size = 1;
   dblock::database db = ctx.open(o);
@@ -342,4 +352,58 @@ DBLOCK_TEST_ONLY("sqlite", "a release's commit alone skips the sync of the WAL",
   long long level = -1;
   db.connect().session() << "PRAGMA synchronous", soci::into(level);
   CHECK(level == 2);  // FULL, the connection's own level, after every release
+}
+
+// SQLite: a waiting acquire's own queue writes (its entry, the entry's refreshes every ttl/3, its
+// deletion when the wait gives up) commit without syncing the WAL, as a release does: an entry
+// decides no grant, and the OS crash that could undo one ends its waiter too. The grant syncs.
+DBLOCK_TEST_ONLY("sqlite", "a waiter's queue writes skip the sync of the WAL, its grant does not",
+                 "[lease][durability][waiting]") {
+  counting_vfs counting;
+  dblock::database a = ctx.open(), b = ctx.open();  // both connect through the counting VFS
+  const std::string name = "queued/" + dblock::test::random_suffix();
+  lease_lock warm(b, "warm-up/" + dblock::test::random_suffix());
+  warm.try_acquire()->release();
+  lease_lock holder(a, name);
+  auto h = holder.try_acquire();
+  REQUIRE(h);
+  auto entry_expiry = [&] {
+    auto c = ctx.db.connect();  // not through the counting VFS: its syncs are not counted
+    long long e = 0;
+    c.session() << "SELECT max(expires_at) FROM " << ctx.table("lock_waiter")
+                << " WHERE resource_name = :n",
+        soci::use(name), soci::into(e);
+    return e;
+  };
+  dblock::lease_options wo;
+  wo.ttl = std::chrono::milliseconds(600);  // the entry is refreshed every 200 ms
+  lease_lock waiter(b, name, wo);
+  const int before_wait = wal_syncs.load();
+  std::optional<dblock::lease_guard> got;
+  std::thread t([&] { got.emplace(waiter.acquire(std::chrono::milliseconds(20000))); });
+  REQUIRE(dblock::test::wait_for_waiters(ctx, name, 1, std::chrono::milliseconds(10000)));
+  const long long first_expiry = entry_expiry();
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  const long long later_expiry = entry_expiry();
+  const int queued = wal_syncs.load() - before_wait;
+  const int before_release = wal_syncs.load();
+  h->release();
+  t.join();
+  REQUIRE(got);
+  const int granted = wal_syncs.load() - before_release;
+  // A wait that gives up: its entry, a refresh or two, and its deletion (in a handle of its
+  // own: in b it would wait at b's local gate, behind the holder).
+  dblock::database c = ctx.open();
+  lease_lock late(c, name, wo);
+  const int before_timeout = wal_syncs.load();
+  CHECK(code_of([&] { (void)late.acquire(std::chrono::milliseconds(500)); }) == errc::timeout);
+  const int gave_up = wal_syncs.load() - before_timeout;
+  CHECK(dblock::test::count_waiters(ctx, name) == 0);
+  INFO("WAL syncs: queued for 0.9 s " << queued << ", release and grant " << granted
+                                      << ", a wait that timed out " << gave_up);
+  CHECK(later_expiry >= first_expiry + 300000);  // the entry was refreshed meanwhile (us)
+  CHECK(queued == 0);
+  CHECK(gave_up == 0);
+  CHECK(granted == 1);  // negative control: the grant syncs the WAL
+  got->release();
 }

@@ -357,7 +357,8 @@ class executor {
                          const std::vector<sql_param>& values) const = 0;
   /// A single autocommit write statement runs between these (SQLite: BEGIN IMMEDIATE and COMMIT,
   /// prepared once, so it waits for the write lock instead of failing on a stale snapshot; a
-  /// no-op elsewhere). `no_flush_wait`: a release, whose commit need not wait for the disk.
+  /// no-op elsewhere). `no_flush_wait`: a write whose commit need not wait for the disk (a
+  /// release, a waiter-queue write; see write_kind::unflushed).
   virtual void begin_statement(session_scope&, bool /*no_flush_wait*/) const {}
   virtual void commit_statement(session_scope&) const {}
   virtual void rollback_statement(session_scope&) const noexcept {}

@@ -146,7 +146,7 @@ bool release(session_scope& s, const std::string& name, const std::string& token
       granted_ticket && !all.release_granting.text.empty() ? all.release_granting : all.release;
   std::vector<sql_param> v{name, token, static_cast<long long>(fence)};
   if (st.params.size() > 3) v.emplace_back(bell);
-  const sql_result r = write_statement(s, st, v, write_kind::release);
+  const sql_result r = write_statement(s, st, v, write_kind::unflushed);
   // An UPDATE: the rows it changed (0 or 1); release_granting: the rows it returned (1, or 2
   // when it handed the lease over).
   const bool released = r.affected >= 1;

@@ -153,7 +153,7 @@ write_scope::write_scope(session_scope& s, write_kind kind, std::string what,
     : s_(s), kind_(kind), what_(std::move(what)) {
   try {
     if (kind_ != write_kind::transaction)
-      s_.dia().exec.begin_statement(s_, kind_ == write_kind::release);
+      s_.dia().exec.begin_statement(s_, kind_ == write_kind::unflushed);
     else
       s_.dia().conn.begin(s_.sql(), s_.state(), s_.db().options, lock_timeout);
   } catch (...) {

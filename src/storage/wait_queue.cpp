@@ -6,8 +6,14 @@
 namespace dblock::detail::wait_queue {
 namespace {
 
-sql_result write_statement(session_scope& s, const statement& st, const std::vector<sql_param>& v) {
-  write_scope w(s, write_kind::statement);
+// The queue's own writes (an entry, its refresh, its deletion, the reaper's) commit without
+// waiting for the disk where the backend lets a statement choose (SQLite; PostgreSQL's insert
+// says so in its SQL): an entry decides no grant, and a crash that undoes one of them is an OS
+// crash or power loss (SQLite, whose waiters all run on this host and die with it) or a server
+// crash (PostgreSQL: the waiter's next refresh makes its entry again). A grant commits durably.
+sql_result write_statement(session_scope& s, const statement& st, const std::vector<sql_param>& v,
+                           write_kind kind = write_kind::unflushed) {
+  write_scope w(s, kind);
   sql_result r = s.run(st, v);
   w.commit();
   return r;
@@ -143,8 +149,9 @@ std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_para
   const bool alone = ticket == behind_everyone || exit_deferred(s.db());
   if (in_order || (!alone && !dq.text.empty()))
     v.emplace_back(std::in_place_type<long long>, static_cast<long long>(ticket));
-  if (alone) return lock_table::acquired_fence(write_statement(s, acq, v));
-  if (!dq.text.empty()) return lock_table::acquired_fence(write_statement(s, dq, v));
+  if (alone) return lock_table::acquired_fence(write_statement(s, acq, v, write_kind::statement));
+  if (!dq.text.empty())
+    return lock_table::acquired_fence(write_statement(s, dq, v, write_kind::statement));
   // Two statements in SQLite's one write transaction.
   write_scope w(s, write_kind::statement);
   const std::optional<std::int64_t> fence = lock_table::acquired_fence(s.run(acq, v));

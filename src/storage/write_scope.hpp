@@ -18,10 +18,11 @@ namespace dblock::detail {
 enum class write_kind {
   transaction,  ///< BEGIN (SQLite: BEGIN IMMEDIATE) ... COMMIT
   statement,    ///< one autocommit statement (SQLite: inside its prepared write transaction)
-  /// A statement (as above) that frees what it holds, whose commit need not wait for the disk:
-  /// a crash can only undo it (SQLite: `PRAGMA synchronous = NORMAL` for its commit alone;
-  /// PostgreSQL does the same in the release statement's own SQL).
-  release,
+  /// A statement (as above) whose commit need not wait for the disk, because a crash can only
+  /// undo it and that is safe: a release (the lease then runs out at its TTL) and the waiter
+  /// queue's own writes (an entry decides no grant). SQLite: `PRAGMA synchronous = NORMAL` for
+  /// its commit alone; PostgreSQL does the same in the release's and the queue insert's SQL.
+  unflushed,
 };
 
 class write_scope {

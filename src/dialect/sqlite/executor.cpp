@@ -114,7 +114,7 @@ sql_result executor::run(session_scope& s, const statement& st,
 
 namespace {
 
-// Back to the connection's own durability after a release's commit (or its failure). SQLite
+// Back to the connection's own durability after an unflushed commit (or its failure). SQLite
 // refuses to change it inside a transaction, hence before BEGIN and after COMMIT; a connection
 // that could not go back is closed, never used for a grant that would not wait for the disk.
 void restore_synchronous(session_scope& s, state& c) noexcept {
@@ -128,14 +128,15 @@ void restore_synchronous(session_scope& s, state& c) noexcept {
 
 void executor::begin_statement(session_scope& s, bool no_flush_wait) const {
   auto& c = static_cast<state&>(s.state());
-  restore_synchronous(s, c);  // never left lowered, whatever ended the last release
+  restore_synchronous(s, c);  // never left lowered, whatever ended the last such write
   c.own_write = sqlite3_get_autocommit(c.db) != 0;  // inside a caller's transaction: join it
   if (!c.own_write) return;
-  // A release's commit skips the sync of the WAL (WAL mode with NORMAL; in a rollback journal
-  // NORMAL could cost more than the release, so nothing changes there). A process crash loses
-  // nothing; an OS crash or power loss, which ends every process that could hold a lease on
-  // this file too, can undo it, and the lease then runs out at its TTL. The next grant's commit
-  // syncs the WAL, the release's frames with it.
+  // A release's or a waiter-queue write's commit skips the sync of the WAL (WAL mode with
+  // NORMAL; in a rollback journal NORMAL could cost more than the write, so nothing changes
+  // there). A process crash loses nothing; an OS crash or power loss, which ends every process
+  // that could hold a lease on this file or wait for one too, can undo it: a lease then runs
+  // out at its TTL, a queue entry belonged to a waiter that died with the host. The next
+  // grant's commit syncs the WAL, these frames with it.
   try {
     if (no_flush_wait && c.wal && c.synchronous > 1) {
       c.relaxed = true;
