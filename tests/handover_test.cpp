@@ -1,9 +1,10 @@
 // A lease handed over in the release (docs/waiting.md, "Handed over in the release"). On
 // PostgreSQL a fair holder that came through the waiter queue releases with a statement that
 // hands the freed lease to the head of the queue when that head is fair and waits through the
-// releasing process's own host relay: the head holds it at fence + 1 without a statement of its
-// own. Elsewhere (and for waiters that are not fair, the negative control) the woken head takes
-// the lease with its own acquire. Also: a head whose ring is lost finds the lease its own at its
+// releasing process's own host relay; on SQLite with two statements of one write transaction,
+// for any fair head: the head holds it at fence + 1 without a statement of its own. On MySQL
+// (and for waiters that are not fair, the negative control) the woken head takes the lease with
+// its own acquire. Also: a head whose ring is lost finds the lease its own at its
 // next poll and holds it once; a head that gives up after it was handed the lease passes it on at
 // once; a head that died holds it until its TTL runs out, then the queue moves on.
 #include <soci/soci.h>
@@ -95,15 +96,30 @@ dblock::lease_options waiting(bool fair, milliseconds poll_max = milliseconds(20
   return lo;
 }
 
-// Overwrites the bell of the first queue entry of `name` with that of a handle of the same relay
-// that does not exist: a ring for it reaches nobody.
+// The database clock in SQL, and `seconds` after it (PostgreSQL: timestamps; SQLite: integer
+// microseconds, dblock_now_us() being registered on dblock's connections).
+std::string db_now(const dblock::test::context& ctx) {
+  return ctx.backend == "sqlite" ? "dblock_now_us()" : "now()";
+}
+std::string db_now_plus(const dblock::test::context& ctx, int seconds) {
+  return ctx.backend == "sqlite" ? "(dblock_now_us() + " + std::to_string(seconds) + "000000)"
+                                 : "(now() + interval '" + std::to_string(seconds) + " seconds')";
+}
+
+// A bell of a handle that does not exist: PostgreSQL, a handle of the same host relay as the
+// entry's own; SQLite, a handle directory nobody made.
+std::string dead_bell_sql(const dblock::test::context& ctx) {
+  return ctx.backend == "sqlite" ? "'f00d000000000000'"
+                                 : "split_part(CAST(bell AS TEXT), '.', 1) || '.f00d00000000000'";
+}
+
+// Overwrites the bell of the first queue entry of `name` with that of a handle that does not
+// exist: a ring for it reaches nobody.
 void misdirect(const dblock::test::context& ctx, const std::string& name) {
   auto c = ctx.db.connect();
   const std::string t = ctx.table("lock_waiter");
-  c.session() << "UPDATE " << t
-              << " SET bell = split_part(CAST(bell AS TEXT), '.', 1) || '.f00d00000000000'"
-                 " WHERE ticket = (SELECT MIN(ticket) FROM "
-              << t << " WHERE resource_name = :n)",
+  c.session() << "UPDATE " << t << " SET bell = " << dead_bell_sql(ctx)
+              << " WHERE ticket = (SELECT MIN(ticket) FROM " << t << " WHERE resource_name = :n)",
       soci::use(name);
 }
 
@@ -113,7 +129,8 @@ void hold_elsewhere(const dblock::test::context& ctx, const std::string& name) {
   c.session() << "INSERT INTO " << ctx.table("resource_lock")
               << " (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
                  " holder_host, holder_pid, holder_thread) VALUES (:n, 'dddddddddddddddddddddddddd"
-                 "dddddd', 7, 1, now(), now() + interval '1 hour', 'gone', 1, '1')",
+                 "dddddd', 7, 1, "
+              << db_now(ctx) << ", " << db_now_plus(ctx, 3600) << ", 'gone', 1, '1')",
       soci::use(name);
 }
 
@@ -161,7 +178,7 @@ void hand_over_case(const dblock::test::context& ctx, bool fair, bool own_handle
   CHECK(w.fence == r.fence);
   CHECK(r.holds == 1);
   // Handed over in the release, which names no thread; else W's own acquire named its thread.
-  const bool handed = fair && ctx.backend == "postgresql" && !pooled;
+  const bool handed = fair && ((ctx.backend == "postgresql" && !pooled) || ctx.backend == "sqlite");
   CHECK(r.thread.empty() == handed);
   if (ctx.backend != "mysql") CHECK(count_waiters(ctx, name) == 0);  // (MySQL: during the hold)
   w.finish();
@@ -172,7 +189,7 @@ void hand_over_case(const dblock::test::context& ctx, bool fair, bool own_handle
 
 DBLOCK_TEST(
     "a fair holder that came through the queue hands the lease to the next in line "
-    "(PostgreSQL); the head holds it at fence + 1 without an acquire of its own",
+    "(PostgreSQL, SQLite); the head holds it at fence + 1 without an acquire of its own",
     "[waiting][handover]") {
   SECTION("the head waits on the same database handle") {
     hand_over_case(ctx, true, false);
@@ -188,10 +205,10 @@ DBLOCK_TEST(
 // The ring that carries the handover reaches nobody (the head's entry names a handle of the
 // relay that does not exist): the head, polling every 200 ms, finds the lease its own and takes
 // it with its acquire, as one hold (released, the lease is free).
-DBLOCK_TEST_ONLY("postgresql",
-                 "a head handed the lease whose ring is lost takes it at its next poll, as one "
-                 "hold",
-                 "[waiting][handover][direct]") {
+DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
+                   "a head handed the lease whose ring is lost takes it at its next poll, as one "
+                   "hold",
+                   "[waiting][handover][direct]") {
   const std::string name = "handover-lost-" + dblock::test::random_suffix();
   queued_holder q(ctx, name, true);
   waiter w;
@@ -217,9 +234,9 @@ DBLOCK_TEST_ONLY("postgresql",
 // first locks that entry (so W1 cannot have seen the lease before it gives up). The DELETE then
 // matches nothing, W1 finds the lease its own and releases it, which rings W2, queued behind it,
 // long before W1's TTL (30 s) would have freed the lease.
-DBLOCK_TEST_ONLY("postgresql",
-                 "a head that gives up as it is handed the lease passes it on at once",
-                 "[waiting][handover][direct]") {
+DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
+                   "a head that gives up as it is handed the lease passes it on at once",
+                   "[waiting][handover][direct]") {
   const std::string name = "handover-give-up-" + dblock::test::random_suffix();
   const std::string lock = ctx.table("resource_lock"), queue = ctx.table("lock_waiter");
   auto c = ctx.db.connect();
@@ -234,14 +251,19 @@ DBLOCK_TEST_ONLY("postgresql",
   c.session() << "SELECT CAST(owner_token AS TEXT), ticket FROM " << queue
               << " WHERE resource_name = :n ORDER BY ticket LIMIT 1",
       soci::use(name), soci::into(w1_token), soci::into(w1_ticket);
-  c.session() << "BEGIN";
-  c.session() << "SELECT 1 FROM " << queue << " WHERE ticket = " << w1_ticket << " FOR UPDATE";
+  // PostgreSQL: the entry's row lock; SQLite: the one write lock.
+  if (ctx.backend == "sqlite") {
+    c.session() << "BEGIN IMMEDIATE";
+  } else {
+    c.session() << "BEGIN";
+    c.session() << "SELECT 1 FROM " << queue << " WHERE ticket = " << w1_ticket << " FOR UPDATE";
+  }
   w1.cancel.cancel();
   std::this_thread::sleep_for(milliseconds(300));  // W1's DELETE waits for this transaction
   c.session() << "UPDATE " << lock
-              << " SET owner_token = :t, fence = fence + 1, hold_count = 1, acquired_at = now(),"
-                 " expires_at = now() + interval '30 seconds', holder_thread = '' WHERE"
-                 " resource_name = :n",
+              << " SET owner_token = :t, fence = fence + 1, hold_count = 1, acquired_at = "
+              << db_now(ctx) << ", expires_at = " << db_now_plus(ctx, 30)
+              << ", holder_thread = '' WHERE resource_name = :n",
       soci::use(w1_token), soci::use(name);
   c.session() << "DELETE FROM " << queue << " WHERE ticket = " << w1_ticket;
   c.session() << "COMMIT";
@@ -261,9 +283,9 @@ DBLOCK_TEST_ONLY("postgresql",
 // A head handed the lease that is gone (a queue entry of a dead process, planted with a TTL of
 // 600 ms): the lease runs out at that TTL, as a dead holder's would, and the next waiter takes
 // it then.
-DBLOCK_TEST_ONLY("postgresql",
-                 "a dead head handed the lease holds it until its TTL, then the queue moves on",
-                 "[waiting][handover][direct]") {
+DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
+                   "a dead head handed the lease holds it until its TTL, then the queue moves on",
+                   "[waiting][handover][direct]") {
   const std::string name = "handover-dead-" + dblock::test::random_suffix();
   const std::string lock = ctx.table("resource_lock"), queue = ctx.table("lock_waiter");
   auto c = ctx.db.connect();
@@ -271,18 +293,19 @@ DBLOCK_TEST_ONLY("postgresql",
   waiter h, w;
   h.start(ctx.db, name, waiting(true, milliseconds(100)), milliseconds(30000));
   REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
-  std::string host;  // the relay's part of H's bell: the dead head waits "through" it too
-  c.session() << "SELECT split_part(CAST(bell AS TEXT), '.', 1) FROM " << queue
+  // A handle that does not exist; on PostgreSQL of H's host relay, which the dead head then
+  // waits "through" too.
+  std::string dead_bell;
+  c.session() << "SELECT " << dead_bell_sql(ctx) << " FROM " << queue
               << " WHERE resource_name = :n",
-      soci::use(name), soci::into(host);
+      soci::use(name), soci::into(dead_bell);
   c.session() << "UPDATE " << lock << " SET hold_count = 0 WHERE resource_name = :n",
       soci::use(name);
-  REQUIRE(h.await(milliseconds(5000)));                     // H came through the queue: fence 8
-  const std::string dead_bell = host + ".f00d00000000000";  // a handle that does not exist
+  REQUIRE(h.await(milliseconds(5000)));  // H came through the queue: fence 8
   c.session() << "INSERT INTO " << queue
               << " (resource_name, owner_token, enqueued_at, expires_at, holder_host, holder_pid,"
-                 " bell, grant_ttl_us) VALUES (:n, 'eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee', now(),"
-                 " now() + interval '1 hour', 'gone', 1, :b, 600000)",
+                 " bell, grant_ttl_us) VALUES (:n, 'eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee', "
+              << db_now(ctx) << ", " << db_now_plus(ctx, 3600) << ", 'gone', 1, :b, 600000)",
       soci::use(name), soci::use(dead_bell);
   w.start(ctx.open(ctx.options()), name, waiting(true, milliseconds(200)), milliseconds(30000));
   REQUIRE(wait_for_waiters(ctx, name, 2, milliseconds(10000)));

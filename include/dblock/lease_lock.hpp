@@ -68,9 +68,9 @@ struct lease_options {
    * itself checks, so no wake-up can break the order), and a release wakes only the head.
    * try_acquire() and the first try of acquire() then take a free lease only when nobody is
    * queued (checked by the same statement). Holders that are not fair (other lock objects on the
-   * same name without this option) can still take a free lease first. On PostgreSQL a fair
-   * holder that came through the queue hands the lease to a fair head of its own host in the
-   * release itself (fence + 1; the head holds it without a statement of its own; a head handed
+   * same name without this option) can still take a free lease first. On PostgreSQL and SQLite
+   * a fair holder that came through the queue hands the lease to a fair head of its own host in
+   * the release itself (fence + 1; the head holds it without a statement of its own; a head handed
    * the lease that dies holds it until its TTL runs out; docs/waiting.md). Off by default: a
    * release still wakes one waiter (the longest waiting), but anyone may take the lease first.
    */

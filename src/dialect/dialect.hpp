@@ -338,6 +338,11 @@ class vocabulary {
    * over; the release is then built from release_head() and release_returning().
    */
   virtual std::string lease_release_granting(const table_names&) const { return {}; }
+  /// True where a release hands a freed lease to the head of the queue in two statements of one
+  /// write transaction instead (SQLite, without data-modifying CTEs but with one writer at a
+  /// time): lock_statements::grant_take and grant_give, built in statements.cpp. The head must
+  /// carry a bell (a handle directory to ring it in, on this host: every SQLite waiter's is).
+  virtual bool release_grants_in_steps() const { return false; }
   /// With release_returning(): a query that notifies the head of the live queue as the release
   /// would (:name, :token, :fence bound), for a head the releasing process could not ring.
   virtual std::string head_notify(const table_names&) const { return {}; }

@@ -76,12 +76,13 @@ void lease_state::finish_queue_exit() noexcept {
   if (x) x->finish(db, milliseconds(2000), true);
 }
 
-void lease_state::report_released(int left, std::int64_t ring_id, std::int64_t granted) {
+void lease_state::report_released(int left, std::int64_t ring_id, std::int64_t granted,
+                                  const std::string& granted_bell) {
   // The lease is free: the next local contender goes first (it needs no ring), then a waiter
   // is woken now rather than at its next poll.
   if (left == 0) {
     open_gate();
-    wait_queue::ring_freed(db, name, fence, token, ring_id, granted);
+    wait_queue::ring_freed(db, name, fence, token, ring_id, granted, granted_bell);
   }
   db->notify([&](listener& l) {
     l.released(name,
@@ -106,7 +107,8 @@ lease_state::release_outcome lease_state::release_sent(int left) {
         return with_session(db, what, [&](session_scope& s) {
           server = s.server();
           return lock_table::release(s, name, token, fence, &out.ring_id, bell,
-                                     left == 0 && hand_over.load() ? &out.granted : nullptr);
+                                     left == 0 && hand_over.load() ? &out.granted : nullptr,
+                                     &out.granted_bell);
         });
       });
       return out;
@@ -183,7 +185,7 @@ void lease_state::release_one() {
   } opener{left == 0 ? this : nullptr};
   release_outcome sent = release_sent(left);
   if (sent.matched) {
-    report_released(left, sent.ring_id, sent.granted);
+    report_released(left, sent.ring_id, sent.granted, sent.granted_bell);
     return;
   }
   const bool in_doubt = sent.in_doubt;

@@ -92,12 +92,16 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
     /// What the release returned for the head waiter to ring (-1: look it up) and the ticket
     /// of the waiter it handed the lease to (0: none); see report_released().
     std::int64_t ring_id = 0, granted = 0;
+    /// Where the release handed over in two statements (SQLite): that waiter's bell.
+    std::string granted_bell;
   };
   release_outcome release_sent(int left);
   /// `ring_id`: what the release statement returned for the head waiter to ring
   /// (wait_queue::ring_freed()); -1 when its reply was lost (looked up instead). `granted`: the
-  /// ticket of the waiter the release handed the lease to (0: none).
-  void report_released(int left, std::int64_t ring_id = 0, std::int64_t granted = 0);
+  /// ticket of the waiter the release handed the lease to (0: none), and its bell where the
+  /// release returned it (SQLite).
+  void report_released(int left, std::int64_t ring_id = 0, std::int64_t granted = 0,
+                       const std::string& granted_bell = std::string());
 
   /// Finishes the deletion of leave_queue_later()'s entry (idempotent).
   void finish_queue_exit() noexcept;

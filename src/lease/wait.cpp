@@ -28,7 +28,7 @@ class waiting_acquire {
         wait_(wait),
         deadline_(steady::now() + wait),
         token_(new_owner_token()),
-        grants_(lk.options.fair && !dbi_->statements.release_granting.text.empty()) {}
+        grants_(lk.options.fair && dbi_->statements.grants()) {}
   ~waiting_acquire() { leave_queue(); }
 
   lease_guard run() {

@@ -1,5 +1,6 @@
 #include "storage/lock_table.hpp"
 
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -138,10 +139,59 @@ bool renew(session_scope& s, const std::string& name, const std::string& token, 
              .affected == 1;
 }
 
+namespace {
+
+// The head a release handed the lease to: its ticket and bell.
+struct handed_head {
+  std::int64_t ticket = 0;
+  std::string bell;
+};
+
+// SQLite's handover (lock_statements::grant_take, grant_give): the head's entry deleted and the
+// lock row made its own in one write transaction that commits durably, since it grants. Nothing
+// to hand over: rolled back, and the caller releases as usual (a commit that need not sync).
+std::optional<handed_head> hand_over_in_steps(session_scope& s, const std::string& name,
+                                              const std::string& token, std::int64_t fence) {
+  const lock_statements& all = s.statements();
+  write_scope w(s, write_kind::statement);
+  const sql_result head = s.run(all.grant_take, {name, token, static_cast<long long>(fence)});
+  if (head.empty()) {
+    w.rollback();
+    return std::nullopt;
+  }
+  std::vector<sql_param> v;
+  v.reserve(7);
+  v.emplace_back(static_cast<long long>(head.integer(0, 3)));
+  v.emplace_back(head.text(0, 1));
+  v.emplace_back(head.text(0, 4));
+  v.emplace_back(static_cast<long long>(head.integer(0, 5)));
+  v.emplace_back(name);
+  v.emplace_back(token);
+  v.emplace_back(static_cast<long long>(fence));
+  // The DELETE checked the row in this same transaction, and SQLite has one writer: it matches.
+  if (s.run(all.grant_give, v).affected != 1) {
+    w.rollback();
+    return std::nullopt;
+  }
+  w.commit();
+  return handed_head{head.integer(0, 0), head.text(0, 2)};
+}
+
+}  // namespace
+
 bool release(session_scope& s, const std::string& name, const std::string& token,
              std::int64_t fence, std::int64_t* ring_id, const std::string& bell,
-             std::int64_t* granted_ticket) {
+             std::int64_t* granted_ticket, std::string* granted_bell) {
   const lock_statements& all = s.statements();
+  if (granted_ticket && granted_bell && !all.grant_take.text.empty()) {
+    *granted_ticket = 0;
+    if (std::optional<handed_head> h = hand_over_in_steps(s, name, token, fence)) {
+      *granted_ticket = h->ticket;
+      *granted_bell = std::move(h->bell);
+      if (ring_id) *ring_id = handed_over;
+      return true;
+    }
+  }
   const statement& st =
       granted_ticket && !all.release_granting.text.empty() ? all.release_granting : all.release;
   std::vector<sql_param> v{name, token, static_cast<long long>(fence)};

@@ -81,10 +81,12 @@ bool renew(session_scope&, const std::string& name, const std::string& token, st
 /// With `granted_ticket` (a fair holder that came through the queue), the release may hand the
 /// freed lease to the head of the queue (lock_statements::release_granting): `ring_id` is then
 /// that head's handle plus handed_over, and `granted_ticket` receives its ticket (else 0); the
-/// head holds the lease at `fence` + 1.
+/// head holds the lease at `fence` + 1. Where the dialect hands over in two statements
+/// (SQLite, lock_statements::grant_take), `ring_id` is handed_over alone and `granted_bell`
+/// receives the head's bell, its handle's directory to ring it in.
 bool release(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
              std::int64_t* ring_id = nullptr, const std::string& bell = std::string(),
-             std::int64_t* granted_ticket = nullptr);
+             std::int64_t* granted_ticket = nullptr, std::string* granted_bell = nullptr);
 /// The bit of release()'s `ring_id` that says the lease was handed over (handles are 60 bits).
 constexpr std::int64_t handed_over = std::int64_t(1) << 60;
 /// One lease of a batch renewal: the acquisition renew() would be given.

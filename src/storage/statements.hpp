@@ -24,6 +24,17 @@ struct lock_statements {
   /// that (vocabulary::lease_release_granting()); a fair holder that came through the queue
   /// releases with it. Empty text where the dialect never hands a lease over.
   statement release_granting;
+  /// Where the dialect hands a lease over in two statements (vocabulary::
+  /// release_grants_in_steps(), SQLite), in one durable write transaction: name, token, fence ->
+  /// deletes the head of the live queue (entries of token excluded) when it asked for the lease
+  /// and has a bell and the lease is token's at fence with one hold, returning its ticket,
+  /// owner token, bell, grant TTL (µs), host and pid (no row: nothing to hand over)...
+  statement grant_take;
+  /// ...then g_ttl, g_token, g_host, g_pid, name, token, fence: makes the lock row that head's
+  /// (fence + 1, one hold, its TTL from now); one row affected. Empty texts elsewhere.
+  statement grant_give;
+  /// True where a release may hand a freed lease to a fair waiter (either way above).
+  bool grants() const { return !release_granting.text.empty() || !grant_take.text.empty(); }
   statement read;  ///< name -> the row and the database clock
   /// name, token -> fence, locking the row (inside a write transaction): the fenced-write check
   statement fenced_check;

@@ -78,8 +78,13 @@ bool ring(session_scope& s, std::int64_t id) {
 
 void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
                 std::int64_t fence, const std::string& token, std::int64_t sleeper,
-                std::int64_t granted_ticket) {
+                std::int64_t granted_ticket, const std::string& granted_bell) {
   const std::string what = "ring the head waiter of '" + name + "'";
+  if (granted_ticket > 0 && !granted_bell.empty()) {
+    // Handed over in two statements (SQLite): that waiter's handle, here or in its directory.
+    db->hub->handed_to(name, fence + 1, granted_ticket, granted_bell);
+    return;
+  }
   if (granted_ticket > 0) {
     // Handed over: only that waiter may take it, so no other is woken. Its process is this one
     // (the waiter learns of it here) or another of this host (its relay directory). When the

@@ -82,7 +82,7 @@ bool ring(session_scope&, std::int64_t id);
 /// ring carries the grant (doorbell::ring_handle()) to the waiter with that ticket alone.
 void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
                 std::int64_t fence, const std::string& token, std::int64_t sleeper,
-                std::int64_t granted_ticket = 0);
+                std::int64_t granted_ticket = 0, const std::string& granted_bell = std::string());
 /// A ticket above every entry's: with it, acquire_dequeue() in order takes a free lease only
 /// when nobody waits in its queue, and deletes no entry (a fair try before queueing).
 constexpr std::int64_t behind_everyone = INT64_MAX;

@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "dialect/host_doorbell.hpp"
 #include "wake/cancel_access.hpp"
 
 namespace dblock::detail {
@@ -192,6 +193,16 @@ bool wake_hub::grant_one(std::uint64_t hash, const std::string& name, std::int64
   if (early_grants_.size() >= 1024) early_grants_.clear();
   early_grants_[ticket] = {hash, fence};
   return false;
+}
+
+void wake_hub::handed_to(const std::string& name, std::int64_t fence, std::int64_t ticket,
+                         const std::string& bell) {
+  // channel_ is set once, before channel_opened_, and reset only by the destructor.
+  if (channel_opened_.load() && channel_ && channel_->address() == bell) {
+    granted(name, ticket, fence);
+    return;
+  }
+  if (!target_.empty()) dia_.bell.ring(target_, name, fence, granted_head(ticket), bell);
 }
 
 void wake_hub::deliver(const ring_event& ev) {

@@ -206,6 +206,15 @@ std::optional<errc> code_of(F&& f) {
   DBLOCK_TEST_CASE_ON("mysql", FN, NAME, TAGS)      \
   static void FN([[maybe_unused]] ::dblock::test::context& ctx)
 
+/// A test body run on two of the backends (`A` and `B`, e.g. "postgresql" and "sqlite").
+#define DBLOCK_TEST_ON_TWO(A, B, NAME, TAGS) \
+  DBLOCK_TEST_ON_TWO_IMPL(DBLOCK_CAT(dblock_body_, __LINE__), A, B, NAME, TAGS)
+#define DBLOCK_TEST_ON_TWO_IMPL(FN, A, B, NAME, TAGS) \
+  static void FN(::dblock::test::context& ctx);       \
+  DBLOCK_TEST_CASE_ON(A, FN, NAME, TAGS)              \
+  DBLOCK_TEST_CASE_ON(B, FN, NAME, TAGS)              \
+  static void FN([[maybe_unused]] ::dblock::test::context& ctx)
+
 /// A test body for one backend.
 #define DBLOCK_TEST_ONLY(BACKEND, NAME, TAGS) \
   DBLOCK_TEST_ONLY_IMPL(DBLOCK_CAT(dblock_body_, __LINE__), BACKEND, NAME, TAGS)

@@ -103,6 +103,7 @@ class vocabulary final : public detail::vocabulary {
   std::optional<value> decode_text(const std::optional<std::string>& cell,
                                    soci::data_type t) const override;
   std::string now() const override { return "dblock_now_us()"; }
+  bool release_grants_in_steps() const override { return true; }
   std::string plus_us(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + :" + param + ")";
   }

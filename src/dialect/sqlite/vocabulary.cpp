@@ -45,6 +45,10 @@ std::string vocabulary::lease_acquire(const table_names& t, bool in_queue_order)
       "(l.owner_token = excluded.owner_token AND l.expires_at > excluded.acquired_at AND "
       "l.hold_count > 0)";
   const std::string free = "(l.expires_at <= excluded.acquired_at OR l.hold_count = 0)";
+  // In queue order, a row of our token is a lease a release handed to this waiter (statements
+  // grant_take, grant_give): taken as it is, one hold, its TTL restarted. (A reentrant acquire
+  // never runs in queue order.)
+  const std::string held_again = in_queue_order ? "l.hold_count" : "l.hold_count + 1";
   return "INSERT INTO " + t.lock +
          " AS l (resource_name, owner_token, fence, hold_count, acquired_at, expires_at,"
          " holder_host, holder_pid, holder_thread) VALUES (:name, :token, MAX(COALESCE((SELECT"
@@ -53,7 +57,7 @@ std::string vocabulary::lease_acquire(const table_names& t, bool in_queue_order)
          ", :host, :pid, :thread) ON CONFLICT (resource_name) DO UPDATE SET"
          " fence = CASE WHEN " +
          reentry + " THEN l.fence ELSE MAX(l.fence + 1, :floor) END, hold_count = CASE WHEN " +
-         reentry + " THEN l.hold_count + 1 ELSE 1 END, acquired_at = CASE WHEN " + reentry +
+         reentry + " THEN " + held_again + " ELSE 1 END, acquired_at = CASE WHEN " + reentry +
          " THEN l.acquired_at ELSE excluded.acquired_at END,"
          " owner_token = excluded.owner_token, expires_at = excluded.expires_at,"
          " holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,"
