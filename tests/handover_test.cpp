@@ -11,11 +11,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "dialect/doorbell.hpp"
+#include "dialect/host_doorbell.hpp"
 #include "harness.hpp"
+#include "url.hpp"
 #include "waiting_support.hpp"
 
 using dblock::test::count_waiters;
@@ -212,10 +217,21 @@ DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
   const std::string name = "handover-lost-" + dblock::test::random_suffix();
   queued_holder q(ctx, name, true);
   waiter w;
-  w.start(ctx.open(ctx.options()), name, waiting(true, milliseconds(200)), milliseconds(30000));
+  w.start(ctx.open(ctx.options()), name, waiting(true, milliseconds(1500)), milliseconds(30000));
   REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+  std::string entry_token;  // W's queue entry's
+  {
+    auto c = ctx.db.connect();
+    c.session() << "SELECT owner_token FROM " << ctx.table("lock_waiter")
+                << " WHERE resource_name = :n",
+        soci::use(name), soci::into(entry_token);
+  }
   misdirect(ctx, name);
   q.h.release.store(true);
+  q.h.finish();
+  // Handed over by the release (the row W's, no thread named) before W's next poll finds it.
+  const lock_row handed = read_row(ctx, name);
+  const bool early = !w.got.load();
   const bool got = w.await(milliseconds(5000));
   q.h.finish();
   INFO("W: " << w.error);
@@ -225,6 +241,11 @@ DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
   CHECK(r.fence == q.h.fence + 1);  // the fence the release handed over
   CHECK(r.holds == 1);              // taken as it was, not as a second hold
   CHECK_FALSE(r.thread.empty());    // by W's own acquire
+  if (early) {  // read before W's poll (1.5 s) took it: the release had handed it over
+    CHECK(handed.owner == entry_token);
+    CHECK(handed.thread.empty());
+    CHECK(handed.fence == q.h.fence + 1);
+  }
   w.finish();
   CHECK(read_row(ctx, name).holds == 0);
 }
@@ -321,4 +342,41 @@ DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
   CHECK(waited_ms < 5000);  // and then the queue moved on
   CHECK(w.fence == 10);     // the dead head's was 9
   w.finish();
+}
+
+// SQLite's doorbell directories are open to every user of the database file, so a ring that
+// says a lease was handed over can be forged there: the waiter reads the row before it holds the
+// lease (doorbell::private_rings()). W is queued behind a holder that is gone for an hour; a
+// forged grant in W's handle directory costs W one refused try, and W never holds the lease.
+DBLOCK_TEST_ONLY("sqlite", "a forged handover ring does not make a waiter a holder",
+                 "[waiting][handover]") {
+  const std::string name = "handover-forged-" + dblock::test::random_suffix();
+  hold_elsewhere(ctx, name);
+  waiter w;
+  w.start(ctx.open(ctx.options()), name, waiting(true), milliseconds(3000));
+  REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+  std::string bell;
+  long long ticket = 0;
+  {
+    auto c = ctx.db.connect();
+    c.session() << "SELECT bell, ticket FROM " << ctx.table("lock_waiter")
+                << " WHERE resource_name = :n",
+        soci::use(name), soci::into(bell), soci::into(ticket);
+  }
+  const std::string dir = dblock::detail::parse_url(ctx.url).path + ".dblock-wake/h." + bell;
+  for (int i = 0; i < 200 && !std::filesystem::is_directory(dir); ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  REQUIRE(std::filesystem::is_directory(dir));
+  const std::string entry = dir + "/" +
+                            dblock::detail::ring_entry(dblock::detail::name_hash(name), 8,
+                                                       dblock::detail::granted_head(ticket));
+  { std::ofstream(entry).put('x'); }  // what a ring makes and removes
+  std::filesystem::remove(entry);
+  CHECK_FALSE(w.await(milliseconds(1000)));  // negative control: taken at its word, W held it
+  w.finish();
+  INFO("W: " << w.error);
+  CHECK(w.code == dblock::errc::timeout);
+  const lock_row r = read_row(ctx, name);
+  CHECK(r.fence == 7);  // still the holder's that is gone
+  CHECK(r.holds == 1);
 }

@@ -99,6 +99,11 @@ class doorbell {
                     const std::string& head, const std::string& head_bell) const {
     (void)target, (void)name, (void)fence, (void)head, (void)head_bell;
   }
+  /// True when only the user's own processes can ring a handle, so that a ring saying a lease
+  /// was handed over (granted_head()) is taken at its word (PostgreSQL's relay directory is
+  /// private). False where any local user can ring (SQLite's doorbell directories, shared by
+  /// every user of the database file): the waiter then reads the row before it holds the lease.
+  virtual bool private_rings() const { return true; }
   /// The bell of the host relay that the handles of this process connecting to `target` share
   /// (PostgreSQL, bound to the release as :bell, vocabulary::release_returning()); empty where
   /// there is none.

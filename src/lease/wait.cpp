@@ -146,6 +146,13 @@ class waiting_acquire {
   // the guard too much of its TTL: nullopt then, and the try takes the lease with a fresh TTL.
   std::optional<lease_guard> adopt(std::int64_t fence) {
     if (!grants_ || steady::now() - enqueued_at_ > lk_.options.ttl / 4) return std::nullopt;
+    // Where another local user could forge such a ring (doorbell::private_rings()), the row
+    // must say so first: one read, no write. Otherwise the try decides, as after any ring.
+    if (!dbi_->dia->bell.private_rings()) {
+      const wait_queue::wait_state w = read();
+      if (!w.mine || w.fence != fence || w.hold_count != 1 || w.expires_us <= w.now_us)
+        return std::nullopt;
+    }
     acquire_params p;
     p.name = lk_.name;
     p.owner_token = token_;

@@ -191,6 +191,14 @@ bool release(session_scope& s, const std::string& name, const std::string& token
       if (ring_id) *ring_id = handed_over;
       return true;
     }
+    // Rolled back: the release below must be a write of its own, never one joined to a
+    // transaction that a failed ROLLBACK left open (it would not commit).
+    if (s.dia().conn.in_transaction(s.sql())) {
+      s.mark_broken();
+      throw error(errc::backend_error, "release lease '" + name +
+                                           "': the connection could not roll back a handover "
+                                           "that found nobody to hand the lease to");
+    }
   }
   const statement& st =
       granted_ticket && !all.release_granting.text.empty() ? all.release_granting : all.release;

@@ -80,6 +80,8 @@ class doorbell final : public detail::doorbell {
   bool rings_head(const std::string& target) const override;
   void ring(const std::string& target, const std::string& name, std::int64_t fence,
             const std::string& head, const std::string& head_bell) const override;
+  /// The doorbell directories are open to every user of the database file (mode 0777).
+  bool private_rings() const override { return false; }
 };
 
 class classifier final : public detail::classifier {

@@ -163,8 +163,10 @@ void executor::commit_statement(session_scope& s) const {
 
 void executor::rollback_statement(session_scope& s) const noexcept {
   auto& c = static_cast<state&>(s.state());
-  if (c.own_write && !sqlite3_get_autocommit(c.db))
+  if (c.own_write && !sqlite3_get_autocommit(c.db)) {
     sqlite3_exec(c.db, "ROLLBACK", nullptr, nullptr, nullptr);
+    if (!sqlite3_get_autocommit(c.db)) s.mark_broken();  // still inside it: never reused
+  }
   c.own_write = false;
   restore_synchronous(s, c);
 }
