@@ -170,6 +170,10 @@ void hand_over_case(const dblock::test::context& ctx, bool fair, bool own_handle
   w.start(own_handle ? ctx.open(ctx.options()) : ctx.db, name,
           waiting(fair, milliseconds(pooled ? 100 : 20000)), milliseconds(30000));
   REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+  // Past W's re-check after joining (PostgreSQL reads again within 10 ms): a read that lands
+  // between the handover's commit and its ring finds the lease W's and takes it with W's own
+  // acquire (correct, and the lost-ring test's path), which names W's thread.
+  std::this_thread::sleep_for(milliseconds(200));
   const long long released = monotonic_ns();
   q.h.release.store(true);
   const bool got = w.await(milliseconds(5000));
