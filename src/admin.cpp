@@ -52,7 +52,8 @@ forced_release force_release(const database& db, const std::string& name, const 
       access::impl(db), "force release of '" + name + "'", std::chrono::seconds(10),
       [&](session_scope& s) { return detail::lock_table::force(s, name, reason, forced_by); });
   if (f.was_held) {  // the lease is free: wake a waiter now rather than at its next poll
-    detail::wait_queue::ring_freed(access::impl(db), name, f.new_fence, std::string(), -1);
+    detail::wait_queue::ring_freed(access::impl(db), name, f.new_fence, std::string(),
+                                   detail::lock_table::release_wake::look_up());
   }
   return f;
 }

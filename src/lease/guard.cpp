@@ -76,13 +76,12 @@ void lease_state::finish_queue_exit() noexcept {
   if (x) x->finish(db, milliseconds(2000), true);
 }
 
-void lease_state::report_released(int left, std::int64_t ring_id, std::int64_t granted,
-                                  const std::string& granted_bell) {
+void lease_state::report_released(int left, const lock_table::release_wake& wake) {
   // The lease is free: the next local contender goes first (it needs no ring), then a waiter
   // is woken now rather than at its next poll.
   if (left == 0) {
     open_gate();
-    wait_queue::ring_freed(db, name, fence, token, ring_id, granted, granted_bell);
+    wait_queue::ring_freed(db, name, fence, token, wake);
   }
   db->notify([&](listener& l) {
     l.released(name,
@@ -96,8 +95,11 @@ void lease_state::report_released(int left, std::int64_t ring_id, std::int64_t g
 lease_state::release_outcome lease_state::release_sent(int left) {
   const std::string what = "release lease '" + name + "'";
   // Where the release may leave a head of this host to this process (PostgreSQL's host relay).
-  const std::string bell = left == 0 ? db->hub->relay_bell() : std::string();
   release_outcome out;
+  if (left == 0) {
+    out.wake.bell = db->hub->relay_bell();
+    out.wake.hand_over = hand_over.load();
+  }
   for (int round = 0; round < 3; ++round) {
     session_ref server;
     out.read = false;
@@ -106,9 +108,7 @@ lease_state::release_outcome lease_state::release_sent(int left) {
       out.matched = retry(policy, [&] {
         return with_session(db, what, [&](session_scope& s) {
           server = s.server();
-          return lock_table::release(s, name, token, fence, &out.ring_id, bell,
-                                     left == 0 && hand_over.load() ? &out.granted : nullptr,
-                                     &out.granted_bell);
+          return lock_table::release(s, name, token, fence, &out.wake);
         });
       });
       return out;
@@ -126,7 +126,7 @@ lease_state::release_outcome lease_state::release_sent(int left) {
     const bool ours = row && row->owner_token == token && row->fence == fence;
     if (ours && row->hold_count == left) {  // it was applied; its reply named no head
       out.matched = true;
-      out.ring_id = -1;
+      out.wake.sleeper = -1;
       return out;
     }
     if (!(ours && row->hold_count == left + 1 && row->expires_at_us > row->now_us)) return out;
@@ -185,7 +185,7 @@ void lease_state::release_one() {
   } opener{left == 0 ? this : nullptr};
   release_outcome sent = release_sent(left);
   if (sent.matched) {
-    report_released(left, sent.ring_id, sent.granted, sent.granted_bell);
+    report_released(left, sent.wake);
     return;
   }
   const bool in_doubt = sent.in_doubt;
@@ -196,13 +196,15 @@ void lease_state::release_one() {
                 : with_session(db, "release lease '" + name + "'",
                                [&](session_scope& s) { return lock_table::read(s, name); });
   if (row && row->owner_token == token && row->fence == fence && row->hold_count == left) {
-    report_released(left, -1);  // an earlier attempt whose reply was lost did it
+    report_released(
+        left,
+        lock_table::release_wake::look_up());  // an earlier attempt whose reply was lost did it
     return;
   }
   if (in_doubt && (!row || row->owner_token != token)) {
     // Our release may have gone through before someone else took the free lease; either way the
     // lease is no longer ours and the successor's row was not touched.
-    report_released(left, -1);
+    report_released(left, lock_table::release_wake::look_up());
     return;
   }
   const std::string now = row_after_loss(row, token);

@@ -89,19 +89,15 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
     /// decided the outcome.
     bool read = false;
     std::optional<lease_row> row;
-    /// What the release returned for the head waiter to ring (-1: look it up) and the ticket
-    /// of the waiter it handed the lease to (0: none); see report_released().
-    std::int64_t ring_id = 0, granted = 0;
-    /// Where the release handed over in two statements (SQLite): that waiter's bell.
-    std::string granted_bell;
+    /// What the release returned for the head waiter (sleeper -1: look it up), or the waiter
+    /// it handed the lease to; see report_released().
+    lock_table::release_wake wake;
   };
   release_outcome release_sent(int left);
-  /// `ring_id`: what the release statement returned for the head waiter to ring
-  /// (wait_queue::ring_freed()); -1 when its reply was lost (looked up instead). `granted`: the
-  /// ticket of the waiter the release handed the lease to (0: none), and its bell where the
-  /// release returned it (SQLite).
-  void report_released(int left, std::int64_t ring_id = 0, std::int64_t granted = 0,
-                       const std::string& granted_bell = std::string());
+  /// `wake`: what the release statement returned for the head waiter, for
+  /// wait_queue::ring_freed(); its sleeper is -1 when the release's reply was lost (the head is
+  /// looked up instead).
+  void report_released(int left, const lock_table::release_wake& wake);
 
   /// Finishes the deletion of leave_queue_later()'s entry (idempotent).
   void finish_queue_exit() noexcept;

@@ -20,15 +20,6 @@ std::chrono::system_clock::time_point from_us(long long us) {
   return std::chrono::system_clock::time_point(microseconds(us));
 }
 
-// A single autocommit write (SQLite: inside its prepared write transaction).
-sql_result write_statement(session_scope& s, const statement& st, const std::vector<sql_param>& v,
-                           write_kind kind = write_kind::statement) {
-  write_scope w(s, kind);
-  sql_result r = s.run(st, v);
-  w.commit();
-  return r;
-}
-
 std::string forced_token() {
   // A token no acquisition can have: acquisitions use 32 hex digits, this starts with "forced".
   static thread_local std::mt19937_64 rng(std::random_device{}());
@@ -117,7 +108,7 @@ void set_durability(session_scope& s, lease_durability d) {
 std::optional<std::int64_t> acquire(session_scope& s, const acquire_params& p) {
   const long long floor = fence_floor(s);
   return acquired_fence(
-      write_statement(s, s.statements().acquire,
+      write_statement(s, write_kind::statement, s.statements().acquire,
                       {p.name, p.owner_token, static_cast<long long>(p.ttl_us), p.holder_host,
                        static_cast<long long>(p.holder_pid), p.holder_thread, floor}));
 }
@@ -134,7 +125,7 @@ std::optional<std::int64_t> acquired_fence(const sql_result& r) {
 bool renew(session_scope& s, const std::string& name, const std::string& token, std::int64_t fence,
            std::int64_t ttl_us) {
   return write_statement(
-             s, s.statements().renew,
+             s, write_kind::statement, s.statements().renew,
              {static_cast<long long>(ttl_us), name, token, static_cast<long long>(fence)})
              .affected == 1;
 }
@@ -180,15 +171,18 @@ std::optional<handed_head> hand_over_in_steps(session_scope& s, const std::strin
 }  // namespace
 
 bool release(session_scope& s, const std::string& name, const std::string& token,
-             std::int64_t fence, std::int64_t* ring_id, const std::string& bell,
-             std::int64_t* granted_ticket, std::string* granted_bell) {
+             std::int64_t fence, release_wake* wake) {
   const lock_statements& all = s.statements();
-  if (granted_ticket && granted_bell && !all.grant_take.text.empty()) {
-    *granted_ticket = 0;
+  const bool hand_over = wake && wake->hand_over;
+  if (wake) {
+    wake->sleeper = 0;
+    wake->granted = 0;
+    wake->granted_bell.clear();
+  }
+  if (hand_over && !all.grant_take.text.empty()) {
     if (std::optional<handed_head> h = hand_over_in_steps(s, name, token, fence)) {
-      *granted_ticket = h->ticket;
-      *granted_bell = std::move(h->bell);
-      if (ring_id) *ring_id = handed_over;
+      wake->granted = h->ticket;
+      wake->granted_bell = std::move(h->bell);
       return true;
     }
     // Rolled back: the release below must be a write of its own, never one joined to a
@@ -201,25 +195,23 @@ bool release(session_scope& s, const std::string& name, const std::string& token
     }
   }
   const statement& st =
-      granted_ticket && !all.release_granting.text.empty() ? all.release_granting : all.release;
+      hand_over && !all.release_granting.text.empty() ? all.release_granting : all.release;
   std::vector<sql_param> v{name, token, static_cast<long long>(fence)};
-  if (st.params.size() > 3) v.emplace_back(bell);
-  const sql_result r = write_statement(s, st, v, write_kind::unflushed);
+  if (st.params.size() > 3) v.emplace_back(wake ? wake->bell : std::string());
+  const sql_result r = write_statement(s, write_kind::unflushed, st, v);
   // An UPDATE: the rows it changed (0 or 1); release_granting: the rows it returned (1, or 2
   // when it handed the lease over).
   const bool released = r.affected >= 1;
-  if (granted_ticket) *granted_ticket = 0;
-  if (!ring_id) return released;
-  *ring_id = 0;
-  if (released && !s.statements().bell_ring.text.empty()) {  // release_head()
-    *ring_id = r.insert_id;
-  } else if (released && !s.statements().head_notify.text.empty()) {
+  if (!wake || !released) return released;
+  if (!all.bell_ring.text.empty()) {  // release_head()
+    wake->sleeper = r.insert_id;
+  } else if (!all.head_notify.text.empty()) {
     // release_returning(), and the head's ticket when handed over (in either order).
     std::int64_t ring = r.empty() || r.is_null(0, 0) ? 0 : r.integer(0, 0);
     std::int64_t other = r.rows.size() > 1 ? r.integer(1, 0) : 0;
     if ((other & handed_over) != 0) std::swap(ring, other);
-    *ring_id = ring;
-    if (granted_ticket && (ring & handed_over) != 0) *granted_ticket = other;
+    wake->sleeper = ring & ~handed_over;
+    if ((ring & handed_over) != 0) wake->granted = other;
   }
   return released;
 }
@@ -253,7 +245,7 @@ void ensure_row(session_scope& s, const std::string& name, milliseconds lock_tim
   // Only a concurrent creator of the same absent row can make this insert wait, briefly.
   if (s.dia().conn.insert_if_absent_waits())
     s.dia().conn.set_lock_timeout(s.sql(), s.state(), lock_timeout);
-  write_statement(s, s.statements().insert_free, {name});
+  write_statement(s, write_kind::statement, s.statements().insert_free, {name});
 }
 
 bool lock_row(session_scope& s, const std::string& name, lock_wait mode) {
@@ -344,7 +336,8 @@ std::optional<std::int64_t> reapable_fence(session_scope& s, milliseconds retent
 }
 
 void raise_floor(session_scope& s, std::int64_t top) {
-  write_statement(s, s.statements().floor_raise, {static_cast<long long>(top)});
+  write_statement(s, write_kind::statement, s.statements().floor_raise,
+                  {static_cast<long long>(top)});
 }
 
 reap_batch_result reap_batch(session_scope& s, milliseconds retention, std::size_t limit,

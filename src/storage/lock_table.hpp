@@ -72,22 +72,40 @@ std::optional<std::int64_t> acquired_fence(const sql_result&);
 /// Extends an unexpired lease owned by `token`; false when no longer ours or expired.
 bool renew(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
            std::int64_t ttl_us);
+/// What a release that frees a lease does for the next waiter: the caller's part, then what the
+/// dialect's release returned, for wait_queue::ring_freed().
+struct release_wake {
+  /// In: the releasing handle's relay bell (PostgreSQL, wake_hub::relay_bell()), where the
+  /// release may leave a head of this host to this process; else empty.
+  std::string bell;
+  /// In: a fair holder that came through the queue: the release may hand the freed lease to
+  /// the head of the queue (lock_statements::release_granting, or grant_take and grant_give).
+  bool hand_over = false;
+  /// Out: the head waiter to ring, 0 when nobody waits: the server session id of the connection
+  /// that sleeps for it (MySQL, vocabulary::release_head()), or the handle of a head on this
+  /// host that waits through the host relay (PostgreSQL, vocabulary::release_returning(); when
+  /// handed over, that head's handle). -1: look it up (a lost reply, a forced release).
+  std::int64_t sleeper = 0;
+  /// Out: the ticket of the head the release handed the lease to, at the released fence + 1
+  /// (0: not handed over). Only that waiter is then rung, and the ring carries the grant.
+  std::int64_t granted = 0;
+  /// Out, with `granted`, where the dialect hands over in two statements (SQLite): the head's
+  /// bell, its handle's directory to ring it in (`sleeper` is then 0).
+  std::string granted_bell;
+  /// After a release whose reply was lost, or a forced release: the head is to be looked up.
+  static release_wake look_up() {
+    release_wake w;
+    w.sleeper = -1;
+    return w;
+  }
+};
 /// Drops one hold of an unexpired lease owned by `token`; false when no longer ours. When this
-/// release freed the lease, `ring_id` receives what the dialect returns with the release for
-/// the head of the live waiter queue (else 0; see wait_queue::ring_freed()): the server session
-/// id of the connection to ring (MySQL, vocabulary::release_head()), or the handle of a head
-/// that waits through the host relay whose bell is `bell` (PostgreSQL,
-/// vocabulary::release_returning(); `bell` is the releasing handle's, wake_hub::relay_bell()).
-/// With `granted_ticket` (a fair holder that came through the queue), the release may hand the
-/// freed lease to the head of the queue (lock_statements::release_granting): `ring_id` is then
-/// that head's handle plus handed_over, and `granted_ticket` receives its ticket (else 0); the
-/// head holds the lease at `fence` + 1. Where the dialect hands over in two statements
-/// (SQLite, lock_statements::grant_take), `ring_id` is handed_over alone and `granted_bell`
-/// receives the head's bell, its handle's directory to ring it in.
+/// release freed the lease and `wake` is given, `wake` receives what the release returned for
+/// the head of the live waiter queue, and may have handed the lease over (release_wake).
 bool release(session_scope&, const std::string& name, const std::string& token, std::int64_t fence,
-             std::int64_t* ring_id = nullptr, const std::string& bell = std::string(),
-             std::int64_t* granted_ticket = nullptr, std::string* granted_bell = nullptr);
-/// The bit of release()'s `ring_id` that says the lease was handed over (handles are 60 bits).
+             release_wake* wake = nullptr);
+/// The bit of the handle PostgreSQL's release returns that says the lease was handed over
+/// (handles are 60 bits; vocabulary::release_returning()).
 constexpr std::int64_t handed_over = std::int64_t(1) << 60;
 /// One lease of a batch renewal: the acquisition renew() would be given.
 struct renewal {

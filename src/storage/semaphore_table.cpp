@@ -4,11 +4,8 @@
 namespace dblock::detail::semaphore_table {
 
 std::optional<std::int64_t> declare(session_scope& s, const std::string& name, int permits) {
-  {
-    write_scope w(s, write_kind::statement, "declare semaphore");
-    s.run(s.statements().semaphore_declare, {name, static_cast<long long>(permits)});
-    w.commit();
-  }
+  write_statement(s, write_kind::statement, s.statements().semaphore_declare,
+                  {name, static_cast<long long>(permits)}, "declare semaphore");
   const sql_result r = s.run(s.statements().semaphore_permits, {name});
   if (r.empty()) return std::nullopt;
   return r.integer(0, 0);

@@ -234,6 +234,14 @@ void write_scope::commit() {
   end();
 }
 
+sql_result write_statement(session_scope& s, write_kind kind, const statement& st,
+                           const std::vector<sql_param>& v, const std::string& what) {
+  write_scope w(s, kind, what);
+  sql_result r = s.run(st, v);
+  w.commit();
+  return r;
+}
+
 retry_policy transient_conflict_policy(int max_attempts, std::chrono::milliseconds max_backoff) {
   retry_policy p;
   p.max_attempts = max_attempts;

@@ -11,13 +11,7 @@ namespace {
 // says so in its SQL): an entry decides no grant, and a crash that undoes one of them is an OS
 // crash or power loss (SQLite, whose waiters all run on this host and die with it) or a server
 // crash (PostgreSQL: the waiter's next refresh makes its entry again). A grant commits durably.
-sql_result write_statement(session_scope& s, const statement& st, const std::vector<sql_param>& v,
-                           write_kind kind = write_kind::unflushed) {
-  write_scope w(s, kind);
-  sql_result r = s.run(st, v);
-  w.commit();
-  return r;
-}
+constexpr write_kind queue_write = write_kind::unflushed;
 
 }  // namespace
 
@@ -25,7 +19,7 @@ std::int64_t enqueue(session_scope& s, const std::string& name, const std::strin
                      std::int64_t ttl_us, const std::string& host, std::int64_t pid,
                      const std::string& bell, std::int64_t grant_ttl_us) {
   const sql_result r =
-      write_statement(s, s.statements().waiter_insert,
+      write_statement(s, queue_write, s.statements().waiter_insert,
                       {name, token, static_cast<long long>(ttl_us), host,
                        static_cast<long long>(pid), bell, static_cast<long long>(grant_ttl_us)});
   return r.empty() ? r.insert_id : r.integer(0, 0);
@@ -39,13 +33,14 @@ std::optional<std::int64_t> find(session_scope& s, const std::string& name,
 }
 
 bool refresh(session_scope& s, std::int64_t ticket, const std::string& token, std::int64_t ttl_us) {
-  return write_statement(s, s.statements().waiter_refresh,
+  return write_statement(s, queue_write, s.statements().waiter_refresh,
                          {static_cast<long long>(ttl_us), static_cast<long long>(ticket), token})
              .affected == 1;
 }
 
 bool dequeue(session_scope& s, std::int64_t ticket, const std::string& token) {
-  return write_statement(s, s.statements().waiter_delete, {static_cast<long long>(ticket), token})
+  return write_statement(s, queue_write, s.statements().waiter_delete,
+                         {static_cast<long long>(ticket), token})
              .affected == 1;
 }
 
@@ -77,25 +72,15 @@ bool ring(session_scope& s, std::int64_t id) {
 }
 
 void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
-                std::int64_t fence, const std::string& token, std::int64_t sleeper,
-                std::int64_t granted_ticket, const std::string& granted_bell) {
+                std::int64_t fence, const std::string& token,
+                const lock_table::release_wake& wake) {
   const std::string what = "ring the head waiter of '" + name + "'";
-  if (granted_ticket > 0 && !granted_bell.empty()) {
-    // Handed over in two statements (SQLite): that waiter's handle, here or in its directory.
-    db->hub->handed_to(name, fence + 1, granted_ticket, granted_bell);
+  if (wake.granted > 0) {
+    // Handed over: only that waiter may take it, so no other is woken.
+    db->hub->handed_to(name, fence + 1, wake.granted, wake.sleeper, wake.granted_bell);
     return;
   }
-  if (granted_ticket > 0) {
-    // Handed over: only that waiter may take it, so no other is woken. Its process is this one
-    // (the waiter learns of it here) or another of this host (its relay directory). When the
-    // ring cannot be made, the waiter finds the lease its own at its next read (poll_max).
-    const std::int64_t handle = sleeper & ~lock_table::handed_over;
-    if (db->hub->is_own_bell(handle))
-      db->hub->granted(name, granted_ticket, fence + 1);
-    else
-      db->hub->ring_handle(name, fence + 1, handle, granted_ticket);
-    return;
-  }
+  std::int64_t sleeper = wake.sleeper;
   queue_head head;
   if (db->hub->wants_head()) {
     try {
@@ -154,9 +139,9 @@ std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_para
   const bool alone = ticket == behind_everyone || exit_deferred(s.db());
   if (in_order || (!alone && !dq.text.empty()))
     v.emplace_back(std::in_place_type<long long>, static_cast<long long>(ticket));
-  if (alone) return lock_table::acquired_fence(write_statement(s, acq, v, write_kind::statement));
+  if (alone) return lock_table::acquired_fence(write_statement(s, write_kind::statement, acq, v));
   if (!dq.text.empty())
-    return lock_table::acquired_fence(write_statement(s, dq, v, write_kind::statement));
+    return lock_table::acquired_fence(write_statement(s, write_kind::statement, dq, v));
   // Two statements in SQLite's one write transaction.
   write_scope w(s, write_kind::statement);
   const std::optional<std::int64_t> fence = lock_table::acquired_fence(s.run(acq, v));
@@ -225,7 +210,7 @@ std::vector<entry_info> list(session_scope& s) {
 std::uint64_t reap(session_scope& s, std::chrono::milliseconds retention) {
   const long long neg = -std::chrono::duration_cast<std::chrono::microseconds>(retention).count();
   return static_cast<std::uint64_t>(
-      write_statement(s, s.statements().waiters_reap, {neg}).affected);
+      write_statement(s, queue_write, s.statements().waiters_reap, {neg}).affected);
 }
 
 }  // namespace dblock::detail::wait_queue

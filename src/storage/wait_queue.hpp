@@ -70,19 +70,16 @@ queue_head head_of(session_scope&, const std::string& name, const std::string& t
 bool ring(session_scope&, std::int64_t id);
 /// After this handle freed the lease of `name` at `fence` (the releaser's entries, `token`, are
 /// not the head): wakes a local waiter through the hub and rings the head waiter's process where
-/// the database does not: the doorbell with the head of the queue (SQLite; one local read), or
-/// an interrupt of the sleeping connection of the head waiter's handle (MySQL), `sleeper` being
-/// the session id the release returned (0: nobody waits; -1: look it up, for a forced release);
-/// on PostgreSQL, `sleeper` is the handle of a head on this host that the release did not
-/// notify (vocabulary::release_returning()), rung through the host relay's directory, or
-/// notified now when that fails. A failure only costs the wake-up.
-///
-/// `granted_ticket` > 0: the release handed the lease to that head at `fence` + 1 instead
-/// (lock_table::release()); `sleeper` is then its handle plus lock_table::handed_over, and the
-/// ring carries the grant (doorbell::ring_handle()) to the waiter with that ticket alone.
+/// the database does not, from what the release returned (`wake`, lock_table::release_wake):
+/// the doorbell with the head of the queue (SQLite; one local read), or an interrupt of the
+/// sleeping connection of the head waiter's handle (MySQL, `wake.sleeper` the session id; -1:
+/// look it up, for a forced release); on PostgreSQL, `wake.sleeper` is the handle of a head on
+/// this host that the release did not notify (vocabulary::release_returning()), rung through
+/// the host relay's directory, or notified now when that fails. A failure only costs the
+/// wake-up. When the release handed the lease over (`wake.granted`), only that waiter is rung,
+/// and the ring carries the grant (wake_hub::handed_to()).
 void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
-                std::int64_t fence, const std::string& token, std::int64_t sleeper,
-                std::int64_t granted_ticket = 0, const std::string& granted_bell = std::string());
+                std::int64_t fence, const std::string& token, const lock_table::release_wake& wake);
 /// A ticket above every entry's: with it, acquire_dequeue() in order takes a free lease only
 /// when nobody waits in its queue, and deletes no entry (a fair try before queueing).
 constexpr std::int64_t behind_everyone = INT64_MAX;

@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "dblock/retry.hpp"
 #include "storage/session.hpp"
@@ -62,6 +63,12 @@ class write_scope {
   bool open_ = false;
   std::optional<error> failure_;
 };
+
+/// One write statement committed by itself: `kind` is write_kind::statement (a grant, or any
+/// write that must reach the disk) or write_kind::unflushed (see there). `what` names it in
+/// errors.
+sql_result write_statement(session_scope& s, write_kind kind, const statement& st,
+                           const std::vector<sql_param>& v, const std::string& what = "write");
 
 /// Retries a write of dblock's tables that failed with a deadlock or a busy error of its own
 /// (for example MariaDB's hot-key deadlock between an acquire and a release): that says nothing

@@ -196,7 +196,14 @@ bool wake_hub::grant_one(std::uint64_t hash, const std::string& name, std::int64
 }
 
 void wake_hub::handed_to(const std::string& name, std::int64_t fence, std::int64_t ticket,
-                         const std::string& bell) {
+                         std::int64_t handle, const std::string& bell) {
+  if (bell.empty()) {
+    if (is_own_bell(handle))
+      granted(name, ticket, fence);
+    else
+      ring_handle(name, fence, handle, ticket);
+    return;
+  }
   // channel_ is set once, before channel_opened_, and reset only by the destructor.
   if (channel_opened_.load() && channel_ && channel_->address() == bell) {
     granted(name, ticket, fence);

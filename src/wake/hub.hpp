@@ -88,13 +88,15 @@ class wake_hub {
   /// when no such waiter is here (it left, or has not recorded its ticket yet: it finds the
   /// lease its own at its next read).
   bool granted(const std::string& name, std::int64_t ticket, std::int64_t fence);
-  /// A release handed the lease of `name` to the waiter with queue ticket `ticket` at `fence`,
-  /// whose queue entry carries `bell` (SQLite: its handle's directory): granted() when that is
-  /// this handle, else a ring that names the ticket in its handle's directory (doorbell::ring()),
-  /// on which that handle hands it over likewise. A lost ring: the waiter finds the lease its
-  /// own at its next read.
+  /// A release of this process handed the lease of `name` at `fence` to the waiter with queue
+  /// ticket `ticket`, and only that waiter is woken, with the grant: by granted() when it waits
+  /// in this handle, else by a ring that names the ticket (on which its handle hands it over
+  /// likewise), addressed by the head's `bell` (SQLite: its queue entry's, its handle's
+  /// directory; doorbell::ring()) or, without one, by its `handle` on this host (PostgreSQL:
+  /// through the host relay; doorbell::ring_handle()). A lost ring: the waiter finds the lease
+  /// its own at its next read (poll_max).
   void handed_to(const std::string& name, std::int64_t fence, std::int64_t ticket,
-                 const std::string& bell);
+                 std::int64_t handle, const std::string& bell);
   /// True when released() should be given the head of the queue (see doorbell::rings_head()).
   bool wants_head() const { return !target_.empty() && dia_.bell.rings_head(target_); }
   /// True while rings from other processes are known to reach `w`: it may then sleep until the
