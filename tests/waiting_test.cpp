@@ -70,6 +70,19 @@ dblock::lease_guard hold_long(const dblock::test::context& ctx, const std::strin
   return std::move(*h);
 }
 
+// PostgreSQL: terminates the server processes that pg_stat_activity shows matching `where`
+// (:p bound to `p`); returns how many.
+int terminate_backends(const dblock::test::context& ctx, const std::string& where,
+                       const std::string& p) {
+  const char* admin = std::getenv("DBLOCK_TEST_POSTGRESQL_ADMIN_URL");
+  dblock::database adb = admin && *admin ? dblock::database(admin) : ctx.db;
+  auto c = adb.connect();
+  long long n = 0;
+  c.session() << "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE " + where,
+      soci::use(p), soci::into(n);
+  return static_cast<int>(n);
+}
+
 // ---- the wake-up channel cut
 // ---------------------------------------------------------------------
 
@@ -81,16 +94,8 @@ const auto cut_ttl = std::chrono::seconds(2);
 // Returns how many channels were cut (-1 with `error` set when cutting failed).
 int cut_channel(const dblock::test::context& ctx, const std::string& tag, std::string& error) {
   try {
-    if (ctx.backend == "postgresql") {
-      const char* admin = std::getenv("DBLOCK_TEST_POSTGRESQL_ADMIN_URL");
-      dblock::database adb = admin && *admin ? dblock::database(admin) : ctx.db;
-      auto c = adb.connect();
-      long long n = 0;
-      c.session() << "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                     "WHERE application_name = :a AND query LIKE 'LISTEN%'",
-          soci::use(tag), soci::into(n);
-      return static_cast<int>(n);
-    }
+    if (ctx.backend == "postgresql")
+      return terminate_backends(ctx, "application_name = :p AND query LIKE 'LISTEN%'", tag);
     if (ctx.backend == "sqlite") {
       const std::string bell = ctx.url.substr(std::string("sqlite://").size()) + ".dblock-wake";
       std::error_code ec;
@@ -739,6 +744,82 @@ DBLOCK_TEST_ONLY("mysql",
     h->release();  // long expired
   } catch (const dblock::error&) {
   }
+}
+
+namespace {
+
+// Kills the connections whose DELETE of a queue entry waits for a row lock (PostgreSQL,
+// MySQL); returns how many.
+int kill_queue_deletes(const dblock::test::context& ctx) {
+  const std::string like = "DELETE FROM " + ctx.table("lock_waiter") + " WHERE%";
+  if (ctx.backend == "postgresql")
+    return terminate_backends(ctx, "query LIKE :p AND wait_event_type = 'Lock'", like);
+  auto c = ctx.db.connect();
+  std::vector<long long> ids(16);
+  c.session() << "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' AND "
+                 "INFO LIKE :q",
+      soci::use(like), soci::into(ids);
+  for (const long long id : ids)
+    c.session() << "KILL CONNECTION " << id;
+  return static_cast<int>(ids.size());
+}
+
+}  // namespace
+
+// A waiter that gives up deletes its queue entry, and tries again when a try fails on the way:
+// on SQLite its busy timeout (300 ms here) runs out behind another writer; on PostgreSQL and
+// MySQL the connection that runs the DELETE is killed while the DELETE waits for the entry's row
+// lock. The other writer finishes during the second try, which deletes the entry before the
+// acquire returns. (Negative control: with one try, as before, the entry stayed for its TTL, 30
+// s, and the last check fails.)
+DBLOCK_TEST("a waiter that gives up deletes its queue entry after a failed try", "[waiting]") {
+  const bool sqlite = ctx.backend == "sqlite";
+  dblock::database_options o = ctx.options();
+  o.sqlite_busy_timeout = milliseconds(300);
+  auto waiter_db = ctx.open(o);
+  const std::string name = "leave-retried-" + dblock::test::random_suffix();
+  auto h = hold_long(ctx, name);
+  dblock::lease_lock waiter(waiter_db, name, fair_30s());
+  dblock::cancellation cancel;
+  std::atomic<bool> done{false};
+  errc code = errc::backend_error;
+  std::string failure = "acquired";
+  std::thread t([&] {
+    try {
+      auto g = waiter.acquire(std::chrono::seconds(30), cancel);
+    } catch (const dblock::error& e) {
+      code = e.code();
+      failure = e.what();
+    }
+    done = true;
+  });
+  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
+  auto blocker = ctx.db.connect();
+  if (sqlite) {
+    blocker.session() << "BEGIN IMMEDIATE";  // the one write lock
+  } else {
+    long long ticket = 0;
+    blocker.session().begin();
+    blocker.session() << "SELECT ticket FROM " << ctx.table("lock_waiter")
+                      << " WHERE resource_name = :n FOR UPDATE",
+        soci::use(name), soci::into(ticket);
+  }
+  cancel.cancel();
+  std::this_thread::sleep_for(milliseconds(150));  // the DELETE waits
+  const int killed = sqlite ? 0 : kill_queue_deletes(ctx);
+  std::this_thread::sleep_for(milliseconds(300));  // SQLite: the first try has run out
+  const bool waited = !done.load();
+  if (sqlite)
+    blocker.session() << "COMMIT";
+  else
+    blocker.session().commit();
+  t.join();
+  INFO("waiter: " << failure);
+  REQUIRE(queued);
+  CHECK(code == errc::cancelled);
+  CHECK(waited);  // still deleting when the other writer finished
+  if (!sqlite) CHECK(killed == 1);
+  CHECK(count_waiters(ctx, name) == 0);
 }
 
 // ---- queue order kept by the acquire statement --------------------------------------------

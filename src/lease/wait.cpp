@@ -228,18 +228,23 @@ class waiting_acquire {
   }
   void leave_queue() noexcept {
     if (!ticket_) return;
+    const std::string what = what_ + " (leaving the queue, ticket " + std::to_string(ticket_) + ")";
     try {
-      const bool left = with_session(dbi_, what_ + " (leaving the queue)", [&](session_scope& s) {
-        return wait_queue::dequeue(s, ticket_, token_);
-      });
+      const bool left = wait_queue::dequeue_retried(dbi_, what, ticket_, token_);
       // The entry was gone: a release may have handed this waiter the lease (the release locks
       // the entry, so it has committed by now). Pass it on: take it and release it.
       if (!left && grants_ && read().mine) {
         if (auto g = lk_.attempt(token_, ticket_)) g->release();
       }
-    } catch (...) {
+    } catch (const std::exception& e) {
       // The entry expires within the lease TTL; the reaper deletes it later (a lease handed
       // over runs out at its TTL).
+      dbi_->notify([&](listener& l) {
+        l.log(log_level::warning,
+              what + ": " + e.what() +
+                  "; the entry expires within the lease TTL (a lease handed to it, too)");
+      });
+    } catch (...) {
     }
   }
   nanoseconds backoff(int round) const {

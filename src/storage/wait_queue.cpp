@@ -44,6 +44,19 @@ bool dequeue(session_scope& s, std::int64_t ticket, const std::string& token) {
              .affected == 1;
 }
 
+bool dequeue_retried(const std::shared_ptr<database_impl>& db, const std::string& what,
+                     std::int64_t ticket, const std::string& token) {
+  static const retry_policy policy = [] {
+    retry_policy p = transient_conflict_policy(3, std::chrono::milliseconds(8));
+    p.retryable.push_back(errc::connection_lost);
+    p.retryable.push_back(errc::in_doubt);
+    return p;
+  }();
+  return retry(policy, [&] {
+    return with_session(db, what, [&](session_scope& s) { return dequeue(s, ticket, token); });
+  });
+}
+
 wait_state read(session_scope& s, const std::string& name, const std::string& token) {
   const sql_result r = s.run(s.statements().wait_read, {token, name});
   wait_state w;
@@ -162,10 +175,7 @@ bool exit_deferred(const database_impl& db) {
 bool deferred_exit::remove(const std::shared_ptr<database_impl>& db, bool last) noexcept {
   const std::string what = "leave the queue of lease '" + name_ + "'";
   try {
-    static const retry_policy transient =
-        transient_conflict_policy(3, std::chrono::milliseconds(8));
-    retry(transient,
-          [&] { with_session(db, what, [&](session_scope& s) { dequeue(s, ticket_, token_); }); });
+    dequeue_retried(db, what, ticket_, token_);
     return true;
   } catch (const std::exception& e) {
     db->notify([&](listener& l) {

@@ -55,6 +55,12 @@ bool refresh(session_scope&, std::int64_t ticket, const std::string& token, std:
 /// Deletes an entry (no error when already gone); false when it was gone already (reaped, or
 /// deleted by a release that handed the lease to it).
 bool dequeue(session_scope&, std::int64_t ticket, const std::string& token);
+/// dequeue() in a session of its own, tried again after a deadlock, a busy or lock-timeout
+/// error or a broken connection (up to 3 tries; deleting twice is harmless, and an entry deleted
+/// by a try whose reply was lost reads as already gone). `what` names it in errors.
+/// @throws dblock::error the last try's.
+bool dequeue_retried(const std::shared_ptr<database_impl>& db, const std::string& what,
+                     std::int64_t ticket, const std::string& token);
 /// Reads the lock row of `name` and the head of its queue; `mine` when `token` holds it.
 wait_state read(session_scope&, const std::string& name, const std::string& token);
 /// The head of a queue: its owner token and its entry's wake-up address (bell_channel::address();
