@@ -407,3 +407,49 @@ DBLOCK_TEST_ONLY("sqlite", "a waiter's queue writes skip the sync of the WAL, it
   CHECK(granted == 1);  // negative control: the grant syncs the WAL
   got->release();
 }
+
+// SQLite: a fair release that hands the lease to the head of the queue commits that handover
+// durably, once, and the head then holds the lease without a write of its own: one sync of the
+// WAL for the whole handoff, as for a release and an acquire. (Handed over unsynced, the count
+// would be 0; the head's own acquire after a plain release would make it 1 as well, so the row
+// shows the handover: it names no holder thread.)
+DBLOCK_TEST_ONLY("sqlite", "a fair handover syncs the WAL once, and the head's take not at all",
+                 "[lease][durability][handover]") {
+  counting_vfs counting;
+  dblock::database a = ctx.open(), b = ctx.open();  // both connect through the counting VFS
+  const std::string name = "handed/" + dblock::test::random_suffix();
+  dblock::lease_options fair;
+  fair.fair = true;
+  fair.ttl = std::chrono::seconds(30);
+  lease_lock first(a, name, fair), holder(a, name, fair), next(b, name, fair);
+  auto x = first.try_acquire();
+  REQUIRE(x);
+  // H comes through the queue, so its release may hand the lease over.
+  std::optional<dblock::lease_guard> h, w;
+  std::thread th([&] { h.emplace(holder.acquire(std::chrono::milliseconds(20000))); });
+  REQUIRE(dblock::test::wait_for_waiters(ctx, name, 1, std::chrono::milliseconds(10000)));
+  x->release();
+  th.join();
+  REQUIRE(h);
+  std::thread tw([&] { w.emplace(next.acquire(std::chrono::milliseconds(20000))); });
+  REQUIRE(dblock::test::wait_for_waiters(ctx, name, 1, std::chrono::milliseconds(10000)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // W sleeps, its entry made
+  const int before = wal_syncs.load();
+  const std::int64_t fence = h->fence();
+  h->release();
+  tw.join();
+  REQUIRE(w);
+  const int handoff = wal_syncs.load() - before;
+  std::string thread;
+  {
+    auto c = ctx.db.connect();  // not through the counting VFS
+    c.session() << "SELECT holder_thread FROM " << ctx.table("resource_lock")
+                << " WHERE resource_name = :n",
+        soci::use(name), soci::into(thread);
+  }
+  INFO("WAL syncs for the handing release and the head's take: " << handoff);
+  CHECK(w->fence() == fence + 1);
+  CHECK(thread.empty());  // handed over in the release, not taken by W's acquire
+  CHECK(handoff == 1);
+  w->release();
+}

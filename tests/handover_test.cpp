@@ -4,9 +4,10 @@
 // releasing process's own host relay; on SQLite with two statements of one write transaction,
 // for any fair head: the head holds it at fence + 1 without a statement of its own. On MySQL
 // (and for waiters that are not fair, the negative control) the woken head takes the lease with
-// its own acquire. Also: a head whose ring is lost finds the lease its own at its
-// next poll and holds it once; a head that gives up after it was handed the lease passes it on at
-// once; a head that died holds it until its TTL runs out, then the queue moves on.
+// its own acquire. Also: a reentrant holder hands over only at its last release; a head that is
+// not fair is rung, not handed the lease; a head whose ring is lost finds the lease its own at
+// its next poll and holds it once; a head that gives up after it was handed the lease passes it
+// on at once; a head that died holds it until its TTL runs out, then the queue moves on.
 #include <soci/soci.h>
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -157,8 +159,9 @@ struct queued_holder {
 };
 
 // The releasing holder H, which came through the queue (X held the lease first), and the
-// waiter W queued behind it; H's release hands W the lease where the backend does that.
-void hand_over_case(const dblock::test::context& ctx, bool fair, bool own_handle) {
+// waiter W queued behind it; H's release hands W the lease where the backend does that, when
+// both are fair (`fair`: H and X; `head_fair`: W).
+void hand_over_case(const dblock::test::context& ctx, bool fair, bool own_handle, bool head_fair) {
   const std::string name = "handover-" + dblock::test::random_suffix();
   // Behind PgBouncer's transaction mode (tests/topology/pgbouncer.sh) there is no host relay:
   // nothing is handed over (the release statement runs as a routine all the same), and waiters
@@ -168,7 +171,7 @@ void hand_over_case(const dblock::test::context& ctx, bool fair, bool own_handle
   CHECK_FALSE(read_row(ctx, name).thread.empty());  // H took it with its own acquire
   waiter w;
   w.start(own_handle ? ctx.open(ctx.options()) : ctx.db, name,
-          waiting(fair, milliseconds(pooled ? 100 : 20000)), milliseconds(30000));
+          waiting(head_fair, milliseconds(pooled ? 100 : 20000)), milliseconds(30000));
   REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
   // Past W's re-check after joining (PostgreSQL reads again within 10 ms): a read that lands
   // between the handover's commit and its ring finds the lease W's and takes it with W's own
@@ -187,7 +190,8 @@ void hand_over_case(const dblock::test::context& ctx, bool fair, bool own_handle
   CHECK(w.fence == r.fence);
   CHECK(r.holds == 1);
   // Handed over in the release, which names no thread; else W's own acquire named its thread.
-  const bool handed = fair && ((ctx.backend == "postgresql" && !pooled) || ctx.backend == "sqlite");
+  const bool handed =
+      fair && head_fair && ((ctx.backend == "postgresql" && !pooled) || ctx.backend == "sqlite");
   CHECK(r.thread.empty() == handed);
   if (ctx.backend != "mysql") CHECK(count_waiters(ctx, name) == 0);  // (MySQL: during the hold)
   w.finish();
@@ -201,14 +205,69 @@ DBLOCK_TEST(
     "(PostgreSQL, SQLite); the head holds it at fence + 1 without an acquire of its own",
     "[waiting][handover]") {
   SECTION("the head waits on the same database handle") {
-    hand_over_case(ctx, true, false);
+    hand_over_case(ctx, true, false, true);
   }
   SECTION("the head waits on a handle of its own") {
-    hand_over_case(ctx, true, true);
+    hand_over_case(ctx, true, true, true);
+  }
+  SECTION("a head that is not fair is rung, and takes the lease with its own acquire") {
+    hand_over_case(ctx, true, true, false);
   }
   SECTION("negative control: not fair, the woken head takes the lease itself") {
-    hand_over_case(ctx, false, true);
+    hand_over_case(ctx, false, true, false);
   }
+}
+
+// H, a fair holder that came through the queue, holds the lease twice (reentry) while W, fair,
+// queues behind it. H's first release keeps the lease (one hold left): nothing is handed over
+// and W keeps waiting. H's last release frees it, handed to W where the backend hands over.
+// (The statements themselves hand over only a lease at its last hold: with the library asking
+// for a handover at the inner release as well, this test still passed.)
+DBLOCK_TEST("a fair reentrant holder's inner release hands nothing over; its last one does",
+            "[waiting][handover]") {
+  const std::string name = "handover-reentrant-" + dblock::test::random_suffix();
+  const bool pooled = ctx.url.find("pooler=transaction") != std::string::npos;
+  const milliseconds poll_max(pooled ? 100 : 20000);
+  dblock::lease_lock first(ctx.db, name, waiting(true)),
+      holder(ctx.db, name, waiting(true, poll_max));
+  auto x = first.try_acquire();
+  REQUIRE(x);
+  std::optional<dblock::lease_guard> outer;
+  std::thread th([&] { outer.emplace(holder.acquire(milliseconds(30000))); });
+  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(10000));
+  x->release();
+  th.join();
+  REQUIRE(queued);
+  REQUIRE(outer);
+  auto inner = holder.try_acquire();  // reentry: a second hold
+  REQUIRE(inner);
+  CHECK(read_row(ctx, name).holds == 2);
+  waiter w;
+  w.start(ctx.open(ctx.options()), name, waiting(true, poll_max), milliseconds(30000));
+  REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+  std::this_thread::sleep_for(milliseconds(200));  // past W's re-check after joining
+  inner->release();
+  std::this_thread::sleep_for(milliseconds(500));  // W would have been rung and have taken it
+  const lock_row kept = read_row(ctx, name);
+  CHECK_FALSE(w.got.load());
+  CHECK(kept.owner == outer->owner_token());
+  CHECK(kept.fence == outer->fence());
+  CHECK(kept.holds == 1);
+  const std::int64_t fence = outer->fence();
+  const long long released = monotonic_ns();
+  outer->release();
+  const bool got = w.await(milliseconds(5000));
+  INFO("W: " << w.error);
+  REQUIRE(got);
+  if (!pooled) CHECK((w.at_ns.load() - released) / ns_per_ms < 2000);  // rung
+  const lock_row r = read_row(ctx, name);
+  CHECK(r.owner == w.token);
+  CHECK(r.fence == fence + 1);
+  CHECK(r.holds == 1);
+  const bool handed = (ctx.backend == "postgresql" && !pooled) || ctx.backend == "sqlite";
+  CHECK(r.thread.empty() == handed);
+  w.finish();
+  CHECK(read_row(ctx, name).holds == 0);
 }
 
 // The ring that carries the handover reaches nobody (the head's entry names a handle of the
