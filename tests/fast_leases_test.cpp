@@ -421,7 +421,11 @@ DBLOCK_TEST_ONLY("sqlite", "a fair handover syncs the WAL once, and the head's t
   dblock::lease_options fair;
   fair.fair = true;
   fair.ttl = std::chrono::seconds(30);
-  lease_lock first(a, name, fair), holder(a, name, fair), next(b, name, fair);
+  // W polls rarely: a poll between the handover's commit and its ring would find the lease W's
+  // and take it with an acquire of its own (a durable write that names W's thread).
+  dblock::lease_options rare = fair;
+  rare.poll_max = std::chrono::seconds(20);
+  lease_lock first(a, name, fair), holder(a, name, fair), next(b, name, rare);
   auto x = first.try_acquire();
   REQUIRE(x);
   // H comes through the queue, so its release may hand the lease over.

@@ -805,9 +805,16 @@ DBLOCK_TEST("a waiter that gives up deletes its queue entry after a failed try",
         soci::use(name), soci::into(ticket);
   }
   cancel.cancel();
-  std::this_thread::sleep_for(milliseconds(150));  // the DELETE waits
-  const int killed = sqlite ? 0 : kill_queue_deletes(ctx);
-  std::this_thread::sleep_for(milliseconds(300));  // SQLite: the first try has run out
+  int killed = 0;
+  if (sqlite) {
+    std::this_thread::sleep_for(milliseconds(450));  // the first try's busy timeout has run out
+  } else {
+    // Once the DELETE waits for the row lock (a slow build may take a while to get there).
+    const long long until = monotonic_ns() + 10000 * ns_per_ms;
+    while ((killed = kill_queue_deletes(ctx)) == 0 && monotonic_ns() < until)
+      std::this_thread::sleep_for(milliseconds(10));
+    std::this_thread::sleep_for(milliseconds(300));  // the second try waits in turn
+  }
   const bool waited = !done.load();
   if (sqlite)
     blocker.session() << "COMMIT";

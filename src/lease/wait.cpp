@@ -242,7 +242,8 @@ class waiting_acquire {
       dbi_->notify([&](listener& l) {
         l.log(log_level::warning,
               what + ": " + e.what() +
-                  "; the entry expires within the lease TTL (a lease handed to it, too)");
+                  "; the entry, if still there, expires within the lease TTL (a lease handed to "
+                  "it, too)");
       });
     } catch (...) {
     }

@@ -56,8 +56,9 @@ bool refresh(session_scope&, std::int64_t ticket, const std::string& token, std:
 /// deleted by a release that handed the lease to it).
 bool dequeue(session_scope&, std::int64_t ticket, const std::string& token);
 /// dequeue() in a session of its own, tried again after a deadlock, a busy or lock-timeout
-/// error or a broken connection (up to 3 tries; deleting twice is harmless, and an entry deleted
-/// by a try whose reply was lost reads as already gone). `what` names it in errors.
+/// error or a broken connection (up to 3 tries, none started more than 1 s after the first;
+/// deleting twice is harmless, and an entry deleted by a try whose reply was lost reads as
+/// already gone). `what` names it in errors.
 /// @throws dblock::error the last try's.
 bool dequeue_retried(const std::shared_ptr<database_impl>& db, const std::string& what,
                      std::int64_t ticket, const std::string& token);
