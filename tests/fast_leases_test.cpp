@@ -426,21 +426,15 @@ DBLOCK_TEST_ONLY("sqlite", "a fair handover syncs the WAL once, and the head's t
   dblock::lease_options rare = fair;
   rare.poll_max = std::chrono::seconds(20);
   lease_lock first(a, name, fair), holder(a, name, fair), next(b, name, rare);
-  auto x = first.try_acquire();
-  REQUIRE(x);
   // H comes through the queue, so its release may hand the lease over.
-  std::optional<dblock::lease_guard> h, w;
-  std::thread th([&] { h.emplace(holder.acquire(std::chrono::milliseconds(20000))); });
-  REQUIRE(dblock::test::wait_for_waiters(ctx, name, 1, std::chrono::milliseconds(10000)));
-  x->release();
-  th.join();
-  REQUIRE(h);
+  dblock::lease_guard h = dblock::test::acquire_through_queue(ctx, name, first, holder);
+  std::optional<dblock::lease_guard> w;
   std::thread tw([&] { w.emplace(next.acquire(std::chrono::milliseconds(20000))); });
   REQUIRE(dblock::test::wait_for_waiters(ctx, name, 1, std::chrono::milliseconds(10000)));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // W sleeps, its entry made
   const int before = wal_syncs.load();
-  const std::int64_t fence = h->fence();
-  h->release();
+  const std::int64_t fence = h.fence();
+  h.release();
   tw.join();
   REQUIRE(w);
   const int handoff = wal_syncs.load() - before;

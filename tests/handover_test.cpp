@@ -230,15 +230,7 @@ DBLOCK_TEST("a fair reentrant holder's inner release hands nothing over; its las
   const milliseconds poll_max(pooled ? 100 : 20000);
   dblock::lease_lock first(ctx.db, name, waiting(true)),
       holder(ctx.db, name, waiting(true, poll_max));
-  auto x = first.try_acquire();
-  REQUIRE(x);
-  std::optional<dblock::lease_guard> outer;
-  std::thread th([&] { outer.emplace(holder.acquire(milliseconds(30000))); });
-  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(10000));
-  x->release();
-  th.join();
-  REQUIRE(queued);
-  REQUIRE(outer);
+  dblock::lease_guard outer = dblock::test::acquire_through_queue(ctx, name, first, holder);
   auto inner = holder.try_acquire();  // reentry: a second hold
   REQUIRE(inner);
   CHECK(read_row(ctx, name).holds == 2);
@@ -250,12 +242,12 @@ DBLOCK_TEST("a fair reentrant holder's inner release hands nothing over; its las
   std::this_thread::sleep_for(milliseconds(500));  // W would have been rung and have taken it
   const lock_row kept = read_row(ctx, name);
   CHECK_FALSE(w.got.load());
-  CHECK(kept.owner == outer->owner_token());
-  CHECK(kept.fence == outer->fence());
+  CHECK(kept.owner == outer.owner_token());
+  CHECK(kept.fence == outer.fence());
   CHECK(kept.holds == 1);
-  const std::int64_t fence = outer->fence();
+  const std::int64_t fence = outer.fence();
   const long long released = monotonic_ns();
-  outer->release();
+  outer.release();
   const bool got = w.await(milliseconds(5000));
   INFO("W: " << w.error);
   REQUIRE(got);

@@ -83,6 +83,27 @@ int terminate_backends(const dblock::test::context& ctx, const std::string& wher
   return static_cast<int>(n);
 }
 
+// MySQL: kills the connections whose running statement is LIKE `like`; returns how many. A
+// statement that ended between the read and its KILL (a closed handle's sleep, say) is gone
+// already: MySQL answers "Unknown thread id" (1094), which is no failure.
+int kill_queries(const dblock::test::context& ctx, const std::string& like) {
+  auto c = ctx.db.connect();
+  std::vector<long long> ids(16);
+  c.session() << "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' AND "
+                 "INFO LIKE :q",
+      soci::use(like), soci::into(ids);
+  int killed = 0;
+  for (const long long id : ids) {
+    try {
+      c.session() << "KILL CONNECTION " << id;
+      ++killed;
+    } catch (const soci::soci_error& e) {
+      if (std::string(e.what()).find("Unknown thread id") == std::string::npos) throw;
+    }
+  }
+  return killed;
+}
+
 // ---- the wake-up channel cut
 // ---------------------------------------------------------------------
 
@@ -106,23 +127,7 @@ int cut_channel(const dblock::test::context& ctx, const std::string& tag, std::s
     // MySQL: kill the wake-up connections asleep for their handle's waiters (the holder's
     // handle has no waiter, so only the waiter's handle has one, and closed handles' sleeps
     // end by themselves within 2 s).
-    auto c = ctx.db.connect();
-    std::vector<long long> ids(16);
-    c.session() << "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' AND "
-                   "INFO LIKE 'SELECT SLEEP(2) /* dblock-bell %'",
-        soci::into(ids);
-    // A sleep that ended between the read and its KILL (a closed handle's, say) is gone
-    // already: MySQL answers "Unknown thread id" (1094), which is no failure to cut.
-    int killed = 0;
-    for (const long long id : ids) {
-      try {
-        c.session() << "KILL CONNECTION " << id;
-        ++killed;
-      } catch (const soci::soci_error& e) {
-        if (std::string(e.what()).find("Unknown thread id") == std::string::npos) throw;
-      }
-    }
-    return killed;
+    return kill_queries(ctx, "SELECT SLEEP(2) /* dblock-bell %");
   } catch (const std::exception& e) {
     error = e.what();
     return -1;
@@ -754,14 +759,7 @@ int kill_queue_deletes(const dblock::test::context& ctx) {
   const std::string like = "DELETE FROM " + ctx.table("lock_waiter") + " WHERE%";
   if (ctx.backend == "postgresql")
     return terminate_backends(ctx, "query LIKE :p AND wait_event_type = 'Lock'", like);
-  auto c = ctx.db.connect();
-  std::vector<long long> ids(16);
-  c.session() << "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' AND "
-                 "INFO LIKE :q",
-      soci::use(like), soci::into(ids);
-  for (const long long id : ids)
-    c.session() << "KILL CONNECTION " << id;
-  return static_cast<int>(ids.size());
+  return kill_queries(ctx, like);
 }
 
 }  // namespace

@@ -338,11 +338,20 @@ class vocabulary {
    * over; the release is then built from release_head() and release_returning().
    */
   virtual std::string lease_release_granting(const table_names&) const { return {}; }
-  /// True where a release hands a freed lease to the head of the queue in two statements of one
-  /// write transaction instead (SQLite, without data-modifying CTEs but with one writer at a
-  /// time): lock_statements::grant_take and grant_give, built in statements.cpp. The head must
-  /// carry a bell (a handle directory to ring it in, on this host: every SQLite waiter's is).
-  virtual bool release_grants_in_steps() const { return false; }
+  /**
+   * Where a release hands a freed lease to the head of the queue in two statements of one write
+   * transaction instead (SQLite, without data-modifying CTEs but with one writer at a time, so
+   * nothing changes between the two): the first (:name, :token, :fence) deletes the head of the
+   * live queue (entries of :token excluded) when it asked for the lease (grant_ttl_us > 0) and
+   * carries a bell (a handle directory to ring it in) and the lease is :token's at :fence with
+   * one hold, unexpired; it returns the head's ticket, owner token, bell, grant TTL (µs), host
+   * and pid (no row: nothing to hand over). Empty where the dialect does not hand over so.
+   */
+  virtual std::string lease_grant_take(const table_names&) const { return {}; }
+  /// With lease_grant_take(): the second statement (:g_ttl, :g_token, :g_host, :g_pid, :name,
+  /// :token, :fence) makes the lock row the head's (fence + 1, one hold, a TTL of :g_ttl µs from
+  /// now, no holder thread) when it is still :token's at :fence with one hold.
+  virtual std::string lease_grant_give(const table_names&) const { return {}; }
   /// With release_returning(): a query that notifies the head of the live queue as the release
   /// would (:name, :token, :fence bound), for a head the releasing process could not ring.
   virtual std::string head_notify(const table_names&) const { return {}; }

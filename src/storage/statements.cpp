@@ -18,35 +18,6 @@ const char* const ours_and_held =
     " WHERE resource_name = :name AND owner_token = :token AND fence = :fence"
     " AND hold_count > 0 AND expires_at > ";
 
-// SQLite's handover in two statements (lock_statements::grant_take, grant_give).
-void grant_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
-  const std::string now = v.now();
-  // The DELETE is the handover's lock, as in lease_release_granting(): a waiter that deletes
-  // its entry to give up either goes first (nothing is handed over) or finds its DELETE
-  // matched nothing, holds the lease and passes it on.
-  s.grant_take = make(
-      "grant_take",
-      "DELETE FROM " + t.waiters + " WHERE ticket = (SELECT w.ticket FROM " + t.waiters +
-          " w WHERE w.resource_name = :name AND w.owner_token <> :token AND w.expires_at > " + now +
-          " ORDER BY w.ticket LIMIT 1) AND grant_ttl_us > 0 AND bell <> '' AND EXISTS"
-          " (SELECT 1 FROM " +
-          t.lock +
-          " o WHERE o.resource_name = :name AND o.owner_token = :token AND o.fence = :fence"
-          " AND o.hold_count = 1 AND o.expires_at > " +
-          now + ") RETURNING ticket, owner_token, bell, grant_ttl_us, holder_host, holder_pid",
-      {"name", "token", "fence"});
-  s.grant_give = make("grant_give",
-                      "UPDATE " + t.lock + " SET expires_at = " + v.plus_us(now, "g_ttl") +
-                          ", hold_count = 1, owner_token = :g_token, fence = fence + 1,"
-                          " acquired_at = " +
-                          now +
-                          ", holder_host = :g_host, holder_pid = :g_pid, holder_thread = ''"
-                          " WHERE resource_name = :name AND owner_token = :token AND"
-                          " fence = :fence AND hold_count = 1 AND expires_at > " +
-                          now,
-                      {"g_ttl", "g_token", "g_host", "g_pid", "name", "token", "fence"});
-}
-
 void lease_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
   s.acquire = routine("lease_acquire", v.lease_acquire(t, false),
@@ -72,7 +43,12 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
   if (!granting.empty())
     s.release_granting =
         routine("lease_release_granting", granting, {"name", "token", "fence", "bell"});
-  if (v.release_grants_in_steps()) grant_statements(s, v, t);
+  const std::string take = v.lease_grant_take(t);
+  if (!take.empty()) {
+    s.grant_take = make("grant_take", take, {"name", "token", "fence"});
+    s.grant_give = make("grant_give", v.lease_grant_give(t),
+                        {"g_ttl", "g_token", "g_host", "g_pid", "name", "token", "fence"});
+  }
   s.read = make("read",
                 "SELECT resource_name, owner_token, fence, hold_count, " +
                     v.epoch_us("acquired_at") + ", " + v.epoch_us("expires_at") + ", " +

@@ -24,8 +24,8 @@ struct lock_statements {
   /// that (vocabulary::lease_release_granting()); a fair holder that came through the queue
   /// releases with it. Empty text where the dialect never hands a lease over.
   statement release_granting;
-  /// Where the dialect hands a lease over in two statements (vocabulary::
-  /// release_grants_in_steps(), SQLite), in one durable write transaction: name, token, fence ->
+  /// Where the dialect hands a lease over in two statements (vocabulary::lease_grant_take() and
+  /// lease_grant_give(), SQLite), in one durable write transaction: name, token, fence ->
   /// deletes the head of the live queue (entries of token excluded) when it asked for the lease
   /// and has a bell and the lease is token's at fence with one hold, returning its ticket,
   /// owner token, bell, grant TTL (µs), host and pid (no row: nothing to hand over)...

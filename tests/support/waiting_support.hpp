@@ -1,5 +1,5 @@
-// Shared by waiting_test.cpp, waiting_process_test.cpp and wake_relay_test.cpp: reading the
-// waiter queue of a test, and a listener that counts wake-ups.
+// Shared by the waiting, handover and wake-up tests: reading the waiter queue of a test, taking a
+// lease through the queue, and a listener that counts wake-ups.
 #pragma once
 
 #include <soci/soci.h>
@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "harness.hpp"
 
@@ -60,6 +62,33 @@ inline bool wait_for_waiters(const dblock::test::context& ctx, const std::string
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return true;
+}
+
+/// `holder` takes the lease of `name` through the waiter queue: `first` (another lock object on
+/// `name`) holds it, `holder` queues behind it, then `first` releases. A fair holder that came
+/// through the queue may hand the lease over at its release. Fails the test when a step does not
+/// happen.
+inline dblock::lease_guard acquire_through_queue(const dblock::test::context& ctx,
+                                                 const std::string& name, dblock::lease_lock& first,
+                                                 dblock::lease_lock& holder) {
+  auto x = first.try_acquire();
+  REQUIRE(x);
+  std::optional<dblock::lease_guard> got;
+  std::string failure;
+  std::thread t([&] {
+    try {
+      got.emplace(holder.acquire(std::chrono::seconds(30)));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  const bool queued = wait_for_waiters(ctx, name, 1, std::chrono::milliseconds(10000));
+  x->release();
+  t.join();
+  INFO("holder: " << failure);
+  REQUIRE(queued);
+  REQUIRE(got);
+  return std::move(*got);
 }
 
 }  // namespace dblock::test

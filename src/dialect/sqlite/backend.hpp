@@ -105,7 +105,6 @@ class vocabulary final : public detail::vocabulary {
   std::optional<value> decode_text(const std::optional<std::string>& cell,
                                    soci::data_type t) const override;
   std::string now() const override { return "dblock_now_us()"; }
-  bool release_grants_in_steps() const override { return true; }
   std::string plus_us(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + :" + param + ")";
   }
@@ -115,6 +114,8 @@ class vocabulary final : public detail::vocabulary {
   std::string for_update_nowait() const override { return ""; }
   std::string for_update_skip_locked() const override { return ""; }
   std::string lease_acquire(const table_names& t, bool in_queue_order) const override;
+  std::string lease_grant_take(const table_names& t) const override;
+  std::string lease_grant_give(const table_names& t) const override;
   std::string id_reserve(const table_names& t) const override;
 };
 

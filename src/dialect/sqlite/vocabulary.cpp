@@ -72,4 +72,27 @@ std::string vocabulary::id_reserve(const table_names& t) const {
          " / 1000 - :epoch_ms) * :per_ms) + :n WHERE generator = :name RETURNING next_id";
 }
 
+std::string vocabulary::lease_grant_take(const table_names& t) const {
+  // The DELETE is the handover's lock, as in PostgreSQL's lease_release_granting(): a waiter
+  // that deletes its entry to give up either goes first (nothing is handed over) or finds its
+  // DELETE matched nothing, holds the lease and passes it on.
+  return "DELETE FROM " + t.waiters + " WHERE ticket = (SELECT w.ticket FROM " + t.waiters +
+         " w WHERE w.resource_name = :name AND w.owner_token <> :token AND w.expires_at > " +
+         now() +
+         " ORDER BY w.ticket LIMIT 1) AND grant_ttl_us > 0 AND bell <> '' AND EXISTS (SELECT 1"
+         " FROM " +
+         t.lock +
+         " o WHERE o.resource_name = :name AND o.owner_token = :token AND o.fence = :fence AND"
+         " o.hold_count = 1 AND o.expires_at > " +
+         now() + ") RETURNING ticket, owner_token, bell, grant_ttl_us, holder_host, holder_pid";
+}
+
+std::string vocabulary::lease_grant_give(const table_names& t) const {
+  return "UPDATE " + t.lock + " SET expires_at = " + plus_us(now(), "g_ttl") +
+         ", hold_count = 1, owner_token = :g_token, fence = fence + 1, acquired_at = " + now() +
+         ", holder_host = :g_host, holder_pid = :g_pid, holder_thread = '' WHERE resource_name ="
+         " :name AND owner_token = :token AND fence = :fence AND hold_count = 1 AND expires_at > " +
+         now();
+}
+
 }  // namespace dblock::detail::lite
