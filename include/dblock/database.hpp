@@ -56,6 +56,16 @@ struct database_options {
   std::chrono::milliseconds pool_wait{30000};
   /// Connect timeout for PostgreSQL and MySQL (rounded up to whole seconds).
   std::chrono::milliseconds connect_timeout{10000};
+  /**
+   * The deadline of a call that has none of its own (reads, admin, status, reap, migrate; a
+   * lease's calls are bounded by its TTL, an acquire by its wait; docs/safety.md, "Deadlines").
+   * When it passes, the server is asked to stop the statement and the connection is cut: the
+   * call ends with errc::timeout (a read), errc::in_doubt (a write whose reply did not come) or
+   * errc::connection_lost (nothing was written), within 250 ms of it (plus up to 600 ms to
+   * resolve an unknown outcome). A connection opened inside the call counts its connect timeout
+   * in whole seconds (PostgreSQL: at least 2 s).
+   */
+  std::chrono::milliseconds call_timeout{30000};
   /// SQLite busy timeout: how long a statement waits for another writer.
   std::chrono::milliseconds sqlite_busy_timeout{5000};
   /// Isolation level set on every pooled connection when it connects (SQLite ignores it).

@@ -144,4 +144,25 @@ void watched_waiters::unconfirm_all(const confirm_fn& confirmed) {
   unconfirmed_ = wanted_;
 }
 
+std::string with_connect_timeout(const std::string& connect_string, long long seconds) {
+  // Keys are unique in dblock's connect strings (their values quoted by conn_quote()): replace
+  // the one there, or add it.
+  const std::string key = "connect_timeout=";
+  std::size_t at = connect_string.find(key);
+  while (at != std::string::npos && at != 0 && connect_string[at - 1] != ' ')
+    at = connect_string.find(key, at + 1);
+  const std::string value = key + std::to_string(seconds);
+  if (at == std::string::npos) return connect_string + " " + value;
+  std::size_t end = at + key.size();
+  if (end < connect_string.size() && connect_string[end] == '\'') {
+    end = connect_string.find('\'', end + 1);
+    end = end == std::string::npos ? connect_string.size() : end + 1;
+  } else {
+    end = connect_string.find(' ', end);
+    if (end == std::string::npos) end = connect_string.size();
+  }
+  // Never longer than the configured timeout.
+  return connect_string.substr(0, at) + value + connect_string.substr(end);
+}
+
 }  // namespace dblock::detail

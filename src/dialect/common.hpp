@@ -22,6 +22,8 @@ void check_query_keys(const parsed_url& url, const std::set<std::string>& allowe
 
 /// Whole seconds, rounded up, at least `min`.
 long long ceil_seconds(std::chrono::milliseconds ms, long long min = 1);
+/// `connect_string` (keys as the connectors write them) with connect_timeout set to `seconds`.
+std::string with_connect_timeout(const std::string& connect_string, long long seconds);
 
 /// The current exception when it is a dblock::error (rethrown as is), else nothing.
 void rethrow_if_dblock_error();

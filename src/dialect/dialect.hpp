@@ -28,6 +28,7 @@
 #include "dblock/listener.hpp"
 #include "dblock/value.hpp"
 #include "dialect/doorbell.hpp"
+#include "dialect/interrupter.hpp"
 
 #include <soci/soci-backend.h>  // soci::data_type
 
@@ -155,6 +156,16 @@ class connector {
                                                    const database_options& o) const {
     return {connect_string(url, o)};
   }
+  /// `connect_string` with its connect timeout lowered to at most `left` (a connection opened
+  /// inside a call with a deadline); the client libraries count it in whole seconds.
+  virtual std::string bounded_connect(const std::string& connect_string,
+                                      std::chrono::milliseconds /*left*/) const {
+    return connect_string;
+  }
+  /// What stops a statement that outlives its deadline on this connection (storage/deadline.hpp):
+  /// a cancel from another connection, then the socket cut.
+  virtual std::unique_ptr<interrupter> interrupter_for(soci::session&,
+                                                       const connection_state&) const = 0;
   /// Lets URL parameters override options (for example SQLite's busy_timeout).
   virtual void adjust_options(const parsed_url&, database_options&) const {}
   /// True when the backend can run behind a connection pooler (database_options::pooler).
@@ -192,6 +203,10 @@ class connector {
   /// Gives the session its default settings back before it is handed to the user
   /// (database::connect()), where a backend keeps a transaction's settings for the next one.
   virtual void to_session_defaults(soci::session&, const connection_state&) const {}
+  /// True (once) when the server answered the last COMMIT with success only because the
+  /// deadline's cancel ended its wait for a synchronous standby: committed locally, maybe not
+  /// replicated (PostgreSQL's warning). False where that cannot happen.
+  virtual bool commit_unreplicated(connection_state&) const { return false; }
   /// True when the session has a transaction open (checked locally, no round trip).
   virtual bool in_transaction(soci::session&) const = 0;
   /// True when the open transaction has failed and can only roll back (PostgreSQL answers

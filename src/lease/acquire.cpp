@@ -234,6 +234,13 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
 }
 
 std::optional<lease_guard> lease_lock::try_acquire() {
+  // A grant whose reply came later than this would be invalid on arrival.
+  const auto& o = impl_->options;
+  const detail::call_deadline bound(
+      std::max<milliseconds>(o.ttl - o.safety_margin, std::chrono::seconds(1)),
+      std::to_string(
+          std::max<milliseconds>(o.ttl - o.safety_margin, std::chrono::seconds(1)).count()) +
+          " ms (try_acquire: the lease's TTL less its safety margin)");
   const auto& cur = impl_->current;
   const bool reentry = cur && cur->holds.load() > 0 && cur->valid();
   // Fair: a free lease is taken only when nobody is queued for it (the acquire statement

@@ -171,6 +171,7 @@ std::optional<lease_row> lease_state::read_back(const std::string& what) const {
 }
 
 void lease_state::release_one() {
+  const call_deadline bound(call_bound(), call_bound_what());
   const int left = holds.fetch_sub(1) - 1;
   if (left == 0) {
     stop_watchdog();
@@ -282,6 +283,7 @@ void lease_guard::renew(std::optional<milliseconds> ttl) {
     throw error(errc::invalid_argument, "renew: ttl must be at least 10 ms and above the margin");
   if (state_->lost.load())
     throw error(errc::lease_lost, "renew lease '" + state_->name + "': the lease was lost");
+  const detail::call_deadline bound(state_->call_bound(), state_->call_bound_what());
   if (!state_->renew_sql(lease)) {
     error e(errc::lease_lost, "renew lease '" + state_->name +
                                   "': it had expired or been taken over; the successor's row "
@@ -301,6 +303,7 @@ void lease_guard::fenced(const std::function<void(soci::session&)>& write) {
   if (!state_) throw error(errc::not_owner, "fenced write: the guard holds no lease");
   auto& st = *state_;
   const std::string what = "fenced write under lease '" + st.name + "'";
+  const detail::call_deadline bound(st.call_bound(), st.call_bound_what());
   // One write transaction: the lock row is locked and checked, the caller's statements run,
   // and COMMIT lands only while the lease is ours (a lost COMMIT reply is in_doubt).
   detail::write_transaction(st.db, what, std::nullopt, [&](detail::session_scope& s) {

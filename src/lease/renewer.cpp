@@ -107,6 +107,7 @@ void lease_renewer::core::renew(std::vector<state_ptr>& batch) {
   int round_trips = 0;
   const auto sent = steady::now();
   if (auto dbi = db.lock()) {
+    const call_deadline bound(batch.front()->call_bound(), batch.front()->call_bound_what());
     try {
       out = with_session(dbi, "renew leases", [&](session_scope& s) {
         return lock_table::renew_batch(

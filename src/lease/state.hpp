@@ -1,6 +1,7 @@
 // Internal: one lease acquisition, shared by its guards (reentrant holds) and its watchdog.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,6 +14,7 @@
 
 #include "dblock/lease_lock.hpp"
 #include "dblock/retry.hpp"
+#include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session.hpp"
 #include "storage/write_scope.hpp"
@@ -44,6 +46,16 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   /// A fair acquisition that came through the waiter queue: others are likely queued behind it,
   /// so its release may hand the lease to the head (lock_statements::release_granting).
   std::atomic<bool> hand_over{false};
+
+  /// The deadline of a call on this lease (renew, release, a fenced write): its TTL less the
+  /// safety margin, at least one second (docs/safety.md, "Deadlines").
+  std::chrono::milliseconds call_bound() const {
+    return std::max<std::chrono::milliseconds>(ttl - margin, std::chrono::seconds(1));
+  }
+  /// call_bound() in words, for messages.
+  std::string call_bound_what() const {
+    return std::to_string(call_bound().count()) + " ms (the lease's TTL less its safety margin)";
+  }
 
   /// The local validity ends `lease - margin` after the request was sent.
   void set_deadline(steady::time_point sent, std::chrono::milliseconds lease) {

@@ -26,10 +26,19 @@ class waiting_acquire {
         cancel_(cancel),
         what_("acquire lease '" + lk.name + "'"),
         wait_(wait),
-        deadline_(steady::now() + wait),
+        deadline_(steady::now() + std::max(wait, milliseconds(0))),
+        // A short wait still makes its one try: its statements get at least a second (or the
+        // lease's TTL less its margin, when shorter).
+        call_deadline_(
+            steady::now() +
+            std::max(wait, std::min<milliseconds>(std::chrono::seconds(1),
+                                                  lk.options.ttl - lk.options.safety_margin))),
         token_(new_owner_token()),
         grants_(lk.options.fair && dbi_->statements.grants()) {}
-  ~waiting_acquire() { leave_queue(); }
+  ~waiting_acquire() {
+    const resolution_time grace;  // leaving the queue after the deadline: briefly
+    leave_queue();
+  }
 
   lease_guard run() {
     if (cancel_.cancelled()) throw error(errc::cancelled, what_ + ": cancelled");
@@ -41,6 +50,41 @@ class waiting_acquire {
         throw timed_out();
       }
     }
+    // Rides out a failover (promise D2): before a grant, a server that cannot be reached, a
+    // connection lost, or a node that is read-only or out of its cluster, is tried again (a
+    // multi-host URL reaches the new primary or a surviving node) until the deadline.
+    for (int failures = 0;; ++failures) {
+      try {
+        return wait_once();
+      } catch (const error& e) {
+        if (!rides_out(e) || steady::now() >= deadline_) throw;
+        dbi_->notify([&](listener& l) {
+          l.log(log_level::warning,
+                what_ + ": " + e.what() + "; trying again until the wait's end");
+        });
+        leave_queue();  // best effort; an entry left behind expires within the lease TTL
+        ticket_ = 0;
+        entry_.reset();
+        const nanoseconds pause = bounded(std::max<nanoseconds>(
+            milliseconds(50), full_jitter(milliseconds(100) * (1 << std::min(failures, 4)))));
+        if (cancel_.sleep_for(pause)) throw error(errc::cancelled, what_ + ": cancelled");
+      }
+    }
+  }
+
+ private:
+  static bool rides_out(const error& e) {
+    // in_doubt: an acquire whose reply was lost when the server went away, and whose outcome
+    // could not be read back: trying again with the same owner token takes the lease, or
+    // finds that it has it (a hold the lost reply may have added runs out at the TTL).
+    return e.code() == errc::connection_failed || e.code() == errc::connection_lost ||
+           e.code() == errc::in_doubt;
+  }
+  std::string what_deadline() const {
+    return std::to_string(duration_cast<milliseconds>(call_deadline_ - steady::now()).count()) +
+           " ms (the wait of " + what_ + ")";
+  }
+  lease_guard wait_once() {
     if (auto g = first_try()) return done(std::move(*g));  // even with a zero wait
     // Enlisted only now, so an acquire that needs no wait never subscribes to wake-ups, and
     // still before the first read below: a release after that read rings this waiter.
@@ -91,7 +135,6 @@ class waiting_acquire {
     }
   }
 
- private:
   void check() {
     if (cancel_.cancelled()) throw error(errc::cancelled, what_ + ": cancelled");
     if (steady::now() >= deadline_) throw timed_out();
@@ -266,6 +309,9 @@ class waiting_acquire {
   const std::string what_;
   const milliseconds wait_;
   const steady::time_point deadline_;
+  const steady::time_point call_deadline_;
+  // Every statement of the wait (and of leaving the queue) ends by it, whatever the server does.
+  const call_deadline bound_{call_deadline_, what_deadline()};
   const std::string token_;
   std::shared_ptr<gate_pass> pass_;  // the local gate (not fair, not reentrant)
   std::optional<hub_entry> entry_;   // enlisted once the first try failed

@@ -23,6 +23,7 @@ void lease_state::mark_lost(const error& why) {
 }
 
 bool lease_state::renew_sql(milliseconds lease) {
+  const call_deadline bound(call_bound(), call_bound_what());
   auto sent = steady::now();
   const std::string what = "renew lease '" + name + "'";
   // A lost reply leaves the extension unknown: in_doubt (the watchdog retries it like any

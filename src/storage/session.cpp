@@ -1,6 +1,10 @@
 // The storage layer's two scopes: a borrowed pooled connection (session_scope) and a write on it
 // (write_scope).
 #include "storage/session.hpp"
+
+#include <condition_variable>
+#include <thread>
+
 #include "lease/renewer.hpp"
 #include "storage/write_scope.hpp"
 #include "wake/hub.hpp"
@@ -10,7 +14,8 @@ namespace dblock::detail {
 // Opens the connection of slot `sl` on `sql`, trying the connect strings from the preferred one
 // on (a multi-host URL whose client library takes one host): the first that connects becomes
 // the preferred one.
-void database_impl::open(soci::session& sql, slot& sl) {
+void database_impl::open(soci::session& sql, slot& sl,
+                         std::optional<std::chrono::milliseconds> left) {
   const std::size_t n = connect_strings.size();
   const std::size_t first = preferred.load() % n;
   std::string reasons;
@@ -19,7 +24,10 @@ void database_impl::open(soci::session& sql, slot& sl) {
     try {
       sl.state.reset();
       if (sql.get_backend() != nullptr) sql.close();
-      sql.open(dia->conn.factory(), connect_strings[i]);
+      // Inside a call with less time left than the connect timeout: lowered to what is left.
+      const bool lower = left && *left < options.connect_timeout;
+      sql.open(dia->conn.factory(),
+               lower ? dia->conn.bounded_connect(connect_strings[i], *left) : connect_strings[i]);
       sl.state = dia->conn.on_connect(sql, options);
       sl.state->transaction_pooler = options.pooler == pooler_mode::transaction;
       // Behind a transaction-mode pooler a session setting would land on whichever server
@@ -45,19 +53,102 @@ void database_impl::open(soci::session& sql, slot& sl) {
   }
 }
 
-std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<database_impl>& self) {
+deadline_clock::time_point database_impl::call_deadline_now(std::string& what) const {
+  if (const auto d = call_deadline::current()) {
+    what = call_deadline::current_what();
+    return *d;
+  }
+  what = std::to_string(options.call_timeout.count()) + " ms (database_options::call_timeout)";
+  return deadline_clock::now() + options.call_timeout;
+}
+
+std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<database_impl>& self,
+                                                    bool armed) {
   std::size_t pos = 0;
-  auto wait_ms = static_cast<int>(std::min<long long>(options.pool_wait.count(), 1LL << 30));
+  std::string what;
+  const auto until = armed ? call_deadline_now(what) : deadline_clock::time_point::max();
+  auto wait = options.pool_wait;
+  if (armed) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - deadline_clock::now());
+    wait = std::max(std::chrono::milliseconds(0), std::min(wait, left));
+  }
+  auto wait_ms = static_cast<int>(std::min<long long>(wait.count(), 1LL << 30));
   if (!pool.try_lease(pos, wait_ms))
-    throw error(errc::timeout, "no pooled connection to " + redacted_url + " became free within " +
-                                   std::to_string(options.pool_wait.count()) + " ms (pool_size " +
-                                   std::to_string(options.pool_size) + ")");
+    throw error(
+        errc::timeout,
+        "no pooled connection to " + redacted_url + " became free within " +
+            std::to_string(wait.count()) + " ms (pool_size " + std::to_string(options.pool_size) +
+            (wait < options.pool_wait ? "; the call's deadline: " + what : std::string()) + ")");
   auto s = std::make_unique<session_scope>(self, pos);
   slot& sl = slots[pos];
-  if (sl.opened) return s;
-  open(s->sql(), sl);  // a failure gives the slot back (~session_scope) unopened
-  sl.opened = true;
+  if (!sl.opened) {
+    if (!armed) {
+      open(s->sql(), sl, std::nullopt);  // a failure gives the slot back (~session_scope)
+      sl.opened = true;
+    } else {
+      s = open_bounded(std::move(s), sl, until, what);
+    }
+  }
+  if (armed) s->arm(until, what);
   return s;
+}
+
+namespace {
+// A connect running on a thread of its own, which the caller may stop waiting for.
+struct connect_job {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool abandoned = false;
+  std::exception_ptr failure;
+  std::unique_ptr<session_scope> scope;
+};
+}  // namespace
+
+// The client libraries take their connect timeout in whole seconds and cannot be interrupted
+// while they connect (a frozen server accepts the TCP connection and never answers): the connect
+// runs on a thread of its own, and the caller stops waiting at its deadline. The thread then
+// finishes by itself and gives the slot back to the pool (opened, when it connected after all).
+std::unique_ptr<session_scope> database_impl::open_bounded(std::unique_ptr<session_scope> s,
+                                                           slot& sl,
+                                                           deadline_clock::time_point until,
+                                                           const std::string& what) {
+  const auto left = std::max(
+      std::chrono::milliseconds(1),
+      std::chrono::duration_cast<std::chrono::milliseconds>(until - deadline_clock::now()));
+  auto job = std::make_shared<connect_job>();
+  job->scope = std::move(s);
+  std::thread([this, job, &sl, left] {
+    std::exception_ptr failure;
+    try {
+      open(job->scope->sql(), sl, left);
+      sl.opened = true;
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    std::unique_ptr<session_scope> give_back;
+    {
+      std::lock_guard<std::mutex> lk(job->mu);
+      job->done = true;
+      job->failure = failure;
+      if (job->abandoned || failure) give_back = std::move(job->scope);
+      job->cv.notify_one();
+    }
+  }).detach();
+  std::unique_lock<std::mutex> lk(job->mu);
+  if (!job->cv.wait_until(lk, until, [&] { return job->done; })) {
+    job->abandoned = true;
+    throw error(errc::connection_failed,
+                "cannot connect to " + redacted_url + ": the server did not answer within " + what,
+                backend, "", 0);
+  }
+  if (job->failure) std::rethrow_exception(job->failure);
+  return std::move(job->scope);
+}
+
+void session_scope::arm(deadline_clock::time_point until, std::string what) {
+  armed_.arm(until, db_->dia->conn.interrupter_for(sql(), state()), std::move(what));
 }
 
 database_impl::database_impl(std::size_t size) : pool(size), slots(size) {}
@@ -80,12 +171,25 @@ error database_impl::with_hints(error e) const {
 
 error session_scope::failure(const std::string& what) {
   error e = db_->dia->errors.classify_current(what);
-  if (e.code() == errc::connection_lost) broken_ = true;
+  if (armed_.fired()) {
+    // Stopped at the deadline: the connection is closed when given back. A read, or a statement
+    // the server cancelled (it did not run), is a timeout; a connection cut off stays
+    // connection_lost, which the paths that wrote resolve (or report in_doubt).
+    broken_ = true;
+    const errc code = e.code() == errc::connection_lost ? errc::connection_lost : errc::timeout;
+    return error(code, what + ": " + armed_.cause() + " (" + e.what() + ")", e.backend(),
+                 e.sqlstate(), e.native_code());
+  }
+  // A node that is read-only (a standby, a demoted primary) or has left its cluster: reconnect,
+  // which reaches the primary of a multi-host URL (connection_failed: nothing was written).
+  if (e.code() == errc::connection_lost || e.code() == errc::connection_failed) broken_ = true;
   return db_->with_hints(e);
 }
 
 session_scope::~session_scope() {
   auto& sl = db_->slots[pos_];
+  // A cancel sent at the deadline may still arrive: never hand this connection on.
+  if (armed_.fired()) broken_ = true;
   if (!broken_ && sl.opened) {
     // Never hand the next user a connection inside someone else's transaction (a caller's own
     // database::connection returned mid-transaction): roll it back, or drop the connection.
@@ -95,6 +199,7 @@ session_scope::~session_scope() {
       broken_ = true;
     }
   }
+  armed_.disarm();  // before the connection closes: the sentinel never touches a closed one
   if (broken_) {
     // Reconnect on the next lease instead of handing out a dead connection.
     sl.opened = false;
@@ -108,6 +213,7 @@ session_scope::~session_scope() {
 }
 
 bool end_broken_session(const std::shared_ptr<database_impl>& db, const session_ref& s) {
+  const resolution_time grace;  // after the call's deadline: a little time to resolve
   // The helper connection may be broken too (the same network fault, a pooled connection whose
   // loss nobody has noticed yet): a lost helper is replaced by a fresh one, a few times within
   // the time the server gets to end the session.
@@ -232,6 +338,17 @@ void write_scope::commit() {
     throw e;
   }
   end();
+  if (s_.deadline_fired() && s_.dia().conn.commit_unreplicated(s_.state())) {
+    // Answered after the deadline's cancel: it committed on the server, but a COMMIT cancelled
+    // while it waited for a synchronous standby is answered so too (committed locally, maybe not
+    // replicated), so neither success nor failure can be claimed.
+    throw error(errc::in_doubt,
+                what_ + ": " + s_.deadline_cause() +
+                    "; the COMMIT was answered only after it was cancelled: it committed on the "
+                    "server it reached but may not have been replicated (a synchronous standby "
+                    "that is gone?); read back to find out, do not retry blindly",
+                s_.db().backend, "", 0);
+  }
 }
 
 sql_result write_statement(session_scope& s, write_kind kind, const statement& st,

@@ -15,6 +15,7 @@
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 #include "dialect/dialect.hpp"
+#include "storage/deadline.hpp"
 #include "storage/statements.hpp"
 
 namespace dblock::detail {
@@ -50,10 +51,19 @@ struct database_impl {
   /// Drops the connection states before the pool closes its sessions.
   ~database_impl();
 
-  /// Borrows a connected session (see database::connect()).
-  std::unique_ptr<session_scope> lease(const std::shared_ptr<database_impl>& self);
-  /// Opens a slot's connection (see session.cpp).
-  void open(soci::session& sql, slot& sl);
+  /// Borrows a connected session. `armed`: dblock's own use, bounded by the thread's call
+  /// deadline (storage/deadline.hpp), else by options.call_timeout; false for a connection
+  /// handed to the caller (database::connect(), transactions), whose statements are theirs.
+  std::unique_ptr<session_scope> lease(const std::shared_ptr<database_impl>& self,
+                                       bool armed = true);
+  /// Opens a slot's connection (see session.cpp), connecting for at most `left`.
+  void open(soci::session& sql, slot& sl, std::optional<std::chrono::milliseconds> left);
+  /// Opens slot `sl` for `s` on a thread of its own, waiting until `until` at most.
+  std::unique_ptr<session_scope> open_bounded(std::unique_ptr<session_scope> s, slot& sl,
+                                              deadline_clock::time_point until,
+                                              const std::string& what);
+  /// The deadline of a call borrowing a connection now: the thread's, else call_timeout.
+  deadline_clock::time_point call_deadline_now(std::string& what) const;
 
   /// Calls `f(listener&)` when a listener is attached; never throws.
   template <class F>
@@ -96,6 +106,16 @@ class session_scope {
   void mark_broken() noexcept { broken_ = true; }
   bool broken() const noexcept { return broken_; }
 
+  /// Bounds the use of this connection by `until` (see storage/deadline.hpp).
+  void arm(deadline_clock::time_point until, std::string what);
+  /// True once the deadline fired on this connection: whatever it was running may have been
+  /// cancelled or cut off, and a write that seemed to succeed is in doubt (PostgreSQL answers a
+  /// COMMIT cancelled while it waited for a synchronous standby with success and a warning:
+  /// committed locally, maybe not replicated).
+  bool deadline_fired() const noexcept { return armed_.fired(); }
+  /// Why the deadline fired ("the server did not answer within 5000 ms (...)").
+  std::string deadline_cause() const { return armed_.cause(); }
+
   /// Classifies the exception being handled (call from a catch block), marks the connection
   /// broken when it was lost, and returns the error (with hints).
   error failure(const std::string& what);
@@ -109,6 +129,7 @@ class session_scope {
   std::shared_ptr<database_impl> db_;
   std::size_t pos_;
   bool broken_ = false;
+  armed_connection armed_;
 };
 
 /// Runs f(session_scope&) on a pooled connection, translating database failures (SOCI's
@@ -129,6 +150,7 @@ auto with_session(const std::shared_ptr<database_impl>& db, const std::string& w
 /// outcome of a write whose reply was lost, where only the read may ever be repeated.
 template <class F>
 auto read_retried(const std::shared_ptr<database_impl>& db, const std::string& what, F&& f) {
+  const resolution_time grace;  // after the call's deadline: a little time to read back
   for (int round = 0;; ++round) {
     try {
       return with_session(db, what, f);

@@ -28,6 +28,10 @@ inline MYSQL* raw(soci::session& sql) {
 
 class connector final : public detail::connector {
  public:
+  std::unique_ptr<interrupter> interrupter_for(soci::session&,
+                                               const connection_state&) const override;
+  std::string bounded_connect(const std::string& connect_string,
+                              std::chrono::milliseconds left) const override;
   const soci::backend_factory& factory() const override { return *soci::factory_mysql(); }
   std::string connect_string(const parsed_url& u, const database_options& o) const override;
   std::vector<std::string> connect_strings(const parsed_url& u,

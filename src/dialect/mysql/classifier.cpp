@@ -20,6 +20,9 @@ errc code_for(unsigned n) {
       {1927, errc::connection_lost},        // MariaDB: connection was killed
       {1053, errc::connection_lost},        // server shutdown in progress
       {4031, errc::connection_lost},        // MySQL 8: disconnected by the server
+      {1290, errc::connection_failed},      // --read-only: nothing written; reconnect (a failover)
+      {1836, errc::connection_failed},      // read-only mode
+      {1792, errc::connection_failed},      // a read-only transaction
       {1045, errc::connection_failed},
       {1044, errc::connection_failed},
       {1049, errc::connection_failed},

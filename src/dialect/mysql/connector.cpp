@@ -1,4 +1,7 @@
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <memory>
 #include <thread>
 
 #include "../common.hpp"
@@ -178,6 +181,61 @@ bool connector::table_exists(soci::session& sql, const std::string& table) const
          " AND table_name = :t",
       soci::use(table), soci::into(n);
   return n > 0;
+}
+
+}  // namespace dblock::detail::my
+
+namespace dblock::detail::my {
+namespace {
+// KILL QUERY from a connection of its own (bounded by the client's own timeouts), then
+// shutdown(2) of the connection's socket.
+class interrupt final : public interrupter {
+ public:
+  explicit interrupt(MYSQL* m) : m_(m) {}
+  std::function<void()> cancel() override {
+    struct target {
+      std::string host, user, password, socket;
+      unsigned int port;
+      unsigned long id;
+    };
+    auto t = std::make_shared<target>();
+    t->host = m_->host ? m_->host : "";
+    t->user = m_->user ? m_->user : "";
+    t->password = m_->passwd ? m_->passwd : "";
+    t->socket = m_->unix_socket ? m_->unix_socket : "";
+    t->port = m_->port;
+    t->id = mysql_thread_id(m_);
+    return [t] {
+      MYSQL* k = mysql_init(nullptr);
+      if (!k) return;
+      const unsigned int seconds = 2;
+      mysql_optionsv(k, MYSQL_OPT_CONNECT_TIMEOUT, &seconds);
+      mysql_optionsv(k, MYSQL_OPT_READ_TIMEOUT, &seconds);
+      mysql_optionsv(k, MYSQL_OPT_WRITE_TIMEOUT, &seconds);
+      if (mysql_real_connect(k, t->host.c_str(), t->user.c_str(), t->password.c_str(), nullptr,
+                             t->port, t->socket.empty() ? nullptr : t->socket.c_str(), 0))
+        mysql_query(k, ("KILL QUERY " + std::to_string(t->id)).c_str());
+      mysql_close(k);
+    };
+  }
+  void cut() noexcept override {
+    const my_socket fd = mysql_get_socket(m_);
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+
+ private:
+  MYSQL* m_;
+};
+}  // namespace
+
+std::unique_ptr<interrupter> connector::interrupter_for(soci::session& sql,
+                                                        const connection_state&) const {
+  return std::make_unique<interrupt>(raw(sql));
+}
+
+std::string connector::bounded_connect(const std::string& cs,
+                                       std::chrono::milliseconds left) const {
+  return with_connect_timeout(cs, ceil_seconds(left, 1));
 }
 
 }  // namespace dblock::detail::my

@@ -29,6 +29,10 @@ struct state final : connection_state {
   /// Behind a transaction pooler: the server refused to create dblock's temporary routines (no
   /// TEMP privilege); routine statements run as unnamed statements.
   bool routines_refused = false;
+  /// A WARNING (SQLSTATE 01000) arrived: how PostgreSQL answers a COMMIT whose wait for a
+  /// synchronous standby was cancelled ("committed locally, but might not have been
+  /// replicated"); read and cleared by connector::commit_unreplicated().
+  mutable bool warned = false;
 };
 
 inline PGconn* raw(soci::session& sql) {
@@ -44,6 +48,10 @@ void command(PGconn* c, const std::string& sql);
 
 class connector final : public detail::connector {
  public:
+  std::unique_ptr<interrupter> interrupter_for(soci::session&,
+                                               const connection_state&) const override;
+  std::string bounded_connect(const std::string& connect_string,
+                              std::chrono::milliseconds left) const override;
   const soci::backend_factory& factory() const override { return *soci::factory_postgresql(); }
   void adjust_options(const parsed_url& u, database_options& o) const override;
   bool accepts_pooler() const override { return true; }
@@ -62,6 +70,7 @@ class connector final : public detail::connector {
   // lock_timeout would outlive the call).
   bool insert_if_absent_waits() const override { return false; }
   bool in_transaction(soci::session&) const override;
+  bool commit_unreplicated(connection_state& st) const override;
   bool transaction_failed(soci::session&) const override;
   bool has_unique_index(soci::session&, const std::string& table,
                         const std::string& column) const override;

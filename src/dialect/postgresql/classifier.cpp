@@ -19,7 +19,9 @@ errc code_for(const std::string& state) {
   else if (state.compare(0, 2, "08") == 0 || state == "57P01" || state == "57P02" ||
            state == "57P03")
     code = errc::connection_lost;
-  else if (state == "28P01" || state == "28000" || state == "3D000")
+  // 25006: a read-only node (a standby, or a primary demoted by a failover): nothing was
+  // written; the connection is replaced, which reaches the new primary of a multi-host URL.
+  else if (state == "28P01" || state == "28000" || state == "3D000" || state == "25006")
     code = errc::connection_failed;
   else if (state == "42P01")
     code = errc::schema_missing;

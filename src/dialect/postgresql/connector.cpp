@@ -1,4 +1,7 @@
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <memory>
 #include <thread>
 
 #include "../../identifier.hpp"
@@ -90,10 +93,16 @@ void connector::adjust_options(const parsed_url& u, database_options& o) const {
 
 std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
                                                         const database_options& o) const {
-  // The library never prints: libpq's default notice processor writes NOTICEs to stderr.
-  PQsetNoticeProcessor(
-      raw(sql), [](void*, const char*) {}, nullptr);
   auto st = std::make_unique<state>();
+  // The library never prints (libpq's default writes notices to stderr); a warning is noted
+  // (commit_unreplicated()).
+  PQsetNoticeReceiver(
+      raw(sql),
+      [](void* arg, const PGresult* r) {
+        const char* code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+        if (code && std::string(code) == "01000") static_cast<state*>(arg)->warned = true;
+      },
+      st.get());
   // Behind a transaction-mode pooler the next statement may run on another server session:
   // there is no session of ours to identify (and end_session() is never asked to end one).
   if (o.pooler == pooler_mode::transaction) return st;
@@ -213,6 +222,52 @@ void connector::unlock_migrations(soci::session& sql, const std::string& key) co
   int one = 0;
   sql << "SELECT 1 FROM (SELECT pg_advisory_unlock(hashtext(:k))) AS l", soci::use(key),
       soci::into(one);
+}
+
+}  // namespace dblock::detail::pg
+
+namespace dblock::detail::pg {
+namespace {
+// PQcancel from a thread of its own (it waits for the server to close the cancel connection,
+// for ever when the server is frozen), then shutdown(2) of the connection's socket.
+class interrupt final : public interrupter {
+ public:
+  explicit interrupt(PGconn* c) : c_(c) {}
+  std::function<void()> cancel() override {
+    PGcancel* k = PQgetCancel(c_);
+    if (!k) return {};
+    std::shared_ptr<PGcancel> owned(k, PQfreeCancel);
+    return [owned] {
+      char why[256];
+      PQcancel(owned.get(), why, sizeof why);
+    };
+  }
+  void cut() noexcept override {
+    const int fd = PQsocket(c_);
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+
+ private:
+  PGconn* c_;
+};
+}  // namespace
+
+std::unique_ptr<interrupter> connector::interrupter_for(soci::session& sql,
+                                                        const connection_state& st) const {
+  static_cast<const state&>(st).warned = false;  // only warnings of this use count
+  return std::make_unique<interrupt>(raw(sql));
+}
+
+bool connector::commit_unreplicated(connection_state& st) const {
+  auto& s = static_cast<state&>(st);
+  const bool w = s.warned;
+  s.warned = false;
+  return w;
+}
+
+std::string connector::bounded_connect(const std::string& cs,
+                                       std::chrono::milliseconds left) const {
+  return with_connect_timeout(cs, ceil_seconds(left, 2));  // libpq: at least 2 s
 }
 
 }  // namespace dblock::detail::pg

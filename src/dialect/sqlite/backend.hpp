@@ -45,6 +45,8 @@ struct state final : connection_state {
 
 class connector final : public detail::connector {
  public:
+  std::unique_ptr<interrupter> interrupter_for(soci::session&,
+                                               const connection_state&) const override;
   const soci::backend_factory& factory() const override { return *soci::factory_sqlite3(); }
   std::string connect_string(const parsed_url& u, const database_options& o) const override;
   void adjust_options(const parsed_url& u, database_options& o) const override;

@@ -104,3 +104,24 @@ bool connector::table_exists(soci::session& sql, const std::string& table) const
 }
 
 }  // namespace dblock::detail::lite
+
+namespace dblock::detail::lite {
+namespace {
+// No server and no socket: sqlite3_interrupt() ends the running statement (a busy wait ends at
+// the busy timeout, which each write sets to its lock timeout).
+class interrupt final : public interrupter {
+ public:
+  explicit interrupt(sqlite3* db) : db_(db) {}
+  void cut() noexcept override { sqlite3_interrupt(db_); }
+
+ private:
+  sqlite3* db_;
+};
+}  // namespace
+
+std::unique_ptr<interrupter> connector::interrupter_for(soci::session& sql,
+                                                        const connection_state&) const {
+  return std::make_unique<interrupt>(raw(sql));
+}
+
+}  // namespace dblock::detail::lite

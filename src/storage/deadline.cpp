@@ -1,0 +1,224 @@
+// Call deadlines and the sentinel that enforces them (see deadline.hpp).
+#include "storage/deadline.hpp"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace dblock::detail {
+
+namespace {
+
+struct thread_deadline {
+  bool set = false;
+  deadline_clock::time_point until{};
+  std::string what;
+  bool extended = false;  // resolution_time moved it once
+};
+
+thread_local thread_deadline tl;
+
+std::atomic<bool> enforced{[] {
+  const char* v = std::getenv("DBLOCK_TEST_NO_DEADLINE");
+  return !(v && *v == '1');
+}()};
+std::atomic<long long> fired_total{0};
+
+}  // namespace
+
+struct armed_connection::entry {
+  deadline_clock::time_point until;
+  std::unique_ptr<interrupter> target;
+  std::string what;
+  int stage = 0;        // 0: waiting for the deadline; 1: cancel sent; 2: cut
+  bool queued = false;  // in the sentinel's schedule (under its mutex)
+  std::multimap<deadline_clock::time_point, std::shared_ptr<entry>>::iterator at;
+  std::atomic<bool> fired{false};
+};
+
+namespace {
+
+// One thread per process, started with the first armed connection. Never destroyed (a
+// detached cancel may outlive main()); replaced in a forked child, which has no such thread.
+class sentinel {
+ public:
+  static sentinel& get() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      instance = new sentinel();
+      pthread_atfork([] { instance->mu_.lock(); }, [] { instance->mu_.unlock(); },
+                     [] { instance = new sentinel(); });  // the child's: the old one is locked
+    });
+    return *instance;
+  }
+
+  void schedule(const std::shared_ptr<armed_connection::entry>& e) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!started_) {
+      std::thread([this] { loop(); }).detach();
+      started_ = true;
+    }
+    const bool first = due_.empty() || e->until < due_.begin()->first;
+    e->at = due_.emplace(e->until, e);
+    e->queued = true;
+    if (first) cv_.notify_one();
+  }
+
+  void remove(armed_connection::entry& e) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (e.queued) due_.erase(e.at);
+    e.queued = false;
+    e.stage = 3;  // done: never acted on again
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      if (due_.empty()) {
+        cv_.wait(lk);
+        continue;
+      }
+      const auto t = due_.begin()->first;
+      if (deadline_clock::now() < t) {
+        cv_.wait_until(lk, t);
+        continue;
+      }
+      auto e = due_.begin()->second;
+      due_.erase(due_.begin());
+      e->queued = false;
+      if (!enforced.load()) continue;
+      if (e->stage == 0) {
+        e->stage = 1;
+        e->fired.store(true);
+        fired_total.fetch_add(1);
+        if (auto c = e->target->cancel()) {
+          try {
+            std::thread(std::move(c)).detach();
+          } catch (...) {  // no thread: the cut below still ends the wait
+          }
+        }
+        e->at = due_.emplace(t + cut_grace, e);
+        e->queued = true;
+      } else if (e->stage == 1) {
+        e->stage = 2;
+        e->target->cut();
+      }
+    }
+  }
+
+  static sentinel* instance;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::multimap<deadline_clock::time_point, std::shared_ptr<armed_connection::entry>> due_;
+  bool started_ = false;
+};
+
+sentinel* sentinel::instance = nullptr;
+
+}  // namespace
+
+call_deadline::call_deadline(deadline_clock::time_point until, std::string what)
+    : prev_{tl.set, tl.until, tl.what, tl.extended} {
+  if (!tl.set || until < tl.until) {
+    tl.set = true;
+    tl.until = until;
+    tl.what = std::move(what);
+  }
+}
+
+call_deadline::call_deadline(std::chrono::milliseconds d, std::string what)
+    : prev_{tl.set, tl.until, tl.what, tl.extended} {
+  const auto now = deadline_clock::now();
+  // A bound past a century is none (and now + max() would overflow).
+  if (d >= std::chrono::hours(24 * 365 * 100)) return;
+  const auto until = now + std::max(d, std::chrono::milliseconds(0));
+  if (!tl.set || until < tl.until) {
+    tl.set = true;
+    tl.until = until;
+    tl.what = std::move(what);
+  }
+}
+
+call_deadline::~call_deadline() {
+  tl.set = prev_.set;
+  tl.until = prev_.until;
+  tl.what = std::move(prev_.what);
+  tl.extended = prev_.extended;
+}
+
+std::optional<deadline_clock::time_point> call_deadline::current() noexcept {
+  if (!tl.set) return std::nullopt;
+  return tl.until;
+}
+
+std::string call_deadline::current_what() {
+  return tl.set ? tl.what : std::string();
+}
+
+std::optional<std::chrono::milliseconds> call_deadline::left() noexcept {
+  if (!tl.set) return std::nullopt;
+  const auto d = tl.until - deadline_clock::now();
+  if (d.count() <= 0) return std::chrono::milliseconds(0);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d) + std::chrono::milliseconds(1);
+}
+
+resolution_time::resolution_time() {
+  if (!tl.set || tl.extended) return;
+  const auto now = deadline_clock::now();
+  if (now + resolve_grace <= tl.until) return;  // time enough left
+  // The outer deadline is saved by call_deadline and restored when this ends; in between the
+  // thread's deadline is later than the outer one, so set it directly.
+  const std::string what = tl.what;
+  inner_.emplace(tl.until, what);  // saves the outer state
+  tl.until = std::max(tl.until, now) + resolve_grace;
+  tl.what = what + " (and " + std::to_string(resolve_grace.count()) +
+            " ms to resolve an unknown outcome)";
+  tl.extended = true;
+}
+
+resolution_time::~resolution_time() = default;
+
+void armed_connection::arm(deadline_clock::time_point until, std::unique_ptr<interrupter> target,
+                           std::string what) {
+  disarm();
+  auto e = std::make_shared<entry>();
+  e->until = until;
+  e->target = std::move(target);
+  e->what = std::move(what);
+  e_ = e;
+  sentinel::get().schedule(e);
+}
+
+void armed_connection::disarm() noexcept {
+  if (e_) sentinel::get().remove(*e_);
+}
+
+bool armed_connection::fired() const noexcept {
+  return e_ && e_->fired.load();
+}
+
+std::string armed_connection::cause() const {
+  if (!e_) return {};
+  return "the server did not answer within " + e_->what;
+}
+
+std::optional<deadline_clock::time_point> armed_connection::until() const noexcept {
+  if (!e_) return std::nullopt;
+  return e_->until;
+}
+
+void set_deadlines_enforced(bool on) noexcept {
+  enforced.store(on);
+}
+
+long long deadlines_fired() noexcept {
+  return fired_total.load();
+}
+
+}  // namespace dblock::detail
