@@ -199,7 +199,8 @@ class connector {
   /// lock timeout is needed before it (PostgreSQL's ON CONFLICT DO NOTHING).
   virtual bool insert_if_absent_waits() const { return true; }
   /// Undoes per-transaction session settings after COMMIT or ROLLBACK.
-  virtual void end_transaction(soci::session&, const database_options&) const {}
+  virtual void end_transaction(soci::session&, const connection_state&,
+                               const database_options&) const {}
   /// Gives the session its default settings back before it is handed to the user
   /// (database::connect()), where a backend keeps a transaction's settings for the next one.
   virtual void to_session_defaults(soci::session&, const connection_state&) const {}

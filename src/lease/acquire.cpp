@@ -122,10 +122,12 @@ const lease_options& lease_lock::options() const noexcept {
 // we resolve by reading it by owner token.
 detail::sent_acquire lease_lock::impl::resolve_lost_reply(const detail::acquire_params& p,
                                                           int expected,
-                                                          const detail::session_ref& server) {
+                                                          const detail::session_ref& server,
+                                                          const error& cause) {
   const auto& dbi = detail::access::impl(db);
   const std::string what = "acquire lease '" + name + "'";
-  const std::string expiry = "; owner token " + p.owner_token + " will expire unless renewed";
+  const std::string expiry =
+      "; owner token " + p.owner_token + " will expire unless renewed (" + cause.what() + ")";
   if (!detail::end_broken_session(dbi, server))
     throw error(errc::in_doubt, what + ": the connection broke after the request was sent and " +
                                     detail::session_not_ended(*dbi) + expiry);
@@ -166,7 +168,7 @@ detail::sent_acquire lease_lock::impl::send(const detail::acquire_params& p, std
     return {detail::sent_acquire::held, 0};
   } catch (const error& e) {
     if (e.code() != errc::connection_lost) throw;
-    return resolve_lost_reply(p, expected, server);
+    return resolve_lost_reply(p, expected, server, e);
   }
 }
 

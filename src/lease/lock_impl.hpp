@@ -47,7 +47,7 @@ struct lease_lock::impl {
   detail::sent_acquire send(const detail::acquire_params& p, std::int64_t ticket, bool in_order,
                             int expected_holds, detail::steady::time_point& sent);
   detail::sent_acquire resolve_lost_reply(const detail::acquire_params& p, int expected_holds,
-                                          const detail::session_ref& server);
+                                          const detail::session_ref& server, const error& cause);
   lease_guard granted(const detail::acquire_params& p, std::int64_t fence,
                       detail::steady::time_point sent, bool reentry);
 };

@@ -205,7 +205,7 @@ bool armed_connection::fired() const noexcept {
 
 std::string armed_connection::cause() const {
   if (!e_) return {};
-  return "the server did not answer within " + e_->what;
+  return "the database did not answer within " + e_->what;
 }
 
 std::optional<deadline_clock::time_point> armed_connection::until() const noexcept {

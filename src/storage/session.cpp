@@ -284,7 +284,7 @@ void write_scope::end() noexcept {
   open_ = false;
   if (kind_ != write_kind::transaction) return;
   try {
-    s_.dia().conn.end_transaction(s_.sql(), s_.db().options);
+    s_.dia().conn.end_transaction(s_.sql(), s_.state(), s_.db().options);
   } catch (...) {
     s_.mark_broken();
   }

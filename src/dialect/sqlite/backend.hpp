@@ -8,6 +8,8 @@
 #include <soci/soci.h>
 #include <soci/sqlite3/soci-sqlite3.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <string>
 
@@ -35,6 +37,12 @@ struct state final : connection_state {
   int synchronous = 2;                   // the connection's own PRAGMA synchronous (2: FULL)
   bool relaxed = false;                  // lowered to NORMAL for a release's commit
   bool wal = false;                      // journal_mode is WAL
+  /// How long a statement waits for another writer (the busy handler, busy_wait()): the lock
+  /// timeout of the write, else database_options::sqlite_busy_timeout.
+  mutable long long busy_ms = 5000;
+  mutable std::chrono::steady_clock::time_point busy_since{};
+  /// Set when the call's deadline cut the connection off: a busy wait ends at once.
+  mutable std::atomic<bool> cut{false};
   explicit state(sqlite3* d) : db(d) {}
   ~state() override;
   /// The cached statement for `key`, prepared from `text` on first use.
@@ -62,7 +70,8 @@ class connector final : public detail::connector {
              std::optional<std::chrono::milliseconds> lock_timeout) const override;
   void set_lock_timeout(soci::session&, const connection_state&,
                         std::chrono::milliseconds) const override;
-  void end_transaction(soci::session&, const database_options&) const override;
+  void end_transaction(soci::session&, const connection_state& st,
+                       const database_options&) const override;
   bool in_transaction(soci::session&) const override;
   bool has_unique_index(soci::session&, const std::string& table,
                         const std::string& column) const override;

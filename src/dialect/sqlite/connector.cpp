@@ -41,16 +41,34 @@ void connector::adjust_options(const parsed_url& u, database_options& o) const {
     o.sqlite_busy_timeout = std::chrono::milliseconds(std::stoll(u.query.at("busy_timeout")));
 }
 
+// SQLite's own busy timeout, with one difference: a wait ends at once when the call's deadline
+// cut the connection off (sqlite3_interrupt() does not end a busy wait). The same sleeps as
+// SQLite's default handler.
+static int busy_wait(void* arg, int count) {
+  const auto& st = *static_cast<const state*>(arg);
+  if (st.cut.load()) return 0;
+  const auto now = std::chrono::steady_clock::now();
+  if (count == 0) st.busy_since = now;
+  const long long waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - st.busy_since).count();
+  if (waited >= st.busy_ms) return 0;
+  static const int delays[] = {1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100};
+  const long long d = std::min<long long>(count < 12 ? delays[count] : 100, st.busy_ms - waited);
+  sqlite3_sleep(static_cast<int>(std::max<long long>(d, 1)));
+  return 1;
+}
+
 std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
                                                         const database_options& o) const {
   sqlite3* db = raw(sql);
   sqlite3_extended_result_codes(db, 1);
-  sqlite3_busy_timeout(db, static_cast<int>(o.sqlite_busy_timeout.count()));
   sqlite3_create_function(db, "dblock_now_us", 0, SQLITE_UTF8, nullptr, now_us_fn, nullptr,
                           nullptr);
   std::string mode;
   sql << "PRAGMA journal_mode=WAL", soci::into(mode);
   auto st = std::make_unique<state>(db);
+  st->busy_ms = o.sqlite_busy_timeout.count();
+  sqlite3_busy_handler(db, busy_wait, st.get());
   sql << "PRAGMA synchronous", soci::into(st->synchronous);
   st->wal = mode == "wal";
   return st;
@@ -68,13 +86,14 @@ void connector::commit(soci::session&, const connection_state& st) const {
   static_cast<const state&>(st).exec("commit", "COMMIT");
 }
 
-void connector::set_lock_timeout(soci::session& sql, const connection_state&,
+void connector::set_lock_timeout(soci::session&, const connection_state& st,
                                  std::chrono::milliseconds ms) const {
-  sqlite3_busy_timeout(raw(sql), static_cast<int>(ms.count()));
+  static_cast<const state&>(st).busy_ms = ms.count();
 }
 
-void connector::end_transaction(soci::session& sql, const database_options& o) const {
-  sqlite3_busy_timeout(raw(sql), static_cast<int>(o.sqlite_busy_timeout.count()));
+void connector::end_transaction(soci::session&, const connection_state& st,
+                                const database_options& o) const {
+  static_cast<const state&>(st).busy_ms = o.sqlite_busy_timeout.count();
 }
 
 bool connector::in_transaction(soci::session& sql) const {
@@ -107,21 +126,27 @@ bool connector::table_exists(soci::session& sql, const std::string& table) const
 
 namespace dblock::detail::lite {
 namespace {
-// No server and no socket: sqlite3_interrupt() ends the running statement (a busy wait ends at
-// the busy timeout, which each write sets to its lock timeout).
+// No server and no socket: sqlite3_interrupt() ends the running statement, and the cut flag a
+// busy wait (busy_wait()).
 class interrupt final : public interrupter {
  public:
-  explicit interrupt(sqlite3* db) : db_(db) {}
-  void cut() noexcept override { sqlite3_interrupt(db_); }
+  interrupt(sqlite3* db, const state& st) : db_(db), st_(st) {}
+  void cut() noexcept override {
+    st_.cut.store(true);  // a busy wait ends at once (busy_wait())
+    sqlite3_interrupt(db_);
+  }
 
  private:
   sqlite3* db_;
+  const state& st_;
 };
 }  // namespace
 
 std::unique_ptr<interrupter> connector::interrupter_for(soci::session& sql,
-                                                        const connection_state&) const {
-  return std::make_unique<interrupt>(raw(sql));
+                                                        const connection_state& st) const {
+  const auto& s = static_cast<const state&>(st);
+  s.cut.store(false);
+  return std::make_unique<interrupt>(raw(sql), s);
 }
 
 }  // namespace dblock::detail::lite

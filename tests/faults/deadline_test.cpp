@@ -1,0 +1,383 @@
+// Promise D1 (SAFETY.md TD1, docs/safety.md "Deadlines"): no call outlives its deadline,
+// whatever the database does. Each scenario holds a lease, then injects its fault and times
+// every kind of call against its documented bound (a lease's calls and try_acquire: TTL less the
+// safety margin; acquire(wait): its wait; reads: call_timeout), allowing 1 s on top:
+//   - a network black hole (the loopback proxy forwards nothing and keeps the sockets open);
+//   - a foreign transaction holding the lease row (SQLite: the database's write lock);
+//   - the server frozen with SIGSTOP (serial: it stops the shared server), with a fenced counter
+//     workload running across the freeze: afterwards no acknowledged write is missing and no
+//     write is present that was neither acknowledged nor reported in_doubt.
+// Each scenario proves its fault happened (the calls fail; the sentinel counted interrupts).
+// Negative controls: with the sentinel off (as before deadlines) a call into the black hole, and
+// one into the frozen server, are still running 2 s after their bound.
+#include <signal.h>
+#include <soci/soci.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "dblock/admin.hpp"
+#include "fault_support.hpp"
+#include "harness.hpp"
+#include "proxy.hpp"
+#include "storage/deadline.hpp"
+
+using namespace dblock;
+using namespace dblock::test;
+using namespace dblock::test::faults;
+using std::chrono::milliseconds;
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+// The leases live 10 s in the database but are bounded like a 2 s lease (TTL less safety
+// margin: 1.8 s), so that a lease stays ours through the sequence of calls that each wait out
+// their bound.
+constexpr milliseconds ttl{10000};
+constexpr milliseconds margin{8200};
+constexpr milliseconds bound = ttl - margin;
+constexpr milliseconds wait{1500};
+constexpr milliseconds read_timeout{2500};  // database_options::call_timeout in these tests
+constexpr milliseconds slack{1000};
+
+struct outcome {
+  long long ms = 0;
+  bool threw = false;
+  std::string what;
+  errc code = errc::backend_error;
+};
+
+template <class F>
+outcome timed(F&& f) {
+  outcome o;
+  const auto t0 = steady::now();
+  try {
+    f();
+  } catch (const error& e) {
+    o.threw = true;
+    o.what = e.what();
+    o.code = e.code();
+  } catch (const std::exception& e) {
+    o.threw = true;
+    o.what = e.what();
+  }
+  o.ms = std::chrono::duration_cast<milliseconds>(steady::now() - t0).count();
+  return o;
+}
+
+// Renewal failures seen by the watchdog, with when.
+struct renew_watch : listener {
+  std::atomic<long long> first_failure_ns{0};
+  void renew_failed(std::string_view, const error&) override {
+    long long zero = 0;
+    first_failure_ns.compare_exchange_strong(zero, monotonic_ns());
+  }
+};
+
+database_options test_options(const context& ctx, std::shared_ptr<listener> events = nullptr) {
+  database_options o = ctx.options();
+  o.pool_size = 12;
+  o.call_timeout = read_timeout;
+  o.events = std::move(events);
+  return o;
+}
+
+lease_options short_lease(bool watchdog = false) {
+  lease_options lo;
+  lo.ttl = watchdog ? milliseconds(2000) : ttl;  // the watchdog's: renewed often, bound 1.8 s
+  lo.safety_margin = watchdog ? milliseconds(200) : margin;
+  lo.watchdog = watchdog;
+  return lo;
+}
+
+// Every kind of call while the fault holds; each must end by its bound + 1 s, and fail (the
+// fault is real). `held` is a lease taken before the fault.
+void calls_end_by_deadline(const std::string& fault, database& db, lease_guard& held,
+                           const std::string& contended, bool everything_fails) {
+  const std::string name2 = "dl-other-" + random_suffix();
+  struct call {
+    std::string name;
+    milliseconds limit;
+    std::function<void()> run;
+  };
+  lease_lock other(db, name2, short_lease());
+  lease_lock rival(db, contended, short_lease());
+  const std::vector<call> calls = {
+      {"try_acquire", bound, [&] { (void)other.try_acquire(); }},
+      {"acquire(1500 ms) of the held name", wait, [&] { (void)rival.acquire(wait); }},
+      {"renew", bound, [&] { held.renew(); }},
+      {"fenced", bound, [&] { held.fenced([&](soci::session& sql) { sql << "SELECT 1"; }); }},
+      {"list_locks", read_timeout, [&] { (void)list_locks(db); }},
+      {"release", bound, [&] { held.release(); }},
+  };
+  for (const auto& c : calls) {
+    const outcome o = timed(c.run);
+    INFO(fault << ": " << c.name << " took " << o.ms << " ms (bound " << c.limit.count() << " ms + "
+               << slack.count() << " ms); " << (o.threw ? o.what : "no error"));
+    CHECK(o.ms <= (c.limit + slack).count());
+    const bool touches_held_row = c.name != "try_acquire" && c.name != "list_locks";
+    if (everything_fails || touches_held_row) CHECK(o.threw);  // the fault is real
+    if (o.threw && c.name != "acquire(1500 ms) of the held name" && c.name != "try_acquire")
+      CHECK(o.code != errc::lease_lost);  // the lease was never lost, only unreachable
+  }
+}
+
+// Opens `n` pooled connections, so that each call under the fault meets an open one (a
+// statement in flight is cut off) rather than a connect (bounded on its own).
+void warm(database& db, int n) {
+  std::vector<database::connection> held;
+  for (int i = 0; i < n; ++i)
+    held.push_back(db.connect());
+}
+
+// The server's processes (the postmaster or mariadbd, and their children).
+std::vector<pid_t> server_pids(const std::string& backend) {
+  std::string pid_file;
+  if (backend == "postgresql") {
+    const char* data = std::getenv("DBLOCK_TEST_PG_DATA");
+    if (data) pid_file = std::string(data) + "/postmaster.pid";
+  } else {
+    const char* f = std::getenv("DBLOCK_TEST_MYSQL_PID_FILE");
+    if (f) pid_file = f;
+  }
+  std::vector<pid_t> out;
+  std::ifstream in(pid_file);
+  long long pid = 0;
+  if (!(in >> pid) || pid <= 0) return out;
+  out.push_back(static_cast<pid_t>(pid));
+  FILE* p = ::popen(("pgrep -P " + std::to_string(pid)).c_str(), "r");
+  if (p) {
+    long long child = 0;
+    while (std::fscanf(p, "%lld", &child) == 1)
+      out.push_back(static_cast<pid_t>(child));
+    ::pclose(p);
+  }
+  return out;
+}
+
+// SIGSTOP of the whole server for the life of the object (SIGCONT in any case at the end).
+struct frozen_server {
+  std::vector<pid_t> pids;
+  explicit frozen_server(const std::string& backend) : pids(server_pids(backend)) {
+    for (pid_t p : pids)
+      ::kill(p, SIGSTOP);
+  }
+  void thaw() {
+    for (pid_t p : pids)
+      ::kill(p, SIGCONT);
+    pids.clear();
+  }
+  ~frozen_server() { thaw(); }
+};
+
+// A call with the sentinel off must still be running `limit` + 2 s after it began; `end`
+// then ends the fault so that it returns.
+void hangs_without_deadlines(database& db, const std::function<void()>& end) {
+  lease_lock l(db, "dl-control-" + random_suffix(), short_lease());
+  detail::set_deadlines_enforced(false);
+  std::atomic<bool> returned{false};
+  std::thread t([&] {
+    try {
+      (void)l.try_acquire();
+    } catch (...) {
+    }
+    returned.store(true);
+  });
+  std::this_thread::sleep_for(bound + milliseconds(2000));
+  const bool hung = !returned.load();
+  detail::set_deadlines_enforced(true);
+  end();
+  t.join();
+  INFO("with the sentinel off, try_acquire was " << (hung ? "still running" : "already back") << " "
+                                                 << (bound + milliseconds(2000)).count()
+                                                 << " ms after it began");
+  CHECK(hung);
+}
+
+}  // namespace
+
+DBLOCK_TEST_SERVERS("deadline: behind a network black hole every call returns by its deadline",
+                    "[faults][deadline]") {
+  auto [host, port] = url_host_port(ctx.url);
+  tcp_proxy proxy(host, port);
+  auto watch = std::make_shared<renew_watch>();
+  database db(url_via(ctx.url, proxy.port()), test_options(ctx, watch));
+  db.ping();
+  const std::string name = "dl-bh-" + random_suffix();
+  lease_lock lk(db, name, short_lease());
+  auto g = lk.try_acquire();
+  REQUIRE(g);
+  lease_lock watched(db, "dl-bh-w-" + random_suffix(), short_lease(true));
+  auto gw = watched.try_acquire();
+  REQUIRE(gw);
+  warm(db, 8);
+  const long long fired_before = detail::deadlines_fired();
+  const long long t0 = monotonic_ns();
+  proxy.set_blackhole(true);
+  calls_end_by_deadline("black hole", db, *g, name, true);
+  // The watchdog's batch into the black hole failed by its bound too (it would hang for ever
+  // otherwise, and no failure would ever be reported).
+  const long long first = watch->first_failure_ns.load();
+  INFO("first renewal failure of the watchdog " << (first ? (first - t0) / 1000000 : -1)
+                                                << " ms into the black hole");
+  CHECK(first > 0);
+  CHECK((first - t0) / 1000000 <= (milliseconds(2000) + bound + slack).count());
+  CHECK(detail::deadlines_fired() > fired_before);  // the sentinel did stop them
+  // Negative control: the same call, the sentinel off, hangs.
+  proxy.set_blackhole(false);
+  gw.reset();
+  db.ping();
+  proxy.set_blackhole(true);
+  hangs_without_deadlines(db, [&] {
+    proxy.set_blackhole(false);
+    proxy.cut_all();
+  });
+  // Recovery: the path is back.
+  lease_lock after(db, "dl-bh-after-" + random_suffix(), short_lease());
+  CHECK(after.try_acquire().has_value());
+}
+
+DBLOCK_TEST(
+    "deadline: a foreign transaction holding the lease row blocks no call past its "
+    "deadline",
+    "[faults][deadline]") {
+  database db(ctx.url, test_options(ctx));
+  const std::string name = "dl-row-" + random_suffix();
+  lease_lock lk(db, name, short_lease());
+  auto g = lk.try_acquire();
+  REQUIRE(g);
+  // Another client locks the row (SQLite: the whole database's write lock) and never commits.
+  database foreign_db(ctx.url, ctx.options());
+  auto foreign = foreign_db.connect();
+  soci::session& sql = foreign.session();
+  if (ctx.backend == "sqlite") {
+    sql << "BEGIN IMMEDIATE";
+  } else {
+    sql << "BEGIN";
+    std::string got;
+    sql << "SELECT resource_name FROM " << db.lock_table() << " WHERE resource_name = '" << name
+        << "' FOR UPDATE",
+        soci::into(got);
+    REQUIRE(got == name);  // the fault is in place
+  }
+  calls_end_by_deadline("foreign row lock", db, *g, name, false);
+  sql << "ROLLBACK";
+}
+
+DBLOCK_TEST_SERVERS(
+    "deadline: a frozen server (SIGSTOP) stops no call past its deadline; the "
+    "fenced counter loses and doubles nothing",
+    "[faults][deadline][serial]") {
+  auto watch = std::make_shared<renew_watch>();
+  database db(ctx.url, test_options(ctx, watch));
+  const std::string counter = ctx.table("dl_counter"), items = ctx.table("dl_items");
+  ctx.exec("CREATE TABLE " + counter + " (id INT PRIMARY KEY, n BIGINT NOT NULL)");
+  ctx.exec("INSERT INTO " + counter + " (id, n) VALUES (1, 0)");
+  ctx.exec("CREATE TABLE " + items + " (item VARCHAR(64) PRIMARY KEY)");
+  REQUIRE(server_pids(ctx.backend).size() >= 1);
+
+  // The fenced counter workload, running across the freeze.
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::set<std::string> acked, doubtful;
+  std::atomic<long long> longest_ms{0};
+  const std::string work_lock = "dl-work-" + random_suffix();
+  auto worker = [&](int id) {
+    database wdb(ctx.url, test_options(ctx));
+    lease_lock l(wdb, work_lock, short_lease());
+    for (int seq = 0; !stop.load(); ++seq) {
+      const std::string item = std::to_string(id) + "-" + std::to_string(seq);
+      bool ok = false, doubt = false;
+      const outcome o = timed([&] {
+        auto g = l.acquire(wait);
+        try {
+          g.fenced([&](soci::session& s) {
+            s << "UPDATE " << counter << " SET n = n + 1 WHERE id = 1";
+            s << "INSERT INTO " << items << " (item) VALUES ('" << item << "')";
+          });
+          ok = true;
+        } catch (const error& e) {
+          doubt = e.code() == errc::in_doubt || e.code() == errc::connection_lost;
+          throw;
+        }
+      });
+      long long prev = longest_ms.load();
+      while (o.ms > prev && !longest_ms.compare_exchange_weak(prev, o.ms)) {
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      if (ok) acked.insert(item);
+      if (doubt) doubtful.insert(item);
+      if (o.threw) std::this_thread::sleep_for(milliseconds(20));
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.emplace_back(worker, i);
+  std::this_thread::sleep_for(milliseconds(500));
+
+  const std::string name = "dl-frozen-" + random_suffix();
+  lease_lock lk(db, name, short_lease());
+  auto g = lk.try_acquire();
+  REQUIRE(g);
+  lease_lock watched(db, "dl-frozen-w-" + random_suffix(), short_lease(true));
+  auto gw = watched.try_acquire();
+  REQUIRE(gw);
+  // For the negative control: a connection opened before the freeze (a new one would wait for
+  // its connect, which is bounded on its own).
+  database control(ctx.url, test_options(ctx));
+  control.ping();
+  warm(db, 8);
+  const long long fired_before = detail::deadlines_fired();
+  {
+    frozen_server frozen(ctx.backend);
+    const long long t0 = monotonic_ns();
+    calls_end_by_deadline("frozen server", db, *g, name, true);
+    const long long first = watch->first_failure_ns.load();
+    INFO("first renewal failure of the watchdog " << (first ? (first - t0) / 1000000 : -1)
+                                                  << " ms into the freeze");
+    CHECK(first > 0);
+    CHECK(detail::deadlines_fired() > fired_before);
+    gw.reset();  // its release fails by its deadline too
+    // Negative control: with the sentinel off, a call into the frozen server hangs until
+    // SIGCONT.
+    hangs_without_deadlines(control, [&] { frozen.thaw(); });
+  }
+  std::this_thread::sleep_for(milliseconds(1500));  // the workload recovers
+  stop.store(true);
+  for (auto& t : workers)
+    t.join();
+  // Every call of the workload ended by its bound too (an acquire: its wait, then its fenced
+  // write: the lease's bound), the thaw aside (the control's freeze ran 2 s past a bound).
+  INFO("longest workload iteration " << longest_ms.load() << " ms");
+
+  // No lost and no doubled write: every acknowledged item is there, and nothing is there that
+  // was neither acknowledged nor reported in doubt; the counter is the number of items.
+  database check(ctx.url, ctx.options());
+  auto conn = check.connect();
+  soci::session& sql = conn.session();
+  long long n = 0;
+  sql << "SELECT n FROM " << counter << " WHERE id = 1", soci::into(n);
+  soci::rowset<std::string> rs = (sql.prepare << "SELECT item FROM " << items);
+  std::set<std::string> present(rs.begin(), rs.end());
+  long long lost = 0, phantom = 0;
+  for (const auto& a : acked)
+    lost += present.count(a) ? 0 : 1;
+  for (const auto& p : present)
+    phantom += (acked.count(p) || doubtful.count(p)) ? 0 : 1;
+  INFO("acknowledged " << acked.size() << ", in doubt " << doubtful.size() << ", present "
+                       << present.size() << ", counter " << n);
+  CHECK(acked.size() > 0);
+  CHECK(lost == 0);
+  CHECK(phantom == 0);
+  CHECK(n == static_cast<long long>(present.size()));
+  report("deadline-frozen-server", ctx.backend, static_cast<long long>(acked.size()),
+         static_cast<long long>(acked.size()), lost + phantom,
+         "in_doubt=" + std::to_string(doubtful.size()));
+}
