@@ -78,6 +78,11 @@ void add_common(CLI::App* sub, common_options& common) {
                   "sqlite:///path.db");
   sub->add_option("--table-prefix", common.prefix, "prefix of dblock's table names");
   sub->add_flag("-v,--verbose", common.verbose, "say more on stderr");
+  sub->add_option("--timeout", common.timeout,
+                  "deadline of each call to the database that has none of its own (reads, "
+                  "status, reap, migrate, force release; a lease's calls are bounded by its TTL, "
+                  "an acquire by --wait): at it the statement is cancelled and the connection "
+                  "cut (default 30s)");
 }
 
 std::chrono::milliseconds parse_duration(const std::string& text, const char* option) {
@@ -142,6 +147,9 @@ std::string url_or_env(const std::string& url) {
 dblock::database open_db(const common_options& c) {
   dblock::database_options o;
   o.table_prefix = c.prefix;
+  o.call_timeout = parse_duration(c.timeout, "--timeout");
+  if (o.call_timeout.count() <= 0)
+    throw dblock::error(dblock::errc::invalid_argument, "--timeout must be above zero");
   if (c.verbose) o.events = std::make_shared<stderr_listener>();
   return dblock::database(url_or_env(c.url), o);
 }

@@ -29,6 +29,8 @@ struct common_options {
   std::string url;
   std::string prefix;
   bool verbose = false;
+  /// --timeout: the deadline of each call to the database (database_options::call_timeout).
+  std::string timeout = "30s";
 };
 
 // --url, --table-prefix and -v on a subcommand (all commands but bench, which has its own).

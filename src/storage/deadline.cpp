@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -23,10 +22,7 @@ struct thread_deadline {
 
 thread_local thread_deadline tl;
 
-std::atomic<bool> enforced{[] {
-  const char* v = std::getenv("DBLOCK_TEST_NO_DEADLINE");
-  return !(v && *v == '1');
-}()};
+std::atomic<bool> enforced{true};
 std::atomic<long long> fired_total{0};
 
 }  // namespace

@@ -100,7 +100,7 @@ class armed_connection {
 };
 
 /// For tests (the negative control): false stops the sentinel from interrupting anything, as
-/// dblock behaved before deadlines (DBLOCK_TEST_NO_DEADLINE=1 in the environment does the same).
+/// dblock behaved before deadlines.
 void set_deadlines_enforced(bool on) noexcept;
 /// The number of connections the sentinel interrupted in this process.
 long long deadlines_fired() noexcept;
