@@ -28,11 +28,13 @@ class waiting_acquire {
         wait_(wait),
         deadline_(steady::now() + std::max(wait, milliseconds(0))),
         // A short wait still makes its one try: its statements get at least a second (or the
-        // lease's TTL less its margin, when shorter).
-        call_deadline_(
-            steady::now() +
-            std::max(wait, std::min<milliseconds>(std::chrono::seconds(1),
-                                                  lk.options.ttl - lk.options.safety_margin))),
+        // lease's TTL less its margin, when shorter). A wait past a century has none.
+        call_deadline_(wait >= std::chrono::hours(24 * 365 * 100)
+                           ? steady::time_point::max()
+                           : steady::now() +
+                                 std::max(wait, std::min<milliseconds>(
+                                                    std::chrono::seconds(1),
+                                                    lk.options.ttl - lk.options.safety_margin))),
         token_(new_owner_token()),
         grants_(lk.options.fair && dbi_->statements.grants()) {}
   ~waiting_acquire() {
@@ -81,6 +83,7 @@ class waiting_acquire {
            e.code() == errc::in_doubt;
   }
   std::string what_deadline() const {
+    if (call_deadline_ == steady::time_point::max()) return "no bound";
     return std::to_string(duration_cast<milliseconds>(call_deadline_ - steady::now()).count()) +
            " ms (the wait of " + what_ + ")";
   }

@@ -81,8 +81,10 @@ class sentinel {
         continue;
       }
       const auto t = due_.begin()->first;
-      if (deadline_clock::now() < t) {
-        cv_.wait_until(lk, t);
+      const auto now = deadline_clock::now();
+      if (now < t) {
+        // At most an hour at a time: a far deadline never overflows the wait's conversions.
+        cv_.wait_until(lk, std::min(t, now + std::chrono::hours(1)));
         continue;
       }
       auto e = due_.begin()->second;
@@ -121,6 +123,8 @@ sentinel* sentinel::instance = nullptr;
 
 call_deadline::call_deadline(deadline_clock::time_point until, std::string what)
     : prev_{tl.set, tl.until, tl.what, tl.extended} {
+  // A bound past a century is none.
+  if (until - deadline_clock::now() >= std::chrono::hours(24 * 365 * 100)) return;
   if (!tl.set || until < tl.until) {
     tl.set = true;
     tl.until = until;
