@@ -81,6 +81,9 @@ struct connection_state {
   /// The least fence a lease acquire on this connection grants (lock_table::fence_floor()),
   /// once known.
   std::optional<std::int64_t> fence_floor;
+  /// The deadline of the call using the connection now (storage/deadline.hpp), when dblock's
+  /// own: a dialect may hand it to the server as well (PostgreSQL: statement_timeout with BEGIN).
+  std::optional<std::chrono::steady_clock::time_point> call_deadline;
   /// Row-returning caller statements (values.hpp fetch_rows()) by text: their columns' names
   /// and types as SOCI described them on their first run here, at most caller_statement_cache.
   struct caller_shape {

@@ -148,6 +148,7 @@ std::unique_ptr<session_scope> database_impl::open_bounded(std::unique_ptr<sessi
 }
 
 void session_scope::arm(deadline_clock::time_point until, std::string what) {
+  state().call_deadline = until;
   armed_.arm(until, db_->dia->conn.interrupter_for(sql(), state()), std::move(what));
 }
 
@@ -200,6 +201,7 @@ session_scope::~session_scope() {
     }
   }
   armed_.disarm();  // before the connection closes: the sentinel never touches a closed one
+  if (sl.state) sl.state->call_deadline.reset();
   if (broken_) {
     // Reconnect on the next lease instead of handing out a dead connection.
     sl.opened = false;
@@ -257,6 +259,7 @@ std::string in_doubt_finality(const std::shared_ptr<database_impl>& db, const se
 write_scope::write_scope(session_scope& s, write_kind kind, std::string what,
                          std::optional<std::chrono::milliseconds> lock_timeout)
     : s_(s), kind_(kind), what_(std::move(what)) {
+  (void)s_.dia().conn.commit_unreplicated(s_.state());  // warnings of earlier statements
   try {
     if (kind_ != write_kind::transaction)
       s_.dia().exec.begin_statement(s_, kind_ == write_kind::unflushed);
@@ -318,6 +321,8 @@ void write_scope::commit() {
                     (cause ? std::string(": ") + cause->what() : std::string()));
   }
   const session_ref server = s_.server();
+  // Only the COMMIT's own warnings count (a single statement's: since the write began).
+  if (kind_ == write_kind::transaction) (void)s_.dia().conn.commit_unreplicated(s_.state());
   try {
     if (kind_ != write_kind::transaction)
       s_.dia().exec.commit_statement(s_);
@@ -338,12 +343,15 @@ void write_scope::commit() {
     throw e;
   }
   end();
-  if (s_.deadline_fired() && s_.dia().conn.commit_unreplicated(s_.state())) {
-    // Answered after the deadline's cancel: it committed on the server, but a COMMIT cancelled
-    // while it waited for a synchronous standby is answered so too (committed locally, maybe not
-    // replicated), so neither success nor failure can be claimed.
+  if (s_.dia().conn.commit_unreplicated(s_.state())) {
+    // Answered with a warning: a COMMIT whose wait for a synchronous standby was cancelled (by
+    // the deadline's cancel, or by the server's statement_timeout, which carries the same
+    // deadline) is answered so: committed locally, maybe not replicated. Neither success nor
+    // failure can be claimed. (Any other warning of the COMMIT is taken the same way.)
     throw error(errc::in_doubt,
-                what_ + ": " + s_.deadline_cause() +
+                what_ + ": " +
+                    (s_.deadline_fired() ? s_.deadline_cause()
+                                         : std::string("the server's statement_timeout")) +
                     "; the COMMIT was answered only after it was cancelled: it committed on the "
                     "server it reached but may not have been replicated (a synchronous standby "
                     "that is gone?); read back to find out, do not retry blindly",

@@ -162,6 +162,15 @@ void connector::begin(soci::session& sql, const connection_state& st, const data
   if (lock_timeout)
     q += "; SET LOCAL lock_timeout = '" +
          std::to_string(std::max<long long>(lock_timeout->count(), 1)) + "ms'";
+  // The call's deadline, for the server too: each statement of the transaction (its COMMIT's
+  // wait for a synchronous standby included) is cancelled by the server itself when it runs
+  // past it, even when the client's cancel cannot reach the server.
+  if (st.call_deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        *st.call_deadline - std::chrono::steady_clock::now());
+    q += "; SET LOCAL statement_timeout = '" +
+         std::to_string(std::max<long long>(left.count(), 1)) + "ms'";
+  }
   command(raw(sql), q);
 }
 
