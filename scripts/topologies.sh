@@ -30,6 +30,10 @@
 #   topologies.sh pgpair-node DIR failover      kill-primary, then promote
 #   topologies.sh pgpair-node DIR kill-primary  pg_ctl -m immediate stop of the primary
 #   topologies.sh pgpair-node DIR promote       promote the standby, wait until writable
+#   topologies.sh pgpair-node DIR stop-standby  pg_ctl -m immediate stop of the standby (a
+#                                              synchronous primary's COMMITs then wait for ever)
+#   topologies.sh pgpair-node DIR desync        on the primary, as a failover manager does:
+#                                              synchronous_standby_names = '', reloaded
 #   topologies.sh pgpair-node DIR status        per node: port and role
 #   topologies.sh pgbouncer-start DIR PG_HOST PG_PORT [transaction|session]
 #       PgBouncer in front of PG_HOST:PG_PORT (pool mode default: transaction).
@@ -526,6 +530,26 @@ gal_recover_position() {
         grep -E '^[0-9a-f-]{36}:[0-9]+$' | grep -v '^00000000-0000-0000-0000-000000000000:' || true
 }
 
+# gal_clear_session DIR N: a node whose mariadbd exited by itself (a join that
+# failed, e.g. its IST port was taken) can leave its state-transfer helpers
+# running in its session (wsrep_sst_mariabackup and socat wait up to 300 s for
+# a donor); the next start's transfer then fails at once ("previous SST script
+# still running"). Killed only when one of them names the node's directory, so
+# that a session id reused by a stranger is left alone.
+gal_clear_session() {
+    local node sid pid
+    node=$(gal_node "$1" "$2")
+    [ -s "$node/launch.pid" ] || return 0
+    sid=$(cat "$node/launch.pid")
+    for pid in $(pgrep -s "$sid" 2>/dev/null || true); do
+        if proc_in_dir "$pid" "$node"; then
+            msg "node $2: killing what is left of its last run (session $sid)"
+            kill_session "$sid"
+            return 0
+        fi
+    done
+}
+
 # gal_start_node DIR N: start node N (if it is not running) and wait until it
 # and every other running node are Synced. With no other node running it
 # bootstraps a new primary component from its own data. A node started again
@@ -542,6 +566,7 @@ gal_start_node() {
         if [ "$k" -gt 0 ]; then
             gal_wait "$dir" "$k" 30 || return 1
         fi
+        gal_clear_session "$dir" "$n"
         pos=$(gal_recover_position "$dir" "$n")
         if [ -n "$pos" ]; then args+=(--wsrep-start-position="$pos"); fi
         if [ "$k" -eq 0 ]; then
@@ -954,6 +979,26 @@ pp_promote() { # promote the standby and wait until it accepts writes
     msg "pg$n (127.0.0.1:$(pp_port "$dir" "$n")) promoted, accepts writes ($(elapsed "$t0"))"
 }
 
+pp_stop_standby() {
+    local dir=$1 n t0
+    t0=$(now_ms)
+    n=$(pp_find "$dir" standby) || die "no running standby in $dir"
+    pp_stop_server "$dir" "$n" immediate
+    msg "standby pg$n (127.0.0.1:$(pp_port "$dir" "$n")) stopped with -m immediate ($(elapsed "$t0"))"
+}
+
+# What Patroni or repmgr do when the synchronous standby is gone: the primary stops waiting for
+# it. ALTER SYSTEM cannot run in a transaction block: psql sends each statement on its own.
+pp_desync() {
+    local dir=$1 n
+    n=$(pp_find "$dir" primary) || die "no running primary in $dir"
+    pp_psql "$dir" "$n" >/dev/null <<EOF
+ALTER SYSTEM SET synchronous_standby_names = '';
+SELECT pg_reload_conf();
+EOF
+    msg "pg$n no longer waits for a synchronous standby"
+}
+
 pp_status() {
     local dir=$1 n p
     for n in 1 2; do
@@ -981,6 +1026,8 @@ cmd_pgpair_node() {
             ;;
         kill-primary) pp_kill_primary "$dir" ;;
         promote) pp_promote "$dir" ;;
+        stop-standby) pp_stop_standby "$dir" ;;
+        desync) pp_desync "$dir" ;;
         status) pp_status "$dir" ;;
         *) usage ;;
     esac
