@@ -179,9 +179,25 @@ lease_guard rwlock::lock(milliseconds wait, const cancellation& cancel) {
   };
   lease_guard g = impl_->writer.acquire(left(), cancel);
   if (g.hold_count() > 1) return g;  // reentrant: the readers were drained the first time
-  // Holding the writer row: new readers back off. Wait for those already in.
+  // Holding the writer row: new readers back off. Wait for those already in. The count is a
+  // read: a connection lost or a node that failed over is read again until the deadline (the
+  // writer's lease meanwhile stays ours for its TTL).
+  auto readers_in = [&] {
+    for (int failures = 0;; ++failures) {
+      try {
+        return impl_->readers_in();
+      } catch (const error& e) {
+        const bool transient =
+            e.code() == errc::connection_lost || e.code() == errc::connection_failed;
+        if (!transient || steady::now() >= deadline) throw;
+        if (cancel.sleep_for(
+                std::min<milliseconds>(left(), milliseconds(50) * (1 << std::min(failures, 4)))))
+          throw error(errc::cancelled, "write " + impl_->what() + ": cancelled");
+      }
+    }
+  };
   for (int attempt = 0;; ++attempt) {
-    const auto [held, next_expiry_us] = impl_->readers_in();
+    const auto [held, next_expiry_us] = readers_in();
     if (held == 0) {
       if (g.valid()) return g;
       g = impl_->writer.acquire(left(), cancel);  // it ran out while we waited: take it again

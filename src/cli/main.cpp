@@ -2,6 +2,8 @@
 // This file declares the app and dispatches to the subcommands (commands.hpp, one file each).
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 
@@ -86,5 +88,12 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? exit_ok : exit_usage;
   }
-  return dispatch(common, s);
+  const int rc = dispatch(common, s);
+  // Every handle is gone by now, but a connect the library stopped waiting for at a deadline
+  // (a failover, a frozen server) may still be finishing on a thread of its own, and the exit
+  // handlers (OpenSSL's among them) must not run under it: end here, output flushed.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(rc);
 }

@@ -167,6 +167,9 @@ detail::sent_acquire lease_lock::impl::send(const detail::acquire_params& p, std
     if (fence) return {detail::sent_acquire::acquired, *fence};
     return {detail::sent_acquire::held, 0};
   } catch (const error& e) {
+    if (e.code() == errc::in_doubt)  // the storage layer's message names the write only
+      throw error(errc::in_doubt, "acquire lease '" + name + "' (" + e.what() + ")", e.backend(),
+                  e.sqlstate(), e.native_code());
     if (e.code() != errc::connection_lost) throw;
     return resolve_lost_reply(p, expected, server, e);
   }

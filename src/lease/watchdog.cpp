@@ -32,12 +32,18 @@ bool lease_state::renew_sql(milliseconds lease) {
   // changed nothing: try again, briefly.
   static const retry_policy transient = transient_conflict_policy(3, milliseconds(8));
   bool ok = unknown_outcome_is_in_doubt(what, [&] {
-    return retry(transient, [&] {
-      return with_session(db, what, [&](session_scope& s) {
-        return lock_table::renew(
-            s, name, token, fence,
-            std::chrono::duration_cast<std::chrono::microseconds>(lease).count());
-      });
+    return retry(transient, [&]() -> bool {
+      try {
+        return with_session(db, what, [&](session_scope& s) {
+          return lock_table::renew(
+              s, name, token, fence,
+              std::chrono::duration_cast<std::chrono::microseconds>(lease).count());
+        });
+      } catch (const error& e) {
+        if (e.code() != errc::in_doubt) throw;  // the storage layer names the write only
+        throw error(errc::in_doubt, what + " (" + e.what() + ")", e.backend(), e.sqlstate(),
+                    e.native_code());
+      }
     });
   });
   if (ok) set_deadline(sent, lease);

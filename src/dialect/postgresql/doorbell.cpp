@@ -190,6 +190,11 @@ void listening_channel::log(const std::string& m) const {
 
 PGconn* listen_link::connect() const {
   PGconn* c = PQconnectdb(conninfo.c_str());
+  // The library never prints (libpq's default writes notices, such as the server's "terminating
+  // connection due to immediate shutdown", to stderr).
+  if (c)
+    PQsetNoticeProcessor(
+        c, [](void*, const char*) {}, nullptr);
   if (PQstatus(c) == CONNECTION_OK) return c;
   log(std::string("cannot connect (waiters poll meanwhile): ") + PQerrorMessage(c));
   PQfinish(c);
