@@ -107,14 +107,17 @@ void write_row(detail::session_scope& s, const versioned_table& spec, const valu
                                             " was changed by someone else");
 }
 
-// One read-modify-conditional-write attempt.
+// One read-modify-conditional-write attempt. `write` runs the conditional UPDATE (in a write
+// scope of its own, or as it is inside the caller's transaction); the read and `mutate` come
+// before it, outside any write, so that no lock is held while the caller's code runs.
+template <class W>
 versioned_result attempt(detail::session_scope& s, const versioned_table& spec, const value& key,
-                         const std::function<void(record&)>& mutate) {
+                         const std::function<void(record&)>& mutate, W&& write) {
   record values;
   const long long old_version = read_row(s, spec, key, values);
   mutate(values);
   check_mutation(spec, values);
-  write_row(s, spec, key, values, old_version);
+  write([&] { write_row(s, spec, key, values, old_version); });
   versioned_result r;
   r.version = old_version + 1;
   r.values = std::move(values);
@@ -141,23 +144,23 @@ versioned_result versioned_update(const database& db, const versioned_table& spe
                                   const retry_policy& policy) {
   validate(spec);
   const auto& impl = detail::access::impl(db);
+  const std::string what = "versioned update of " + spec.table;
+  // The read is a plain autocommit read, ended before `mutate` runs; only the conditional UPDATE
+  // is a write. So no lock is held while the caller's code runs (SAFETY.md D3): on SQLite the
+  // database-wide write lock is the UPDATE's own BEGIN IMMEDIATE, whose fresh snapshot makes a
+  // row changed since the read a version conflict (never a stale-snapshot BUSY), as the affected
+  // rows do on the servers.
+  auto one_attempt = [&](detail::session_scope& s) {
+    return attempt(s, spec, key, mutate, [&](auto&& update) {
+      detail::write_scope w(s, detail::write_kind::statement, what);
+      update();
+      w.commit();
+    });
+  };
   retry_stats stats;
-  auto r = detail::unknown_outcome_is_in_doubt("versioned update of " + spec.table, [&] {
+  auto r = detail::unknown_outcome_is_in_doubt(what, [&] {
     return retry(
-        policy,
-        [&] {
-          return detail::with_session(impl, "versioned update of " + spec.table,
-                                      [&](detail::session_scope& s) {
-                                        // The conditional UPDATE is the only write; on SQLite the
-                                        // attempt is one IMMEDIATE transaction, so it waits for
-                                        // other writers instead of failing on a stale snapshot.
-                                        detail::write_scope w(s, detail::write_kind::statement);
-                                        versioned_result out = attempt(s, spec, key, mutate);
-                                        w.commit();
-                                        return out;
-                                      });
-        },
-        &stats);
+        policy, [&] { return detail::with_session(impl, what, one_attempt); }, &stats);
   });
   r.stats = stats;
   return r;
@@ -172,7 +175,9 @@ versioned_result versioned_update(database::connection& conn, const versioned_ta
   const bool autocommit = !s.dia().conn.in_transaction(s.sql());
   auto run = [&] {
     try {
-      return attempt(s, spec, key, mutate);
+      // The caller's transaction (if open) is the caller's choice of locks; without one the
+      // read and the UPDATE each commit by themselves, as above.
+      return attempt(s, spec, key, mutate, [](auto&& update) { update(); });
     } catch (const soci::soci_error&) {
       throw s.failure("versioned update of " + spec.table);
     }

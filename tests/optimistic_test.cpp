@@ -652,8 +652,8 @@ DBLOCK_TEST("bounded retries: failed calls leave no trace, successes are exact",
   const int per_thread = 50;
   auto o = ctx.options();
   o.pool_size = threads + 2;
-  // SQLite never sees a version conflict (each attempt is one IMMEDIATE transaction); its
-  // contention shows as BUSY instead, which a zero busy timeout makes immediate.
+  // On SQLite contention also shows as BUSY (the UPDATE's write lock is taken while another
+  // attempt's UPDATE holds it), which a zero busy timeout makes immediate.
   o.sqlite_busy_timeout = milliseconds(0);
   auto db = ctx.open(o);
   db.ping();
@@ -679,10 +679,10 @@ DBLOCK_TEST("bounded retries: failed calls leave no trace, successes are exact",
         me.versions.push_back(r.version);
       } catch (const dblock::error& e) {
         ++me.failures;
-        // Exhausted: the last cause is kept (SQLite's starvation is lock_not_available).
-        const errc want =
-            ctx.backend == "sqlite" ? errc::lock_not_available : errc::version_conflict;
-        if (e.code() != want || e.attempts() != 3) {
+        // Exhausted: the last cause is kept (SQLite's BUSY is lock_not_available).
+        const bool cause_ok = e.code() == errc::version_conflict ||
+                              (ctx.backend == "sqlite" && e.code() == errc::lock_not_available);
+        if (!cause_ok || e.attempts() != 3) {
           ++me.bad_failures;
           me.error = e.what();
         }
@@ -710,6 +710,202 @@ DBLOCK_TEST("bounded retries: failed calls leave no trace, successes are exact",
   auto s = read_acct(ctx.db, table);
   CHECK(s.balance == successes);
   CHECK(s.version == successes);
+}
+
+// ---- 5b. no wait the caller did not ask for (SAFETY.md D3) ----------------------------------
+//
+// versioned_update(db, ...) reads, calls `mutate`, then sends one conditional UPDATE; only that
+// UPDATE may hold a lock. Negative control, run against the code before this change (which on
+// SQLite ran the read, `mutate` and the UPDATE inside one BEGIN IMMEDIATE): the other handle's
+// writes below each took ~800 ms (the whole callback) instead of a few, and of the two racing
+// once() updates both succeeded (the second waited for the first's COMMIT, then read its
+// version), with the callbacks never overlapping. PostgreSQL and MySQL passed before and after:
+// their read is a plain read.
+
+namespace {
+
+// How long another handle's write may take while a callback sleeps for 800 ms: one that does not
+// wait takes a few ms; one queued behind SQLite's write lock takes the rest of the callback.
+constexpr long long unhindered_ms = dblock::test::sanitized_build() ? 300 : 100;
+
+long long ms_since(long long t0_ns) {
+  return (dblock::test::monotonic_ns() - t0_ns) / ns_per_ms;
+}
+
+}  // namespace
+
+DBLOCK_TEST("a slow mutate holds no lock: other writes and leases do not wait for it",
+            "[optimistic][d3]") {
+  table_cleanup cleanup{ctx, {}};
+  const std::string acct = create_acct(ctx, cleanup);
+  const std::string other = create_acct(ctx, cleanup, "other");
+  const auto spec = acct_spec(acct);
+  // Another handle, connected before the callback starts (SQLite: its own connections to the
+  // same file), so that only waiting shows in the times.
+  auto other_db = ctx.open();
+  other_db.ping();
+  dblock::lease_lock lease(other_db, "d3-" + dblock::test::random_suffix());
+
+  // Two writers start together once the callback runs: a plain UPDATE of an unrelated table,
+  // and a lease acquire and release (the lock table, in the same file on SQLite). Then an
+  // UPDATE of the very row being updated.
+  std::atomic<bool> in_mutate{false}, writes_done{false};
+  std::atomic<int> timed_done{0};
+  long long unrelated_ms = -1, acquire_ms = -1, release_ms = -1, same_row_ms = -1;
+  bool acquired = false;
+  std::string writer_error, lease_error;
+  auto wait_for_mutate = [&] {
+    while (!in_mutate.load())
+      std::this_thread::sleep_for(milliseconds(1));
+  };
+  std::thread leaser([&] {
+    wait_for_mutate();
+    try {
+      long long t0 = dblock::test::monotonic_ns();
+      auto g = lease.try_acquire();
+      acquire_ms = ms_since(t0);
+      acquired = g.has_value();
+      if (g) {
+        t0 = dblock::test::monotonic_ns();
+        g->release();
+        release_ms = ms_since(t0);
+      }
+    } catch (const std::exception& e) {
+      lease_error = e.what();
+    }
+    ++timed_done;
+  });
+  std::thread writer([&] {
+    wait_for_mutate();
+    try {
+      auto c = other_db.connect();
+      long long t0 = dblock::test::monotonic_ns();
+      c.session() << "UPDATE " << other << " SET balance = balance + 1 WHERE id = 1";
+      unrelated_ms = ms_since(t0);
+      ++timed_done;
+      while (timed_done.load() < 2)
+        std::this_thread::sleep_for(milliseconds(1));
+      // The row being updated itself: no row lock either (the read is a plain read).
+      t0 = dblock::test::monotonic_ns();
+      c.session() << "UPDATE " << acct << " SET balance = 1000, version = version + 1 WHERE id = 1";
+      same_row_ms = ms_since(t0);
+    } catch (const std::exception& e) {
+      writer_error = e.what();
+      ++timed_done;
+    }
+    writes_done = true;
+  });
+
+  int calls = 0;
+  std::optional<errc> code;
+  std::string message;
+  try {
+    (void)dblock::versioned_update(
+        ctx.db, spec, 1LL,
+        [&](dblock::record& r) {
+          ++calls;
+          in_mutate = true;
+          std::this_thread::sleep_for(milliseconds(800));
+          // The same-row write lands before the UPDATE. Waited for only when the timed
+          // writes got through: under the old code they were still queued behind this
+          // callback's write lock, and the times must show that wait, not this one.
+          const long long until = dblock::test::monotonic_ns() + 2000 * ns_per_ms;
+          while (timed_done.load() == 2 && !writes_done.load() &&
+                 dblock::test::monotonic_ns() < until)
+            std::this_thread::sleep_for(milliseconds(1));
+          increment(r);
+        },
+        retry_policy::once());
+  } catch (const dblock::error& e) {
+    code = e.code();
+    message = e.what();
+  }
+  writer.join();
+  leaser.join();
+  INFO(ctx.backend << ": unrelated UPDATE " << unrelated_ms << " ms, lease acquire " << acquire_ms
+                   << " ms, release " << release_ms << " ms, same-row UPDATE " << same_row_ms
+                   << " ms; writer error: " << writer_error << "; lease error: " << lease_error
+                   << "; update error: " << message);
+  CHECK(writer_error.empty());
+  CHECK(lease_error.empty());
+  CHECK(acquired);
+  CHECK(unrelated_ms >= 0);
+  CHECK(unrelated_ms < unhindered_ms);
+  CHECK(acquire_ms >= 0);
+  CHECK(acquire_ms < unhindered_ms);
+  CHECK(release_ms >= 0);
+  CHECK(release_ms < unhindered_ms);
+  CHECK(same_row_ms >= 0);
+  CHECK(same_row_ms < unhindered_ms);
+  // The row moved on under the callback: the one attempt conflicts instead of overwriting.
+  CHECK(calls == 1);
+  REQUIRE(code.has_value());
+  CHECK(*code == errc::version_conflict);
+  auto s = read_acct(ctx.db, acct);
+  CHECK(s.balance == 1000);
+  CHECK(s.version == 1);
+  // With retries the next attempt reads the new version and succeeds.
+  auto r = dblock::versioned_update(ctx.db, spec, 1LL, increment);
+  CHECK(r.version == 2);
+  CHECK(r.values.at("balance") == dblock::value(1001LL));
+}
+
+DBLOCK_TEST("two racing versioned updates without retry: one writes, one conflicts",
+            "[optimistic][d3]") {
+  table_cleanup cleanup{ctx, {}};
+  const std::string acct = create_acct(ctx, cleanup);
+  const auto spec = acct_spec(acct);
+  auto o = ctx.options();
+  o.pool_size = 4;
+  auto db = ctx.open(o);
+  db.ping();
+  // Each callback waits (up to 2 s) until both have read: both then hold version 0, and the
+  // conditional UPDATEs decide. Under the old SQLite code the second could not even read until
+  // the first committed, so the wait ran out and both succeeded one after the other.
+  std::atomic<int> entered{0};
+  std::atomic<int> overlapped{0};
+  struct outcome {
+    long long version = -1;
+    std::optional<errc> code;
+    int attempts = 0;
+    std::string message;
+  };
+  std::vector<outcome> out(2);
+  run_threads(2, [&](int t) {
+    auto& me = out[static_cast<std::size_t>(t)];
+    try {
+      me.version = dblock::versioned_update(
+                       db, spec, 1LL,
+                       [&](dblock::record& r) {
+                         ++entered;
+                         const long long until = dblock::test::monotonic_ns() + 2000 * ns_per_ms;
+                         while (entered.load() < 2 && dblock::test::monotonic_ns() < until)
+                           std::this_thread::sleep_for(milliseconds(1));
+                         if (entered.load() >= 2) ++overlapped;
+                         increment(r);
+                       },
+                       retry_policy::once())
+                       .version;
+    } catch (const dblock::error& e) {
+      me.code = e.code();
+      me.attempts = e.attempts();
+      me.message = e.what();
+    }
+  });
+  INFO(ctx.backend << ": " << out[0].version << " / " << out[1].version
+                   << "; errors: " << out[0].message << " / " << out[1].message);
+  CHECK(overlapped.load() == 2);  // the callbacks ran at the same time
+  const int wins = (out[0].version == 1 ? 1 : 0) + (out[1].version == 1 ? 1 : 0);
+  CHECK(wins == 1);
+  for (const auto& me : out) {
+    if (me.version == 1) continue;
+    REQUIRE(me.code.has_value());
+    CHECK(*me.code == errc::version_conflict);
+    CHECK(me.attempts == 1);
+  }
+  auto s = read_acct(ctx.db, acct);
+  CHECK(s.balance == 1);
+  CHECK(s.version == 1);
 }
 
 // ---- 6. CAS stock ----------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 // Segmented stock (include/dblock/segmented_stock.hpp) on every backend: exact totals, stock that
-// never strands in dry segments, takes inside the caller's transaction, bad input, and exactness
-// under 16 processes (with a negative control: the same workload as an unconditional decrement
-// oversells).
+// never strands in dry segments, takes inside the caller's transaction (committed or rolled back
+// with it, concurrent ones without deadlocks, waiting for stock another transaction holds), bad
+// input, and exactness under 16 processes (with a negative control: the same workload as an
+// unconditional decrement oversells).
 #include <soci/soci.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -128,6 +131,169 @@ DBLOCK_TEST("segmented stock: a take inside the caller's transaction commits or 
   auto c = ctx.db.connect();
   CHECK(stock.take(c, 4));
   CHECK(stock.total() == 0);
+}
+
+namespace {
+
+struct orders_outcome {
+  int taken = 0, refused = 0, deadlocks = 0, other_errors = 0, unfinished = 0;
+  long long order_rows = -1, total = -1, segment_sum = -1;
+  double seconds = 0;
+  std::string error;
+};
+
+// The flash-sale shape (examples/flash_sale): 8 threads x 25 orders, each order one transaction
+// of its own that takes 1 and inserts its order row, from a stock of 100 in 16 segments, so that
+// the sale runs dry half-way. A failed order is retried as a whole (what run_transaction() would
+// do, up to 10 times) and each failure counted.
+orders_outcome concurrent_orders(dblock::test::context& ctx, dblock::database_options o) {
+  segmented_stock stock(ctx.db, fresh("orders"));
+  stock.create(100, 16);
+  const std::string orders = ctx.table("orders_" + dblock::test::random_suffix(4));
+  ctx.exec("CREATE TABLE " + orders + " (id INTEGER NOT NULL PRIMARY KEY)");
+  const int threads = 8, per_thread = 25;
+  o.pool_size = threads + 2;
+  auto db = ctx.open(o);
+  db.ping();
+  std::vector<orders_outcome> out(threads);
+  std::vector<std::thread> ts;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      auto& me = out[static_cast<std::size_t>(t)];
+      segmented_stock mine(db, stock.name());
+      for (int i = 0; i < per_thread; ++i) {
+        bool done = false;
+        for (int attempt = 0; attempt < 10 && !done; ++attempt) {
+          try {
+            dblock::transaction tx(db);
+            const bool took = mine.take(tx.connection(), 1);
+            if (took)
+              tx.session() << "INSERT INTO " + orders + " (id) VALUES (" +
+                                  std::to_string(t * 1000 + i) + ")";
+            tx.commit();
+            ++(took ? me.taken : me.refused);
+            done = true;
+          } catch (const dblock::error& e) {
+            ++(e.code() == errc::deadlock ? me.deadlocks : me.other_errors);
+            me.error = e.what();
+          }
+        }
+        if (!done) ++me.unfinished;
+      }
+    });
+  for (auto& t : ts)
+    t.join();
+  orders_outcome all;
+  all.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& me : out) {
+    all.taken += me.taken;
+    all.refused += me.refused;
+    all.deadlocks += me.deadlocks;
+    all.other_errors += me.other_errors;
+    all.unfinished += me.unfinished;
+    if (!me.error.empty()) all.error = me.error;
+  }
+  ctx.db.connect().session() << "SELECT count(*) FROM " + orders, soci::into(all.order_rows);
+  all.total = stock.total();
+  all.segment_sum = sum(stock.segments());
+  ctx.exec("DROP TABLE " + orders);
+  return all;
+}
+
+}  // namespace
+
+// Exactness: the orders are the stock sold, the total ends at 0, never below. No deadlock: before
+// a take waited only for segments that still hold stock, a take that waited for a segment and
+// found it emptied kept its lock, then waited for the next segment or rebalanced (locking every
+// row) while holding it. Measured with the code before the change (this test, 6 runs):
+// PostgreSQL 3 to 15 deadlocks per 200 orders (each after its 1 s deadlock_timeout), MariaDB 549
+// to 590 at its default REPEATABLE READ (35 to 41 orders still failing after 10 tries) and 160 to
+// 291 at READ COMMITTED. After it: PostgreSQL 0 in 30 runs; MariaDB 0 to 4 (see below).
+DBLOCK_TEST("segmented stock: takes in concurrent transactions never deadlock", "[stock]") {
+  struct level {
+    dblock::isolation_level iso;
+    const char* name;
+  };
+  for (const auto l : {level{dblock::isolation_level::server_default, "server default"},
+                       level{dblock::isolation_level::read_committed, "read committed"}}) {
+    auto o = ctx.options();
+    o.isolation = l.iso;
+    const orders_outcome r = concurrent_orders(ctx, o);
+    INFO(ctx.backend << " at " << l.name << ": " << r.taken << " taken, " << r.refused
+                     << " refused, " << r.deadlocks << " deadlocks, " << r.other_errors
+                     << " other errors (" << r.error << "), " << r.unfinished << " unfinished, in "
+                     << r.seconds << " s");
+    if (ctx.backend == "mysql") {
+      // InnoDB locks a row it reads through the primary key whatever the rest of the WHERE says,
+      // and waits for it first, at every isolation level. A take whose plain read is a moment
+      // old can still wait for a segment that another take holds emptied, and two of those
+      // deadlock: 0-4 per run here (against hundreds before), reported at once as
+      // errc::deadlock (retry the transaction).
+      CHECK(r.deadlocks <= 10);
+      if (r.deadlocks > 0)
+        WARN(ctx.backend << " at " << l.name << ": " << r.deadlocks << " deadlocks");
+    } else {
+      CHECK(r.deadlocks == 0);
+    }
+    CHECK(r.other_errors == 0);
+    CHECK(r.unfinished == 0);
+    CHECK(r.taken == 100);
+    CHECK(r.refused == 200 - 100);
+    CHECK(r.order_rows == 100);
+    CHECK(r.total == 0);
+    CHECK(r.segment_sum == 0);
+  }
+}
+
+// A take that finds the only stock locked by another transaction waits for it rather than
+// answering "not enough": SKIP LOCKED alone would answer no here. Once the holder commits the
+// answer is no; once it rolls back, the waiting take gets the unit.
+DBLOCK_TEST("segmented stock: a take waits for stock another transaction holds", "[stock]") {
+  for (const bool holder_commits : {true, false}) {
+    INFO("the holder " << (holder_commits ? "commits" : "rolls back"));
+    segmented_stock stock(ctx.db, fresh("held"));
+    stock.create(1, 4);  // one segment holds the only unit
+    auto o = ctx.options();
+    o.pool_size = 4;
+    auto db = ctx.open(o);
+    db.ping();
+    dblock::transaction holder(db);
+    REQUIRE(stock.take(holder.connection(), 1));
+    std::atomic<bool> started{false};
+    std::optional<bool> took;
+    long long waited_ms = -1;
+    std::string error;
+    std::thread taker([&] {
+      try {
+        started = true;
+        const auto t0 = std::chrono::steady_clock::now();
+        dblock::transaction tx(db);
+        took = segmented_stock(db, stock.name()).take(tx.connection(), 1);
+        tx.commit();
+        waited_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - t0)
+                        .count();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    while (!started.load())
+      std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (holder_commits)
+      holder.commit();
+    else
+      holder.rollback();
+    taker.join();
+    INFO("error: " << error << "; waited " << waited_ms << " ms");
+    REQUIRE(error.empty());
+    REQUIRE(took.has_value());
+    CHECK(*took == !holder_commits);
+    CHECK(waited_ms >= 250);  // it waited for the holder, not answered at once
+    CHECK(stock.total() == 0);
+    CHECK(stock.drop());
+  }
 }
 
 DBLOCK_TEST("segmented stock: bad input gets clear errors", "[stock]") {

@@ -40,6 +40,10 @@ struct versioned_result {
  * conditional `UPDATE … SET …, version = version + 1 WHERE key = ? AND version = ?`. Zero
  * matched rows is a conflict (errc::version_conflict), which `policy` retries with a fresh read.
  * `mutate` may be called several times and must not have side effects outside `values`.
+ * The read is a plain read that has ended before `mutate` runs, and only the UPDATE writes:
+ * while `mutate` runs dblock holds no row lock and, on SQLite, not the database-wide write lock,
+ * so other writers and leases on the same database do not wait for it, and a concurrent update
+ * of the row makes this attempt conflict rather than wait (SAFETY.md D3).
  * Affected rows mean matched rows on every backend (dblock's MySQL connections set
  * CLIENT_FOUND_ROWS), so writing unchanged values is not mistaken for a conflict.
  * The read and the UPDATE are prepared once per pooled connection (the read after its first
@@ -67,6 +71,8 @@ versioned_result versioned_update(const database& db, const versioned_table& spe
  *        transaction if one is open. A conflict throws errc::version_conflict: roll back and
  *        retry the whole transaction (run_transaction() in transaction.hpp does).
  *
+ * Inside a transaction `mutate` runs with whatever locks that transaction holds (on SQLite a
+ * write transaction holds the database-wide write lock); without one, as versioned_update().
  * Thread-safety: as the connection's (one thread at a time).
  * @throws dblock::error errc::version_conflict; errc::not_found and errc::invalid_argument as
  *         versioned_update() above; the classified errors of its statements (a broken connection

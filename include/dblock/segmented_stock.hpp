@@ -30,9 +30,17 @@ namespace dblock {
  * The forms that take a `database::connection&` run on the caller's connection: inside the
  * caller's open transaction they commit or roll back with it (an order row and its decrement
  * together); without one each write commits by itself. Inside a transaction a take holds its
- * segment's row lock until the caller commits, and two transactions that each took from one
- * segment and then probe the other's can deadlock: the database reports it
- * (errc::deadlock, retry the whole transaction: run_transaction() in transaction.hpp does).
+ * segment's row lock until the caller commits. There it first reads the segments (a plain read;
+ * when the total is below k the answer is no, as committed at that read, or in REPEATABLE READ
+ * at the transaction's snapshot), then probes the segments that hold k skipping rows that
+ * other transactions hold (SKIP LOCKED, where the backend has row locks), and only when none
+ * is free waits, and then only for a segment whose committed amount holds k (a take that may
+ * roll back), so concurrent one-take transactions do not deadlock on PostgreSQL. MySQL/MariaDB
+ * locks and waits for a row read by its key whatever its amount, so a take there can still,
+ * rarely, wait for a segment another take emptied and deadlock with it; and any transaction
+ * that took from one segment and then takes again (or rebalances) can deadlock with another
+ * doing the same. The database reports it (errc::deadlock, retry the whole transaction:
+ * run_transaction() in transaction.hpp does).
  *
  * Thread-safety: a handle may be shared between threads; each call uses its own pooled
  * connection (or the caller's).

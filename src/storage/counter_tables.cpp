@@ -10,6 +10,18 @@ bool take(session_scope& s, const std::string& name, int seg, std::int64_t k) {
              .affected == 1;
 }
 
+bool skips_locked(session_scope& s) {
+  return !s.statements().stock_probe.text.empty();
+}
+
+bool take_unlocked(session_scope& s, const std::string& name, int seg, std::int64_t k) {
+  const sql_result r = s.run(s.statements().stock_probe,
+                             {name, static_cast<long long>(seg), static_cast<long long>(k)});
+  // The row is ours now and held at least k (the probe read its newest version under the lock),
+  // so the conditional update matches; it stays conditional all the same.
+  return !r.empty() && take(s, name, seg, k);
+}
+
 bool put(session_scope& s, const std::string& name, int seg, std::int64_t k) {
   return s.run(s.statements().stock_put,
                {static_cast<long long>(k), name, static_cast<long long>(seg)})

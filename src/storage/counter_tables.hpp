@@ -23,6 +23,15 @@ struct segment {
 
 /// Takes k from segment `seg` if it holds at least k (one conditional update).
 bool take(session_scope& s, const std::string& name, int seg, std::int64_t k);
+/// True where take_unlocked() can skip rows that other transactions hold (the backend has row
+/// locks; SQLite has one writer and none).
+bool skips_locked(session_scope& s);
+/**
+ * Inside a transaction, where skips_locked(): takes k from segment `seg` if it holds at least k
+ * and no other transaction holds its row; never waits for a row lock. The row is locked first
+ * (FOR UPDATE SKIP LOCKED), then updated by take() under that lock.
+ */
+bool take_unlocked(session_scope& s, const std::string& name, int seg, std::int64_t k);
 /// Adds k to segment `seg`; false when there is no such segment.
 bool put(session_scope& s, const std::string& name, int seg, std::int64_t k);
 /// The segments in index order: a plain read, or locking the rows (inside a transaction).

@@ -239,6 +239,11 @@ void stock_statements(lock_statements& s, const vocabulary& v, const table_names
   s.stock_take = routine(
       "stock_take", "UPDATE " + t.stock + " SET amount = amount - :k" + seg + " AND amount >= :k",
       {"k", "name", "seg"});
+  if (!v.for_update_skip_locked().empty())
+    s.stock_probe = make(
+        "stock_probe",
+        "SELECT amount FROM " + t.stock + seg + " AND amount >= :k" + v.for_update_skip_locked(),
+        {"name", "seg", "k"});
   s.stock_put = routine("stock_put", "UPDATE " + t.stock + " SET amount = amount + :k" + seg,
                         {"k", "name", "seg"});
   const std::string read =

@@ -100,6 +100,10 @@ struct lock_statements {
   statement stock_insert;  ///< name, seg, amount
   statement stock_total;   ///< name -> SUM(amount), COUNT(*)
   statement stock_delete;  ///< name
+  /// name, seg, k -> amount, locking the segment's row when it holds k and no other transaction
+  /// holds it (FOR UPDATE SKIP LOCKED: never waits). Empty text where the backend has no row
+  /// locks (SQLite).
+  statement stock_probe;
   // ---- ID generator ---------------------------------------------------------------------------
   statement id_insert;   ///< name; a row at 0 unless it exists
   statement id_reserve;  ///< epoch_ms, per_ms, n, name -> the new next_id (vocabulary)
