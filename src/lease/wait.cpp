@@ -59,7 +59,14 @@ class waiting_acquire {
       try {
         return wait_once();
       } catch (const error& e) {
-        if (!rides_out(e) || steady::now() >= deadline_) throw;
+        if (!rides_out(e)) throw;
+        if (steady::now() >= deadline_) {
+          // The wait ran out while the database could not be reached: not acquired. (An
+          // acquire in doubt stays so: it may hold the lease until its TTL.)
+          if (e.code() == errc::in_doubt) throw;
+          throw error(errc::timeout, timed_out().what() + std::string(" (") + e.what() + ")",
+                      e.backend(), e.sqlstate(), e.native_code());
+        }
         dbi_->notify([&](listener& l) {
           l.log(log_level::warning,
                 what_ + ": " + e.what() + "; trying again until the wait's end");

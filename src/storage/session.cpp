@@ -139,8 +139,9 @@ std::unique_ptr<session_scope> database_impl::open_bounded(std::unique_ptr<sessi
   std::unique_lock<std::mutex> lk(job->mu);
   if (!job->cv.wait_until(lk, until, [&] { return job->done; })) {
     job->abandoned = true;
-    throw error(errc::connection_failed,
-                "cannot connect to " + redacted_url + ": the server did not answer within " + what,
+    // The call's own deadline ran out (not a refusal): a timeout, which nothing retries.
+    throw error(errc::timeout,
+                "could not connect to " + redacted_url + " within the call's deadline, " + what,
                 backend, "", 0);
   }
   if (job->failure) std::rethrow_exception(job->failure);
