@@ -12,6 +12,12 @@ namespace dblock {
 database::database(const std::string& url, database_options options) {
   auto parsed = detail::parse_url(url);
   const auto& dia = detail::dialect_for_scheme(parsed.scheme);
+  if (auto it = parsed.query.find("failover_window"); it != parsed.query.end()) {
+    options.failover_window = detail::url_duration(parsed, it->first, it->second);
+    parsed.query.erase(it);
+  }
+  if (options.failover_window.count() < 0)
+    throw error(errc::invalid_argument, "database_options.failover_window must not be negative");
   if (options.pool_size == 0 || options.pool_size > 1024)
     throw error(errc::invalid_argument, "database_options.pool_size must be 1..1024");
   dia.conn.adjust_options(parsed, options);
@@ -54,6 +60,30 @@ void database::ping() const {
     int one = 0;
     s.sql() << "SELECT 1", soci::into(one);
   });
+}
+
+failover_info database::failover() const {
+  ping();  // a connection has opened: what its server reports is known
+  return impl_->failover();
+}
+
+std::chrono::milliseconds min_surviving_ttl(std::chrono::milliseconds window,
+                                            std::chrono::milliseconds safety_margin) noexcept {
+  using std::chrono::milliseconds;
+  if (window.count() <= 0) return milliseconds(0);
+  // Renewed every ttl/3 and valid until ttl - margin after the last renewal: a node lost just
+  // before a renewal leaves 2/3 ttl - margin to renew through another node.
+  auto survives = [&](long long t) {
+    const long long m =
+        safety_margin.count() > 0 ? safety_margin.count() : std::max<long long>(t / 10, 1);
+    return 2 * t - 3 * m > 3 * window.count();
+  };
+  const long long w = std::min<long long>(window.count(), 1LL << 40);
+  long long t = safety_margin.count() > 0 ? (3 * (w + safety_margin.count())) / 2 : (w * 30) / 17;
+  t = std::max<long long>(t - 2, 10);
+  while (!survives(t))
+    ++t;
+  return milliseconds(t);
 }
 
 database::connection::connection(std::unique_ptr<detail::session_scope> s) : s_(std::move(s)) {}

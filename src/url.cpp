@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dblock/error.hpp"
+#include "identifier.hpp"
 
 namespace dblock::detail {
 namespace {
@@ -258,6 +259,24 @@ parsed_url parse_url(const std::string& url_text) {
     finish_server(out);
   out.hosts = hosts.empty() ? std::vector<url_host>{{out.host, out.port}} : std::move(hosts);
   return out;
+}
+
+std::chrono::milliseconds url_duration(const parsed_url& url, const std::string& key,
+                                       const std::string& value) {
+  std::size_t digits = 0;
+  while (digits < value.size() && digits < 12 && value[digits] >= '0' && value[digits] <= '9')
+    ++digits;
+  const std::string unit = value.substr(digits);
+  long long factor = unit == "ms"  ? 1
+                     : unit == "s" ? 1000
+                     : unit == "m" ? 60000
+                     : unit == "h" ? 3600000
+                                   : 0;
+  if (digits == 0 || factor == 0 || digits == 12)
+    throw error(errc::invalid_argument, "invalid database URL '" + url.redacted + "': " + key +
+                                            "='" + printable(value) +
+                                            "' (expected a duration such as 30s or 1500ms)");
+  return std::chrono::milliseconds(std::stoll(value.substr(0, digits)) * factor);
 }
 
 }  // namespace dblock::detail

@@ -1,6 +1,7 @@
 // Internal: database URL parsing (uriparser does the RFC 3986 work).
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -34,5 +35,10 @@ struct parsed_url {
 /// password. Server URLs may name several hosts, `scheme://user:pass@h1:p1,h2:p2/db` (libpq's
 /// multi-host form): at most max_url_hosts, none empty, none twice.
 parsed_url parse_url(const std::string& url);
+
+/// A duration given as a URL query value: a number with a unit, `ms`, `s`, `m` or `h`
+/// (`30s`, `1500ms`); throws dblock::error(errc::invalid_argument) naming the key.
+std::chrono::milliseconds url_duration(const parsed_url& url, const std::string& key,
+                                       const std::string& value);
 
 }  // namespace dblock::detail

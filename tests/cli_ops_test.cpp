@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -280,7 +281,11 @@ DBLOCK_TEST("cli status --json: the documented shape", "[cli]") {
   nlohmann::json j;
   REQUIRE_NOTHROW(j = nlohmann::json::parse(r.out));
   REQUIRE(j.is_object());
-  CHECK(j.size() == 3);
+  CHECK(j.size() == 4);
+  REQUIRE(j.contains("failover"));
+  CHECK(j["failover"].value("window_ms", -1) == 0);  // a single server: unknown
+  CHECK(j["failover"].value("min_ttl_ms", -1) == 0);
+  CHECK(j["failover"].value("source", "?").empty());
   REQUIRE(j.contains("database"));
   CHECK(j["database"].is_string());
   CHECK_FALSE(contains(j["database"].get<std::string>(), "dblock-secret"));
@@ -742,6 +747,21 @@ DBLOCK_TEST("cli exec --fair: queued commands run in arrival order; status shows
   };
   std::vector<std::thread> runs;
   std::vector<cli_result> results(3);
+  // Whatever fails below (a REQUIRE, a throw), the commands are let go and joined first: a
+  // thread still joinable at unwinding would end the test run in std::terminate and hide why.
+  struct let_go {
+    std::optional<dblock::lease_guard>& g;
+    std::vector<std::thread>& runs;
+    void now() {
+      try {
+        if (g) g->release();
+      } catch (const std::exception&) {
+      }
+      for (auto& t : runs)
+        if (t.joinable()) t.join();
+    }
+    ~let_go() { now(); }
+  } finish{g, runs};
   for (int i = 0; i < 3; ++i) {
     runs.emplace_back([&, i] {
       results[i] = cli(ctx, "exec",
@@ -752,22 +772,17 @@ DBLOCK_TEST("cli exec --fair: queued commands run in arrival order; status shows
     const auto give_up = steady::now() + std::chrono::seconds(20);
     while (waiters() < i + 1 && steady::now() < give_up)
       std::this_thread::sleep_for(milliseconds(20));
-    if (waiters() != i + 1) {  // let the commands finish before failing
-      g->release();
-      for (auto& t : runs)
-        t.join();
-      FAIL("exec " << i << " never showed up in the waiter queue");
-    }
+    if (waiters() != i + 1) FAIL("exec " << i << " never showed up in the waiter queue");
   }
   auto st = cli(ctx, "status", {"--json"});
-  auto j = nlohmann::json::parse(st.out);
+  INFO(st);
+  nlohmann::json j;
+  REQUIRE_NOTHROW(j = nlohmann::json::parse(st.out));
   REQUIRE(j["locks"].size() == 1);
   CHECK(j["locks"][0]["waiters"] == 3);
   CHECK_FALSE(j["locks"][0]["head_waiter"].get<std::string>().empty());
   CHECK(j["locks"][0]["oldest_wait_ms"].get<long long>() >= 0);
-  g->release();
-  for (auto& t : runs)
-    t.join();
+  finish.now();
   for (const auto& r : results) {
     INFO(r);
     CHECK(r.status == 0);

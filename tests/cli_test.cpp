@@ -689,3 +689,40 @@ DBLOCK_TEST("cli migrate --lease-durability: fast on PostgreSQL, a clear refusal
   INFO(bad.output);
   CHECK(bad.status == 2);
 }
+
+DBLOCK_TEST("cli exec and status: a TTL below the failover window is warned about",
+            "[cli][failover]") {
+  const std::string name = lock_name();
+  const std::string url = ctx.url + (contains(ctx.url, "?") ? "&" : "?") + "failover_window=4s";
+  auto args = [&](std::vector<std::string> rest) {
+    std::vector<std::string> a = {"exec", "--url", url, "--table-prefix", ctx.prefix};
+    a.insert(a.end(), rest.begin(), rest.end());
+    return a;
+  };
+  auto r = run_cli(args({"--lock", name, "--ttl", "5s", "--", "true"}));
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(contains(r.output, "dblock: warning: lease '" + name + "' has a TTL of 5000 ms"));
+  CHECK(contains(r.output, "ms survives that"));
+  // Control: a TTL above it, and the same TTL without the window, say nothing.
+  auto quiet = run_cli(args({"--lock", name, "--ttl", "10s", "--", "true"}));
+  INFO(quiet.output);
+  CHECK(quiet.status == 0);
+  CHECK(quiet.output.empty());
+  auto plain = run_cli(exec_args(ctx, {"--lock", name, "--ttl", "5s", "--", "true"}));
+  INFO(plain.output);
+  CHECK(plain.status == 0);
+  CHECK(plain.output.empty());
+
+  auto st = run_cli({"status", "--url", url, "--table-prefix", ctx.prefix});
+  INFO(st.output);
+  CHECK(st.status == 0);
+  CHECK(contains(st.output, "failover window 4.0s (database_options::failover_window"));
+  CHECK(contains(st.output, "with a TTL of at least 7.1s"));
+  auto js = run_cli({"status", "--json", "--url", url, "--table-prefix", ctx.prefix});
+  INFO(js.output);
+  CHECK(contains(js.output, "\"window_ms\": 4000"));
+  auto none = run_cli(on_db(ctx, {"status"}));
+  INFO(none.output);
+  CHECK_FALSE(contains(none.output, "failover window"));
+}

@@ -1,6 +1,7 @@
 // Opening databases from URLs: connection, pool, and clear connection errors.
 #include <soci/soci.h>
 
+#include <mutex>
 #include <thread>
 
 #include "harness.hpp"
@@ -391,4 +392,155 @@ DBLOCK_TEST_ONLY("postgresql",
                  "[database][pooler][direct][waiting]") {
   CHECK(pooled_waiter_wakeups(ctx, ctx.url) >= 1);
   CHECK(pooled_waiter_wakeups(ctx, "") == 0);  // control: no listener behind the pooler
+}
+
+// ---- failover window: which TTL survives the loss of a node -----------------------------------
+
+namespace {
+
+std::string with_query(const std::string& url, const std::string& kv) {
+  return url + (url.find('?') == std::string::npos ? "?" : "&") + kv;
+}
+
+struct short_ttl_events : dblock::listener {
+  std::mutex mu;
+  struct event {
+    std::string name;
+    long long ttl_ms, min_ttl_ms;
+    std::string message;
+  };
+  std::vector<event> seen;
+  void short_ttl(std::string_view name, std::chrono::milliseconds ttl,
+                 std::chrono::milliseconds min_ttl, std::string_view message) override {
+    std::lock_guard<std::mutex> lk(mu);
+    seen.push_back({std::string(name), ttl.count(), min_ttl.count(), std::string(message)});
+  }
+  std::size_t count() {
+    std::lock_guard<std::mutex> lk(mu);
+    return seen.size();
+  }
+};
+
+struct warning_log : dblock::listener {
+  std::mutex mu;
+  std::vector<std::string> warnings;
+  void log(dblock::log_level level, std::string_view m) override {
+    std::lock_guard<std::mutex> lk(mu);
+    if (level == dblock::log_level::warning) warnings.emplace_back(m);
+  }
+};
+
+// Takes and releases lease `name` with `ttl` on `db`.
+void take_once(const dblock::database& db, const std::string& name, std::chrono::milliseconds ttl) {
+  dblock::lease_options lo;
+  lo.ttl = ttl;
+  dblock::lease_lock lk(db, name, lo);
+  auto g = lk.try_acquire();
+  REQUIRE(g);
+  g->release();
+}
+
+}  // namespace
+
+TEST_CASE("min_surviving_ttl: the least TTL with 2/3 ttl - margin above the window",
+          "[unit][database][failover]") {
+  using std::chrono::milliseconds;
+  CHECK(dblock::min_surviving_ttl(milliseconds(0)) == milliseconds(0));
+  for (long long w : {1LL, 100LL, 3000LL, 4000LL, 6000LL, 30000LL, 86400000LL}) {
+    INFO("window " << w);
+    // Default margin, ttl/10.
+    const long long t = dblock::min_surviving_ttl(milliseconds(w)).count();
+    CHECK(2 * t - 3 * std::max(t / 10, 1LL) > 3 * w);
+    if (t > 10) CHECK_FALSE(2 * (t - 1) - 3 * std::max((t - 1) / 10, 1LL) > 3 * w);
+    CHECK(t >= 10);  // a lease's least TTL
+    // An explicit margin.
+    const long long e = dblock::min_surviving_ttl(milliseconds(w), milliseconds(500)).count();
+    CHECK(2 * e - 1500 > 3 * w);
+    if (e > 10) CHECK_FALSE(2 * (e - 1) - 1500 > 3 * w);
+  }
+  // Galera's default evs.suspect_timeout (5 s) + 1 s: about 10.6 s.
+  CHECK(dblock::min_surviving_ttl(std::chrono::seconds(6)) == milliseconds(10588));
+}
+
+TEST_CASE("failover_window: the URL key is a duration; anything else is refused clearly",
+          "[unit][database][failover]") {
+  CHECK(dblock::database("postgresql://u@h/db?failover_window=30s").options().failover_window ==
+        std::chrono::seconds(30));
+  CHECK(dblock::database("mysql://u@h/db?failover_window=1500ms").options().failover_window ==
+        std::chrono::milliseconds(1500));
+  CHECK(dblock::database("sqlite:///tmp/dblock-fw-unit.db?failover_window=2m")
+            .options()
+            .failover_window == std::chrono::minutes(2));
+  for (const char* bad : {"30", "-1s", "1.5s", "s", "30sec", "99999999999999s", "3d"}) {
+    INFO(bad);
+    try {
+      dblock::database db(std::string("postgresql://u:secret@h/db?failover_window=") + bad);
+      FAIL("accepted");
+    } catch (const dblock::error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      const std::string m = e.what();
+      CHECK(m.find("failover_window") != std::string::npos);
+      CHECK(m.find("30s or 1500ms") != std::string::npos);
+      CHECK(m.find("secret") == std::string::npos);
+    }
+  }
+  dblock::database_options o;
+  o.failover_window = std::chrono::milliseconds(-1);
+  CHECK(dblock::test::code_of([&] { dblock::database db("postgresql://u@h/db", o); }) ==
+        errc::invalid_argument);
+}
+
+DBLOCK_TEST("failover_window: a lease too short to survive a node loss is reported once per TTL",
+            "[database][failover]") {
+  using std::chrono::milliseconds;
+  auto events = std::make_shared<short_ttl_events>();
+  auto o = ctx.options();
+  o.events = events;
+  dblock::database db(with_query(ctx.url, "failover_window=4s"), o);
+  const auto fo = db.failover();
+  CHECK(fo.window == std::chrono::seconds(4));
+  CHECK(fo.min_ttl == dblock::min_surviving_ttl(std::chrono::seconds(4)));
+  CHECK(fo.source.find("failover_window") != std::string::npos);
+
+  const std::string name = "fw-" + dblock::test::random_suffix();
+  take_once(db, name, std::chrono::seconds(5));
+  REQUIRE(events->count() == 1);
+  CHECK(events->seen[0].name == name);
+  CHECK(events->seen[0].ttl_ms == 5000);
+  CHECK(events->seen[0].min_ttl_ms == fo.min_ttl.count());
+  CHECK(events->seen[0].message.find("lease '" + name + "' has a TTL of 5000 ms") !=
+        std::string::npos);
+  CHECK(events->seen[0].message.find(std::to_string(fo.min_ttl.count()) + " ms survives") !=
+        std::string::npos);
+  take_once(db, name, std::chrono::seconds(5));  // the same TTL again: already said
+  take_once(db, name + "-b", std::chrono::seconds(5));
+  CHECK(events->count() == 1);
+  take_once(db, name, fo.min_ttl);  // enough: nothing to say
+  take_once(db, name, std::chrono::seconds(30));
+  CHECK(events->count() == 1);
+  take_once(db, name, fo.min_ttl - milliseconds(1));  // another TTL, just short
+  CHECK(events->count() == 2);
+  // A waiting acquire is reported alike (its grant takes the other path).
+  dblock::lease_options lo;
+  lo.ttl = std::chrono::seconds(3);
+  auto g = dblock::lease_lock(db, name, lo).acquire(std::chrono::seconds(5));
+  CHECK(events->count() == 3);
+
+  // Control: the same server without the window (none of the main suite's servers is a Galera
+  // node) knows no window and says nothing.
+  auto quiet = std::make_shared<short_ttl_events>();
+  o.events = quiet;
+  dblock::database plain(ctx.url, o);
+  CHECK(plain.failover().window.count() == 0);
+  CHECK(plain.failover().min_ttl.count() == 0);
+  take_once(plain, name + "-c", std::chrono::milliseconds(100));
+  CHECK(quiet->count() == 0);
+
+  // A listener with only log() gets the message as a warning (the default short_ttl()).
+  auto logs = std::make_shared<warning_log>();
+  o.events = logs;
+  dblock::database logged(with_query(ctx.url, "failover_window=4s"), o);
+  take_once(logged, name + "-d", std::chrono::seconds(2));
+  REQUIRE(logs->warnings.size() == 1);
+  CHECK(logs->warnings[0].find("has a TTL of 2000 ms") != std::string::npos);
 }

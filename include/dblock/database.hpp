@@ -90,9 +90,40 @@ struct database_options {
   /// handoffs fast with many waiting processes. false, or a directory that cannot be used: one
   /// listener per handle. See docs/waiting.md.
   bool share_listener = true;
+  /**
+   * How long the cluster behind the URL takes to notice that a node is lost and to serve writes
+   * elsewhere: a PostgreSQL failover manager's detection plus promotion, for example. Also the
+   * URL key `failover_window` (`30s`, `1500ms`, `2m`), which overrides this field. Zero (the
+   * default): what the server reports, which only a Galera node does (its
+   * `evs.suspect_timeout` plus 1 s for the view change); the larger of the two counts. A lease
+   * whose TTL is too short to be renewed through another node within that window is reported
+   * once per handle and TTL (listener::short_ttl()); see failover() and docs/safety.md.
+   */
+  std::chrono::milliseconds failover_window{0};
   /// Receives events and log messages of everything using this database (optional).
   std::shared_ptr<listener> events;
 };
+
+/// What a database handle knows of its cluster's failure detection (database::failover()).
+/// Thread-safety: a plain value.
+struct failover_info {
+  /// Time to detect a lost node and serve writes elsewhere; zero when unknown (a single server,
+  /// or a PostgreSQL cluster without database_options::failover_window).
+  std::chrono::milliseconds window{0};
+  /// Where the window comes from, e.g. "Galera evs.suspect_timeout PT5S + 1 s for the view
+  /// change" or "database_options::failover_window"; empty when window is zero.
+  std::string source;
+  /// The least TTL of a lease (with the default safety margin, ttl/10) that is renewed through
+  /// another node before it expires when its holder's node is lost; zero when window is zero.
+  std::chrono::milliseconds min_ttl{0};
+};
+
+/// The least TTL of a lease with the given safety margin (zero: the default, ttl/10) whose
+/// watchdog, renewing at ttl/3, still renews it through another node when its holder's node is
+/// lost and the cluster takes `window` to go on: 2/3 ttl - margin > window. Zero for a zero
+/// window. Never throws.
+std::chrono::milliseconds min_surviving_ttl(std::chrono::milliseconds window,
+                                            std::chrono::milliseconds safety_margin = {}) noexcept;
 
 /**
  * @brief A handle on one database: its URL, dialect, table names and connection pool.
@@ -103,6 +134,8 @@ struct database_options {
  *   `application_name`, `host` for a unix socket directory, `sslrootcert`,
  *   `target_session_attrs`, ...) plus dblock's `pooler=none|session|transaction`
  *   (database_options::pooler).
+ * - Every scheme also takes dblock's `failover_window=DURATION`
+ * (database_options::failover_window).
  * - `mysql://user:pass@host:port/db?unix_socket=/path` (also `mariadb://`).
  * - `sqlite:///absolute/path.db` and `sqlite://relative/path.db`, with optional
  *   `?synchronous=normal|full` (default full) and `busy_timeout=MILLISECONDS`.
@@ -155,6 +188,15 @@ class database {
   ///         its next use), errc::timeout when no pooled connection frees up within
   ///         options().pool_wait.
   void ping() const;
+
+  /**
+   * @brief The cluster's failure-detection window and the least TTL that survives a node loss.
+   *
+   * Opens a pooled connection when none has been opened yet (what a Galera node reports is
+   * read when a connection opens). See database_options::failover_window.
+   * @throws dblock::error as ping().
+   */
+  failover_info failover() const;
 
   /**
    * @brief A pooled connection, returned to the pool on destruction.

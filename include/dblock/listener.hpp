@@ -77,6 +77,19 @@ class listener {
   /// listening thread, with the wake-up registry locked: must return quickly. Default: nothing.
   /// Must not throw.
   virtual void woken(std::string_view name) { (void)name; }
+  /**
+   * A lease of `ttl` was granted on a database whose cluster takes longer to go on after losing
+   * a node than such a lease can wait for its renewal (database::failover()): if the holder's
+   * node is lost, the lease expires before the watchdog can renew it through another node, and
+   * its holder is told the lease was lost (safe, but its work stops). `min_ttl` is the least TTL
+   * that survives; `message` says so in words. Reported once per database handle and TTL.
+   * Default: log(log_level::warning, message).
+   */
+  virtual void short_ttl(std::string_view name, std::chrono::milliseconds ttl,
+                         std::chrono::milliseconds min_ttl, std::string_view message) {
+    (void)name, (void)ttl, (void)min_ttl;
+    log(log_level::warning, message);
+  }
   /// A diagnostic message. Default: nothing. Must not throw.
   virtual void log(log_level level, std::string_view message) { (void)level, (void)message; }
 };

@@ -13,36 +13,47 @@ namespace dblock::cli {
 
 namespace {
 
-// With --verbose, dblock's events go to stderr (the library itself never prints).
+// dblock's events go to stderr with --verbose (the library itself never prints); a lease whose
+// TTL will not survive the loss of its holder's node is reported always.
 class stderr_listener : public dblock::listener {
  public:
+  explicit stderr_listener(bool verbose) : verbose_(verbose) {}
+  void short_ttl(std::string_view, std::chrono::milliseconds, std::chrono::milliseconds,
+                 std::string_view message) override {
+    say("warning: " + std::string(message));
+  }
   void acquired(std::string_view name, std::int64_t fence,
                 std::chrono::microseconds latency) override {
-    say("acquired '" + std::string(name) + "' fence " + std::to_string(fence) + " in " +
-        std::to_string(latency.count()) + " us");
+    if (verbose_)
+      say("acquired '" + std::string(name) + "' fence " + std::to_string(fence) + " in " +
+          std::to_string(latency.count()) + " us");
   }
   void contended(std::string_view name) override {
-    say("'" + std::string(name) + "' is held by another owner");
+    if (verbose_) say("'" + std::string(name) + "' is held by another owner");
   }
   void retried(std::string_view op, const dblock::error& e) override {
-    say("retrying " + std::string(op) + ": " + e.what());
+    if (verbose_) say("retrying " + std::string(op) + ": " + e.what());
   }
   void released(std::string_view name, std::chrono::microseconds held) override {
-    say("released '" + std::string(name) + "' after " + std::to_string(held.count() / 1000) +
-        " ms");
+    if (verbose_)
+      say("released '" + std::string(name) + "' after " + std::to_string(held.count() / 1000) +
+          " ms");
   }
   void renew_failed(std::string_view name, const dblock::error& e) override {
-    say("renewing '" + std::string(name) + "' failed: " + e.what());
+    if (verbose_) say("renewing '" + std::string(name) + "' failed: " + e.what());
   }
   void lease_lost(std::string_view name, const dblock::error& e) override {
-    say("lease '" + std::string(name) + "' lost: " + e.what());
+    if (verbose_) say("lease '" + std::string(name) + "' lost: " + e.what());
   }
   void rows_reaped(std::uint64_t rows, std::uint64_t) override {
-    say("reaped " + std::to_string(rows) + " rows");
+    if (verbose_) say("reaped " + std::to_string(rows) + " rows");
   }
-  void log(dblock::log_level, std::string_view m) override { say(std::string(m)); }
+  void log(dblock::log_level, std::string_view m) override {
+    if (verbose_) say(std::string(m));
+  }
 
  private:
+  const bool verbose_;
   std::mutex mu_;
   void say(const std::string& m) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -150,7 +161,7 @@ dblock::database open_db(const common_options& c) {
   o.call_timeout = parse_duration(c.timeout, "--timeout");
   if (o.call_timeout.count() <= 0)
     throw dblock::error(dblock::errc::invalid_argument, "--timeout must be above zero");
-  if (c.verbose) o.events = std::make_shared<stderr_listener>();
+  o.events = std::make_shared<stderr_listener>(c.verbose);
   return dblock::database(url_or_env(c.url), o);
 }
 

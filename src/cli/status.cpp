@@ -26,9 +26,12 @@ std::string display_name(const std::string& name) {
 }
 
 void print_status_json(const dblock::database& db, const std::vector<dblock::lock_info>& locks,
-                       const std::vector<dblock::forced_release>& forced) {
+                       const std::vector<dblock::forced_release>& forced,
+                       const dblock::failover_info& fo) {
   nlohmann::json j;
   j["database"] = db.redacted_url();
+  j["failover"] = {
+      {"window_ms", fo.window.count()}, {"min_ttl_ms", fo.min_ttl.count()}, {"source", fo.source}};
   j["locks"] = nlohmann::json::array();
   for (const auto& l : locks) {
     j["locks"].push_back({{"name", l.name},
@@ -68,7 +71,8 @@ void print_status_json(const dblock::database& db, const std::vector<dblock::loc
 
 void print_status_table(const dblock::database& db, const std::vector<dblock::lock_info>& locks,
                         const std::vector<dblock::forced_release>& forced,
-                        std::chrono::system_clock::time_point now, const status_options& s) {
+                        std::chrono::system_clock::time_point now, const status_options& s,
+                        const dblock::failover_info& fo) {
   std::size_t w = 4;
   for (const auto& l : locks)
     w = std::max(w, std::min<std::size_t>(display_name(l.name).size(), 60));
@@ -91,6 +95,10 @@ void print_status_table(const dblock::database& db, const std::vector<dblock::lo
   std::cout << locks.size() << (s.all ? " lock row(s)" : " held lock(s)")
             << (s.pattern.empty() ? "" : " matching '" + shown(s.pattern) + "'") << " in "
             << db.redacted_url() << "\n";
+  if (fo.window.count() > 0)
+    std::cout << "failover window " << human(fo.window) << " (" << fo.source
+              << "): a lease survives the loss of its holder's node with a TTL of at least "
+              << human(fo.min_ttl) << " (default safety margin)\n";
   if (!forced.empty()) {
     std::cout << "\nlast forced releases:\n";
     for (const auto& f : forced)
@@ -127,11 +135,12 @@ int run_status(const common_options& c, const status_options& s) {
   lo.include_free = s.all;
   auto locks = dblock::list_locks(db, lo);
   auto forced = dblock::recent_forced_releases(db, 5);
+  const auto fo = db.failover();
   const auto now = std::chrono::system_clock::now();
   if (s.json)
-    print_status_json(db, locks, forced);
+    print_status_json(db, locks, forced, fo);
   else
-    print_status_table(db, locks, forced, now, s);
+    print_status_table(db, locks, forced, now, s, fo);
   return exit_ok;
 }
 

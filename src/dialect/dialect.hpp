@@ -81,6 +81,11 @@ struct connection_state {
   /// The least fence a lease acquire on this connection grants (lock_table::fence_floor()),
   /// once known.
   std::optional<std::int64_t> fence_floor;
+  /// The time the server's cluster takes to drop a lost node and go on, when the server says
+  /// (a Galera node: evs.suspect_timeout plus the view change), and whence it comes; zero: it
+  /// does not say (database_options::failover_window, database::failover()).
+  std::chrono::milliseconds failure_detection{0};
+  std::string failure_detection_source;
   /// The deadline of the call using the connection now (storage/deadline.hpp), when dblock's
   /// own: a dialect may hand it to the server as well (PostgreSQL: statement_timeout with BEGIN).
   std::optional<std::chrono::steady_clock::time_point> call_deadline;

@@ -235,6 +235,7 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
   s->acquired_at = steady::now();
   if (options.watchdog) s->start_watchdog();
   current = s;
+  s->db->check_ttl(name, options.ttl, options.safety_margin);
   return lease_guard(s);
 }
 

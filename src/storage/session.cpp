@@ -34,6 +34,13 @@ void database_impl::open(soci::session& sql, slot& sl,
       // connection runs it: the isolation level goes into each BEGIN instead.
       auto iso = dia->conn.isolation_sql(options.isolation);
       if (!iso.empty() && !sl.state->transaction_pooler) sql << iso;
+      if (sl.state->failure_detection.count() > 0) {
+        std::lock_guard<std::mutex> lk(failover_mu);
+        if (sl.state->failure_detection > reported_window) {
+          reported_window = sl.state->failure_detection;
+          reported_source = sl.state->failure_detection_source;
+        }
+      }
       preferred.store(i);
       return;
     } catch (...) {
@@ -160,6 +167,46 @@ database_impl::~database_impl() {
   hub.reset();      // stops the doorbell channel's thread first
   for (auto& sl : slots)
     sl.state.reset();
+}
+
+failover_info database_impl::failover() const {
+  failover_info f;
+  std::lock_guard<std::mutex> lk(failover_mu);
+  if (options.failover_window >= reported_window) {
+    f.window = options.failover_window;
+    if (f.window.count() > 0)
+      f.source = "database_options::failover_window (URL key failover_window)";
+  } else {
+    f.window = reported_window;
+    f.source = reported_source;
+  }
+  f.min_ttl = min_surviving_ttl(f.window);
+  return f;
+}
+
+void database_impl::check_ttl(const std::string& name, std::chrono::milliseconds ttl,
+                              std::chrono::milliseconds margin) {
+  using std::chrono::milliseconds;
+  if (!options.events) return;
+  const failover_info f = failover();
+  if (f.window.count() == 0) return;
+  // The margin as lease_options gives it: its default (ttl/10) scales with the TTL.
+  const bool default_margin = margin == std::max(ttl / 10, milliseconds(1));
+  const milliseconds least = min_surviving_ttl(f.window, default_margin ? milliseconds(0) : margin);
+  if (ttl >= least) return;
+  {
+    std::lock_guard<std::mutex> lk(failover_mu);
+    if (short_ttls_reported.size() >= 1024 ||
+        !short_ttls_reported.emplace(ttl.count(), margin.count()).second)
+      return;
+  }
+  const std::string message =
+      "lease '" + name + "' has a TTL of " + std::to_string(ttl.count()) +
+      " ms: if its holder's node is lost, it expires before it can be renewed through another "
+      "node (the cluster takes " +
+      std::to_string(f.window.count()) + " ms to go on: " + f.source + "); a TTL of at least " +
+      std::to_string(least.count()) + " ms survives that";
+  notify([&](listener& l) { l.short_ttl(name, ttl, least, message); });
 }
 
 error database_impl::with_hints(error e) const {

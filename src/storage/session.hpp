@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,12 @@ struct database_impl {
   /// The watchdog of this handle's leases (see lease/renewer.hpp and renewer_of()).
   std::mutex renewer_mu;
   std::unique_ptr<lease_renewer> renewer;
+  /// The largest failure-detection window a connection's server reported (connection_state::
+  /// failure_detection), its source, and the (ttl, margin) pairs already reported short.
+  mutable std::mutex failover_mu;
+  std::chrono::milliseconds reported_window{0};
+  std::string reported_source;
+  std::set<std::pair<long long, long long>> short_ttls_reported;
 
   /// Per pool slot; only the slot's lessee touches it.
   struct slot {
@@ -64,6 +71,13 @@ struct database_impl {
                                               const std::string& what);
   /// The deadline of a call borrowing a connection now: the thread's, else call_timeout.
   deadline_clock::time_point call_deadline_now(std::string& what) const;
+
+  /// What this handle knows of its cluster's failure detection (no round trip).
+  failover_info failover() const;
+  /// Reports a lease of `ttl` / `margin` just granted on `name` through listener::short_ttl()
+  /// when it cannot survive the loss of its holder's node (once per ttl and margin).
+  void check_ttl(const std::string& name, std::chrono::milliseconds ttl,
+                 std::chrono::milliseconds margin);
 
   /// Calls `f(listener&)` when a listener is attached; never throws.
   template <class F>

@@ -31,6 +31,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -850,4 +851,60 @@ DBLOCK_TEST_ONLY("mysql",
              " before_kill=" + std::to_string(before) + " run_ms=" + std::to_string(run_ms) +
              " slowest_exec_ms=" + std::to_string(o.max_ms) +
              " rejoin_ms=" + std::to_string(rejoin_ms));
+}
+
+// TD2's rule made visible: a Galera node says how long the cluster takes to drop a lost node
+// (evs.suspect_timeout, 3 s in scripts/topologies.sh, + 1 s for the view change), and a lease
+// whose TTL cannot be renewed through another node within it is warned about: by the listener
+// once per TTL, and by `dblock exec` on stderr. A TTL above it (the 10 s of the test above) is not.
+DBLOCK_TEST_ONLY("mysql",
+                 "galera: the cluster's failure detection is read from the node; a TTL below it "
+                 "is warned about, one above it is not",
+                 "[faults][topology][galera][failover]") {
+  const std::string url = env_or_fail("DBLOCK_TEST_GALERA_URL");
+  context_on("mysql", url, ctx.prefix);
+  struct recorder : listener {
+    std::mutex mu;
+    std::vector<std::string> messages;
+    void short_ttl(std::string_view, milliseconds, milliseconds, std::string_view m) override {
+      std::lock_guard<std::mutex> lk(mu);
+      messages.emplace_back(m);
+    }
+  };
+  auto events = std::make_shared<recorder>();
+  database_options o;
+  o.table_prefix = ctx.prefix;
+  o.events = events;
+  database db(url, o);
+  const failover_info fo = db.failover();
+  INFO(fo.source);
+  CHECK(fo.window == milliseconds(4000));
+  CHECK(fo.source.find("Galera evs.suspect_timeout PT3S") != std::string::npos);
+  CHECK(fo.min_ttl == min_surviving_ttl(milliseconds(4000)));
+  const std::string name = "topo-ttl-" + random_suffix();
+  for (const auto ttl : {std::chrono::seconds(10), std::chrono::seconds(5)}) {
+    lease_options lo;
+    lo.ttl = ttl;
+    lease_lock lk(db, name, lo);
+    auto g = lk.try_acquire();
+    REQUIRE(g);
+    g->release();
+  }
+  REQUIRE(events->messages.size() == 1);  // the 5 s lease only
+  CHECK(events->messages[0].find("has a TTL of 5000 ms") != std::string::npos);
+  CHECK(events->messages[0].find("evs.suspect_timeout") != std::string::npos);
+  // A URL's failover_window above what the node says wins; below it, the node's figure stays.
+  CHECK(database(url + "?failover_window=20s", o).failover().window == std::chrono::seconds(20));
+  CHECK(database(url + "?failover_window=1s", o).failover().window == milliseconds(4000));
+
+  temp_dir dir("topo-ttl");
+  for (const char* ttl : {"5s", "10s"}) {
+    const auto r = run_cli({"exec", "--url", url, "--table-prefix", ctx.prefix, "--lock", name,
+                            "--ttl", ttl, "--", "true"},
+                           dir.file("exec.err"), std::chrono::seconds(60));
+    INFO("--ttl " << ttl << ": " << r.err);
+    CHECK(r.status == 0);
+    CHECK(contains(r.err, "warning: lease '" + name + "' has a TTL of 5000 ms") ==
+          (std::string(ttl) == "5s"));
+  }
 }
