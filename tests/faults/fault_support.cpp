@@ -81,7 +81,13 @@ std::vector<std::string> workload::args(int id) const {
 
 int spawn_counter_worker(process_set& ps, const workload& w, int id,
                          const std::vector<std::string>& env) {
+  // analyze() requires a log of every worker started here (but those killed on purpose).
+  write_file_atomic(w.dir + "/w" + std::to_string(id) + ".spawned", "");
   return ps.spawn("fault_counter_worker", w.args(id), env);
+}
+
+void mark_killed(const workload& w, int id) {
+  write_file_atomic(w.dir + "/w" + std::to_string(id) + ".killed", "");
 }
 
 void stop_workers(const workload& w) {
@@ -225,6 +231,7 @@ DBLOCK_WORKER(fault_counter_worker) {
   const int idle_ms = std::stoi(a.at("idle"));
   const std::string stop = dir + "/stop";
   log_file log(dir + "/w" + std::to_string(id) + ".log");
+  log.line("S " + std::to_string(::getpid()));  // started: analyze() counts a missing log
   auto db = open_db(a.at("url"), prefix, static_cast<std::size_t>(std::stoi(a.at("pool"))));
   auto direct = open_db(a.at("direct"), prefix, 2);
   std::unique_ptr<shared_slots> slots;
@@ -366,8 +373,9 @@ std::string analysis::summary() const {
   o << "counter=" << counter << " rows=" << rows << " grants=" << grants << " acked=" << acked
     << " lease_lost=" << lost << " rolled_back=" << rolled_back
     << " in_doubt_written=" << doubt_written << " in_doubt_not_written=" << doubt_not_written
-    << " killed_mid_write=" << killed_mid_write << " invalid_skips=" << invalid_skips
-    << " errors=" << errors << " overlaps=" << overlaps << " violations=" << violations;
+    << " killed_mid_write=" << killed_mid_write << " missing_logs=" << missing_logs
+    << " invalid_skips=" << invalid_skips << " errors=" << errors << " overlaps=" << overlaps
+    << " violations=" << violations;
   for (std::size_t i = 0; i < problems.size() && i < 8; ++i)
     o << "\n  problem: " << problems[i];
   for (const auto& e : error_samples)
@@ -390,8 +398,14 @@ analysis analyze(const database& db, const context& ctx, const workload& w, bool
   std::set<long long> maybe, doubt1, doubt0, outcome;
   std::set<long long> attempted;
   std::set<long long> invalid;  // grants whose guard was no longer valid when they returned
+  auto exists = [](const std::string& path) { return ::access(path.c_str(), F_OK) == 0; };
   for (int id = 0; id < 64; ++id) {
-    std::string text = read_file(w.dir + "/w" + std::to_string(id) + ".log");
+    const std::string stem = w.dir + "/w" + std::to_string(id);
+    std::string text = read_file(stem + ".log");
+    if (text.empty() && exists(stem + ".spawned") && !exists(stem + ".killed")) {
+      ++r.missing_logs;
+      problem("worker " + std::to_string(id) + " was started but left no log");
+    }
     if (text.empty()) continue;
     std::istringstream in(text);
     std::string line;

@@ -81,6 +81,9 @@ struct workload {
 int spawn_counter_worker(process_set& ps, const workload& w, int id,
                          const std::vector<std::string>& env = {});
 
+/// Records that worker `id` was killed on purpose (SIGKILL): analyze() does not require its log.
+void mark_killed(const workload& w, int id);
+
 /// Creates <dir>/stop, which ends every worker's loop after its current iteration.
 void stop_workers(const workload& w);
 
@@ -91,7 +94,7 @@ std::string worker_log_tail(const workload& w, int id, int lines = 12);
 struct analysis {
   long long counter = 0, rows = 0, grants = 0, acked = 0, lost = 0, rolled_back = 0;
   long long doubt_written = 0, doubt_not_written = 0, killed_mid_write = 0, invalid_skips = 0;
-  long long errors = 0, overlaps = 0;
+  long long errors = 0, overlaps = 0, missing_logs = 0;
   long long violations = 0;  // every broken invariant, counted
   std::vector<std::string> problems;
   std::vector<std::string> error_samples;  // the first few "E" lines of the workers' logs

@@ -6,9 +6,11 @@
 // sections do not overlap on CLOCK_MONOTONIC, and after each restart some client acknowledges an
 // increment within 2 x TTL of the server being back (restart time + 2 x TTL from its start).
 #include <signal.h>
+#include <soci/soci.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <thread>
 
 #include "fault_support.hpp"
@@ -42,10 +44,40 @@ void require_clean_exit(process_set& ps, const workload& w) {
   }
 }
 
+// Which server process runs now, through a connection of its own (retried for 20 s while the
+// server comes back): PostgreSQL's postmaster start time, MariaDB's process id from its pid
+// file (the test servers run on this host). A different answer proves a restart in between.
+std::string server_instance(const context& ctx) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    try {
+      dblock::database db(ctx.url);
+      std::string v;
+      if (ctx.backend == "postgresql") {
+        db.connect().session() << "SELECT CAST(pg_postmaster_start_time() AS TEXT)", soci::into(v);
+        return v;
+      }
+      db.connect().session() << "SELECT @@pid_file", soci::into(v);
+      const std::string pid = read_file(v);
+      if (pid.empty()) FAIL("cannot read the server's pid file " << v);
+      return pid;
+    } catch (const std::exception& e) {  // not Catch's own failure, which FAIL throws
+      if (std::chrono::steady_clock::now() > give_up) FAIL("server instance: " << e.what());
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+  }
+}
+
+// True when another server process runs than the one `before` names (server_instance()).
+bool restarted_since(const context& ctx, const std::string& before) {
+  return server_instance(ctx) != before;
+}
+
 // What a run of the 8-process fenced counter workload under server restarts saw.
 struct restart_run {
   analysis a;
   int failed = 0;        // restart commands that failed
+  int restarted = 0;     // restarts proven by the server's start time
   long long late = 0;    // restarts after which no increment was acknowledged within 2 x TTL
   std::string recovery;  // per restart: its duration + the first acknowledgement after it
 };
@@ -62,9 +94,11 @@ restart_run run_with_restarts(context& ctx, const workload& w, const char* cmd_v
   std::vector<std::pair<long long, long long>> windows;  // restart start, server back
   restart_run out;
   for (int r = 0; r < restarts; ++r) {
+    const std::string started = server_instance(ctx);
     const long long t0 = monotonic_ns();
     if (!run_env_cmd(cmd_var, arg)) ++out.failed;
     windows.push_back({t0, monotonic_ns()});
+    if (restarted_since(ctx, started)) ++out.restarted;  // evidence, not an exit status
     std::this_thread::sleep_for(milliseconds(rnd(2500, 3500)));
   }
   stop_workers(w);
@@ -101,11 +135,14 @@ DBLOCK_TEST_SERVERS("server restart mid-run: 8 fenced counter processes survive 
   create_workload_tables(ctx);
   temp_dir dir("faults-restart");
   auto w = make_workload(ctx, dir, ttl_ms);
+  // Control of the evidence: without a restart, the same server process answers.
+  CHECK_FALSE(restarted_since(ctx, server_instance(ctx)));
   auto run = run_with_restarts(ctx, w, cmd_var, pg ? "immediate" : "KILL", restarts);
   const analysis& a = run.a;
   INFO(a.summary());
   INFO("restart duration + recovery after it:" << run.recovery);
   CHECK(run.failed == 0);
+  CHECK(run.restarted == restarts);
   CHECK(a.violations == 0);
   CHECK(run.late == 0);
   CHECK(a.acked > 0);
@@ -140,7 +177,9 @@ DBLOCK_TEST_SERVERS("a release acknowledged just before a server crash: free at 
       REQUIRE(held);
       g->release();
     }
+    const std::string started = server_instance(ctx);
     REQUIRE(run_env_cmd(cmd_var, pg ? "kill9" : "KILL"));
+    REQUIRE(restarted_since(ctx, started));  // the crash happened
     ctx.db = ctx.open();
     auto after = read_lease(ctx.db.connect(), name);
     REQUIRE(after);
@@ -205,6 +244,7 @@ DBLOCK_TEST("writers killed with SIGKILL mid-transaction: nothing acknowledged i
     }
     ::kill(pids[victim], SIGKILL);
     ps.wait(pids[victim], std::chrono::seconds(10));
+    mark_killed(w, ids[victim]);
     ids[victim] = next_id;
     pids[victim] = spawn_counter_worker(ps, w, next_id++);
   }
@@ -215,6 +255,9 @@ DBLOCK_TEST("writers killed with SIGKILL mid-transaction: nothing acknowledged i
   INFO(a.summary());
   CHECK(a.violations == 0);
   CHECK(a.acked > 0);
+  // Evidence that the fault is the one named: some kill landed between a write's start and its
+  // outcome (an attempted fence with no outcome in its worker's log).
+  CHECK(a.killed_mid_write > 0);
   report("1-kill9-writer", ctx.backend, kills, kills, a.violations,
          "acked=" + std::to_string(a.acked) +
              " killed_mid_write=" + std::to_string(a.killed_mid_write));
@@ -243,6 +286,88 @@ DBLOCK_TEST("negative control: the counter workload without exclusion is caught 
   report("control-no-exclusion", ctx.backend, 1, 0, a.violations, "expected=violations>0");
 }
 
+// Controls of each detector of analyze() alone, on histories written by hand into the worker
+// logs and the tables (the control above breaks exclusion and fences together): a stale-fence
+// write with sections that do not overlap, overlapping sections with fences in order, a log
+// missing from a started worker, and the clean history that must pass (so that the three
+// failures are the detectors', not the set-up's).
+namespace {
+
+struct history {
+  std::vector<std::pair<long long, long long>> rows;  // n, fence, in commit order
+  std::map<int, std::string> logs;                    // worker id -> log text
+  std::vector<int> started;                           // workers marked as spawned
+};
+
+analysis analyze_history(context& ctx, const history& h, bool check_overlap) {
+  create_workload_tables(ctx);
+  temp_dir dir("faults-detector");
+  auto w = make_workload(ctx, dir, 1000);
+  for (const auto& r : h.rows)
+    ctx.exec("INSERT INTO " + ctx.table("items") + " (n, fence, worker, token) VALUES (" +
+             std::to_string(r.first) + ", " + std::to_string(r.second) + ", 0, 't')");
+  ctx.exec("UPDATE " + ctx.table("counter") + " SET n = " + std::to_string(h.rows.size()) +
+           " WHERE id = 1");
+  for (const auto& kv : h.logs)
+    write_file_atomic(dir.file("w" + std::to_string(kv.first) + ".log"), kv.second);
+  for (int id : h.started)
+    write_file_atomic(dir.file("w" + std::to_string(id) + ".spawned"), "");
+  auto a = analyze(ctx.db, ctx, w, check_overlap);
+  ctx.exec("DROP TABLE " + ctx.table("items"));
+  ctx.exec("DROP TABLE " + ctx.table("counter"));
+  return a;
+}
+
+bool has_problem(const analysis& a, const std::string& part) {
+  for (const auto& p : a.problems)
+    if (p.find(part) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+DBLOCK_TEST("negative controls: each detector of the fault analysis fails on its own fault",
+            "[faults][control]") {
+  // Clean: two holds one after the other, fences in commit order.
+  history clean;
+  clean.rows = {{1, 10}, {2, 11}};
+  clean.logs = {{0, "S 1\nG 10 100\nA 10\nK 10 1 100 200\n"},
+                {1, "S 2\nG 11 300\nA 11\nK 11 2 300 400\n"}};
+  clean.started = {0, 1};
+  auto ok = analyze_history(ctx, clean, true);
+  INFO("clean: " << ok.summary());
+  CHECK(ok.violations == 0);
+
+  // Stale fence alone: fence 9 commits n = 2 after fence 10 committed n = 1 (no overlap).
+  history stale = clean;
+  stale.rows = {{1, 10}, {2, 9}};
+  stale.logs = {{0, "S 1\nG 10 100\nA 10\nK 10 1 100 200\n"},
+                {1, "S 2\nG 9 50\nA 9\nK 9 2 300 400\n"}};
+  auto st = analyze_history(ctx, stale, true);
+  INFO("stale: " << st.summary());
+  CHECK(has_problem(st, "stale write: fence 9"));
+  CHECK(st.overlaps == 0);
+
+  // Overlap alone: fence 11 enters at 150 while fence 10's section lasts until 200.
+  history overlap = clean;
+  overlap.logs = {{0, "S 1\nG 10 100\nA 10\nK 10 1 100 200\n"},
+                  {1, "S 2\nG 11 140\nA 11\nK 11 2 150 400\n"}};
+  auto ov = analyze_history(ctx, overlap, true);
+  INFO("overlap: " << ov.summary());
+  CHECK(ov.overlaps == 1);
+  CHECK_FALSE(has_problem(ov, "stale write"));
+  CHECK(ov.violations == 1);
+
+  // A started worker without a log.
+  history missing = clean;
+  missing.started = {0, 1, 2};
+  auto mi = analyze_history(ctx, missing, true);
+  INFO("missing: " << mi.summary());
+  CHECK(mi.missing_logs == 1);
+  CHECK(has_problem(mi, "worker 2 was started but left no log"));
+  CHECK(mi.violations == 1);
+}
+
 // #19's fast lease mode (admin.hpp set_lease_durability): the lease table is UNLOGGED, so a crash
 // empties it, acknowledged grants included. The server is killed with SIGKILL (postmaster and
 // every server process at once, WAL writer included) under the 8-process fenced counter
@@ -265,6 +390,7 @@ DBLOCK_TEST_ONLY("postgresql", "fast lease mode: kill -9 of the server under 8 f
   INFO(a.summary());
   INFO("crash duration + recovery after it:" << run.recovery);
   CHECK(run.failed == 0);
+  CHECK(run.restarted == crashes);
   CHECK(a.violations == 0);
   CHECK(run.late == 0);
   CHECK(a.acked > 0);
@@ -291,7 +417,9 @@ DBLOCK_TEST_ONLY("postgresql", "fast lease mode: kill -9 of the server under 8 f
     before = g->fence();
     g->release();
   }
+  const std::string started = server_instance(ctx);
   REQUIRE(run_env_cmd("DBLOCK_TEST_PG_RESTART_CMD", "kill9"));
+  REQUIRE(restarted_since(ctx, started));
   ctx.db = ctx.open();
   long long reissued = 0;
   {

@@ -106,6 +106,30 @@ struct pg_pair {
     const std::string c = "'" + script + "' pgpair-node '" + dir + "' " + what + " >&2";
     return std::system(c.c_str()) == 0;
   }
+  // Evidence that a failover happened, not only its script's exit status: the standby is out
+  // of recovery (promoted) and the old primary refuses connections. Empty when so, else why not.
+  std::string failover_evidence() const {
+    std::string why;
+    try {
+      database standby(env.at("DBLOCK_TEST_PGPAIR_STANDBY_URL"));
+      int in_recovery = -1;
+      standby.connect().session() << "SELECT CAST(pg_is_in_recovery() AS INTEGER)",
+          soci::into(in_recovery);
+      if (in_recovery != 0) why += "the standby is still in recovery; ";
+    } catch (const std::exception& e) {
+      why += std::string("the standby cannot be read: ") + e.what() + "; ";
+    }
+    try {
+      database_options o;
+      o.connect_timeout = milliseconds(2000);
+      database(env.at("DBLOCK_TEST_PGPAIR_PRIMARY_URL"), o).ping();
+      why += "the old primary still accepts connections; ";
+    } catch (const error& e) {
+      if (e.code() != errc::connection_failed)
+        why += std::string("the old primary answered: ") + e.what() + "; ";
+    }
+    return why;
+  }
   static std::string temp_dir_path(const std::string& tag) {
     const char* t = std::getenv("TMPDIR");
     return std::string(t && *t ? t : "/tmp") + "/dblock-" + tag + "-" + random_suffix(10);
@@ -249,9 +273,12 @@ DBLOCK_TEST_ONLY("postgresql",
   for (int i = 0; i < 8; ++i)
     spawn_counter_worker(ps, w, i);
   std::this_thread::sleep_for(milliseconds(2000));
+  // Control: before the failover the evidence check says why there was none.
+  CHECK(pair.failover_evidence() != "");
   const long long t_kill = monotonic_ns();
   CHECK(pair.node("failover"));
   const long long t_promoted = monotonic_ns();
+  CHECK(pair.failover_evidence() == "");
   std::this_thread::sleep_for(milliseconds(3000));
   stop_workers(w);
   require_clean_exit(ps, w);
@@ -325,6 +352,7 @@ DBLOCK_TEST_ONLY("postgresql",
   ::kill(postmaster, SIGKILL);
   (void)pair.node("kill-primary");  // whatever is left of it
   CHECK(pair.node("promote"));
+  CHECK(pair.failover_evidence() == "");
   auto after = database(pair.url(), p.options());
   auto row = read_lease(after.connect(), name);
   REQUIRE(row);
@@ -776,6 +804,7 @@ DBLOCK_TEST_ONLY("postgresql",
   const auto t_fail = steady::now();
   REQUIRE(pair.node("failover"));
   const long long failover_ms = ms_since(t_fail);
+  CHECK(pair.failover_evidence() == "");
   // The promoted standby must not wait for a synchronous standby of its own (pgpair-start set
   // synchronous_standby_names on the primary only, after the base backup): the state a failover
   // manager leaves behind. Otherwise every COMMIT would wait in SyncRep (the test above).

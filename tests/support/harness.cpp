@@ -142,6 +142,12 @@ bool& skipped_test() {
   return flag;
 }
 
+void skip(const std::string& why) {
+  if (in_ci()) FAIL("SKIPPED: " << why << " -- a skipped test fails the run under CI=true");
+  WARN("**************** SKIPPED: " << why << " ****************");
+  skipped_test() = true;
+}
+
 worker_registration::worker_registration(const char* name, worker_fn fn) {
   workers()[name] = fn;
 }

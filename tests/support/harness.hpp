@@ -94,8 +94,13 @@ int wait_worker(int pid);
 /// Runs a worker registered under `name` in this process (used by main).
 int run_worker(const std::string& name, const std::vector<std::string>& args);
 
-/// Set by run_on when the current test was skipped (read by the summary listener).
+/// Set by run_on and skip() when the current test was skipped (read by the summary listener).
 bool& skipped_test();
+
+/// Marks the current test skipped because `why` (it could not test what it is for): counted as
+/// skipped in the summary, which fails a CI=true run, and a failure at once under CI=true. The
+/// caller returns right after (see DBLOCK_SKIP).
+void skip(const std::string& why);
 
 /// Wall time in ns on CLOCK_MONOTONIC (comparable across processes on one host).
 long long monotonic_ns();
@@ -179,6 +184,13 @@ std::optional<errc> code_of(F&& f) {
 }
 
 }  // namespace dblock::test
+
+/// Skips the rest of the current test body (see dblock::test::skip()).
+#define DBLOCK_SKIP(WHY)       \
+  do {                         \
+    ::dblock::test::skip(WHY); \
+    return;                    \
+  } while (false)
 
 #define DBLOCK_CAT2(a, b) a##b
 #define DBLOCK_CAT(a, b) DBLOCK_CAT2(a, b)

@@ -52,8 +52,11 @@ struct summary_listener : Catch::TestEventListenerBase {
     const char* dir = std::getenv("DBLOCK_TEST_SUMMARY_DIR");
     if (!dir || !*dir) return;
     std::ofstream out(std::string(dir) + "/catch-" + std::to_string(::getpid()) + ".txt");
+    // The ctest entry that ran this process (tests/CMakeLists.txt), for its least count.
+    const char* entry = std::getenv("DBLOCK_TEST_ENTRY");
     for (const auto& kv : totals())
-      out << "backend=" << kv.first << " passed=" << kv.second.passed
+      out << (entry && *entry ? "entry=" + std::string(entry) + " " : std::string())
+          << "backend=" << kv.first << " passed=" << kv.second.passed
           << " failed=" << kv.second.failed << " skipped=" << kv.second.skipped << "\n";
   }
 };

@@ -19,4 +19,4 @@ case $url in
     *) url="$url?pooler=transaction" ;;
 esac
 DBLOCK_TEST_POSTGRESQL_URL=$url DBLOCK_TEST_SUMMARY_LABEL=pgbouncer \
-    exec "$bin" "[postgresql]~[direct]" --durations yes
+    exec "$bin" "[postgresql]~[direct]" -w NoTests --durations yes
