@@ -299,31 +299,41 @@ loop_run run_loop(const dblock::test::context& ctx, bool fair, int procs, int it
 
 // FIFO by ticket, independent of timing: a grant must not overtake a waiter that a snapshot
 // (taken after the grantee asked, before it got the lease) shows queued ahead of the grantee
-// and that got no grant in between. The first overtaking found, or "".
-std::string overtaking(const loop_run& r) {
+// and that got no grant in between. A grant with no such snapshot (a failed read, a sampler
+// descheduled for the whole wait, a grant taken without queueing) cannot be checked: `checked`
+// counts those that were.
+struct overtaking_check {
+  std::string problem;  // the first overtaking found, or ""
+  std::size_t checked = 0;
+};
+
+overtaking_check overtaking(const loop_run& r) {
   auto ticket_of = [](const snapshot& s, int proc) {
     for (const auto& e : s.entries)
       if (e.second == proc) return e.first;
     return -1LL;
   };
+  overtaking_check out;
   for (const auto& g : r.grants) {
     const snapshot* last = nullptr;
     for (const auto& s : r.snapshots)
       if (s.start_ns > g.request_ns && s.end_ns < g.enter_ns && ticket_of(s, g.proc) >= 0)
         last = &s;
     if (!last) continue;
+    ++out.checked;
     const long long mine = ticket_of(*last, g.proc);
     for (const auto& [ticket, q] : last->entries) {
       const bool served = std::any_of(r.grants.begin(), r.grants.end(), [&](const grant& h) {
         return h.proc == q && h.enter_ns > last->start_ns && h.enter_ns < g.enter_ns;
       });
-      if (q != g.proc && ticket < mine && !served)
-        return "fence " + std::to_string(g.fence) + " went to worker " + std::to_string(g.proc) +
-               " (ticket " + std::to_string(mine) + ") ahead of worker " + std::to_string(q) +
-               " (ticket " + std::to_string(ticket) + ")";
+      if (q != g.proc && ticket < mine && !served && out.problem.empty())
+        out.problem = "fence " + std::to_string(g.fence) + " went to worker " +
+                      std::to_string(g.proc) + " (ticket " + std::to_string(mine) +
+                      ") ahead of worker " + std::to_string(q) + " (ticket " +
+                      std::to_string(ticket) + ")";
     }
   }
-  return "";
+  return out;
 }
 
 // The steady state [from, to): after two rounds and, with `all_started`, once every worker has
@@ -365,6 +375,26 @@ int repeats(const std::vector<grant>& gs, std::size_t from, std::size_t to) {
   return n;
 }
 
+// The fair test's failure condition on the grant order, "" when it holds: in the steady state
+// (steady_range, every worker started) most of the run, at most one window in 8 of `procs`
+// consecutive grants missing a worker, at most one grant to the worker granted just before.
+// Strict round-robin needs each releaser to re-queue before the next release, which a busy
+// machine can delay past a short hold (SQLite's busy wait, a descheduled process): hence a few
+// broken windows allowed, repeats almost never. The unfair control requires it to be broken.
+std::string round_robin_breach(const std::vector<grant>& gs, int procs) {
+  const auto [from, to] = steady_range(gs, procs);
+  const std::string range = "steady state: grants [" + std::to_string(from) + ", " +
+                            std::to_string(to) + ") of " + std::to_string(gs.size());
+  if (to - from < gs.size() / 2) return range + ", less than half the run";
+  const int windows = window_violations(gs, procs, from, to);
+  if (windows > static_cast<int>((to - from) / 8))
+    return range + ", " + std::to_string(windows) + " broken windows (at most " +
+           std::to_string((to - from) / 8) + " allowed)";
+  const int reps = repeats(gs, from, to);
+  if (reps > 1) return range + ", " + std::to_string(reps) + " repeats (at most 1 allowed)";
+  return "";
+}
+
 struct wait_figures {
   double mean_ns = 0, max_ns = 0;
   std::size_t counted = 0, stalled = 0;
@@ -403,26 +433,24 @@ DBLOCK_TEST("constant contention, fair: strict round-robin among 4 processes",
   const int procs = 4, iterations = full_run() ? 100 : 15;
   const auto r = run_loop(ctx, true, procs, iterations, 3000, "-");
   const auto& gs = r.grants;
-  const std::string overtaken = overtaking(r);
   INFO("grant order: " << order_of(gs) << "; " << r.snapshots.size() << " queue snapshots");
-  INFO(overtaken);
-  CHECK(overtaken.empty());
-  CHECK(r.snapshots.size() > 0);
+  // Grants follow the order in which the database queued the waiters (without timing), checked
+  // on most grants: in a steady state every acquire queues, and the queue is read about every
+  // millisecond of a wait of about three holds.
+  const auto o = overtaking(r);
+  INFO(o.problem << "; " << o.checked << " of " << gs.size() << " grants checked for overtaking");
+  CHECK(o.problem.empty());
+  CHECK(o.checked * 5 >= gs.size() * 4);
+  const std::string breach = round_robin_breach(gs, procs);
+  INFO(breach);
+  CHECK(breach.empty());
   const auto [from, to] = steady_range(gs, procs);
-  CHECK(to - from >= gs.size() / 2);  // the steady state is most of the run
-  // Grants follow the order in which the database queued the waiters (checked above, without
-  // timing). Strict round-robin also needs each releaser to re-queue before the next release,
-  // which a busy machine can delay past a 3 ms hold (SQLite's busy wait, a descheduled
-  // process): a few broken windows are allowed, repeats almost never.
-  const int windows = window_violations(gs, procs, from, to);
-  INFO("broken windows " << windows);
-  CHECK(windows <= static_cast<int>((to - from) / 8));
-  CHECK(repeats(gs, from, to) <= 1);
   const auto w = wait_stats(gs, from, to, 50 * ns_per_ms);
   const double ratio = w.max_ns / w.mean_ns;
   WARN(ctx.backend << " fair waits in the steady state: mean " << w.mean_ns / 1e6 << " ms, max "
                    << w.max_ns / 1e6 << " ms, max/mean " << ratio << " (" << w.counted << " waits; "
-                   << w.stalled << " left out, the lease stood still > 50 ms)");
+                   << w.stalled << " left out, the lease stood still > 50 ms); " << o.checked
+                   << " of " << gs.size() << " grants checked for overtaking");
   CHECK(w.counted >= (to - from) / 2);
   // max/mean is a speed figure: `dblock bench` reports it (fairness_max_over_mean_wait). Here
   // it is only reported, since a loaded CI machine stretches single waits (3.6 was seen on
@@ -430,17 +458,16 @@ DBLOCK_TEST("constant contention, fair: strict round-robin among 4 processes",
 }
 
 // Negative control: the same load unfair. The releaser asks again at once and usually takes the
-// lease before the woken waiter gets to it, so round-robin must be seen broken.
+// lease before the woken waiter gets to it: the fair test's condition on the order must be seen
+// broken (a barging worker may even run all its iterations before another gets one).
 DBLOCK_TEST("constant contention, unfair: the releaser barges (negative control)",
             "[waiting][process]") {
   const int procs = 4, iterations = full_run() ? 100 : 15;
   const auto gs = run_loop(ctx, false, procs, iterations, 3000, "-").grants;
-  // Not waiting for every worker's first grant: a barging worker may run all its iterations
-  // before another gets one, which is what this control must see.
-  const auto [from, to] = steady_range(gs, procs, false);  // the tail, one alone, repeats anyway
-  const int reps = repeats(gs, from, to), windows = window_violations(gs, procs, from, to);
-  INFO("grant order: " << order_of(gs) << "; repeats " << reps << ", broken windows " << windows);
-  CHECK(reps + windows > 0);
+  const std::string breach = round_robin_breach(gs, procs);
+  WARN(ctx.backend << " unfair: " << (breach.empty() ? "round-robin held" : breach));
+  INFO("grant order: " << order_of(gs));
+  CHECK_FALSE(breach.empty());
 }
 
 // ---- exact counter with fenced writes -----------------------------------------------------------
