@@ -1,13 +1,16 @@
 // Semaphores (include/dblock/semaphore.hpp) on every backend: N permits and no more, the declared
 // count enforced, permits as leases (expiry, watchdog, fenced writes, kill -9), waiting with
 // timeout and cancellation, and processes holding permits concurrently: never more than N at
-// once, really N at once, per-permit fences strictly increasing, with a negative control.
+// once, really N at once (the first N holders wait for each other), per-permit fences strictly
+// increasing and per-permit read-then-write counters exact, with a negative control.
 #include <signal.h>
 #include <soci/soci.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <iostream>
 #include <map>
 #include <random>
 #include <set>
@@ -96,15 +99,37 @@ std::string check_slots(std::vector<section> all) {
 
 struct run_result {
   std::vector<section> sections;
-  int counter = -1;  // the fenced writes that committed
+  std::map<int, int> counters;  // per permit slot: the increments that committed
 };
 
+// The sections of each permit slot: what its counter must read.
+std::map<int, int> sections_per_slot(const std::vector<section>& all, int declared) {
+  std::map<int, int> n;
+  for (int slot = 0; slot < declared; ++slot)
+    n[slot] = 0;
+  for (const auto& s : all)
+    ++n[s.slot];
+  return n;
+}
+
+// "slot:count ..." for a message.
+std::string counts(const std::map<int, int>& m) {
+  std::ostringstream s;
+  for (const auto& kv : m)
+    s << kv.first << ":" << kv.second << " ";
+  return s.str();
+}
+
 // `procs` workers take a permit of `name` (declared with `declared` permits) `iterations` times
-// each, hold it `hold_ms` and make one fenced increment under it.
+// each; holding it, each reads its permit's counter, sleeps `hold_ms` and writes the value + 1 in
+// a separate fenced statement, so that two holders of one permit at once lose an increment. With
+// `barrier` > 0, a worker holding its first permit waits until `barrier` workers hold theirs.
 run_result run_workers(const dblock::test::context& ctx, const std::string& name, int declared,
-                       int procs, int iterations, int hold_ms) {
+                       int procs, int iterations, int hold_ms, int barrier) {
   ctx.exec("CREATE TABLE " + ctx.table("counter") + " (id INT PRIMARY KEY, n INT)");
-  ctx.exec("INSERT INTO " + ctx.table("counter") + " (id, n) VALUES (1, 0)");
+  for (int slot = 0; slot < declared; ++slot)
+    ctx.exec("INSERT INTO " + ctx.table("counter") + " (id, n) VALUES (" + std::to_string(slot) +
+             ", 0)");
   temp_dir dir("semaphore");
   process_set ps;
   const long long start_ns = monotonic_ns() + 800 * ns_per_ms;  // after every worker connected
@@ -112,7 +137,7 @@ run_result run_workers(const dblock::test::context& ctx, const std::string& name
     ps.spawn("semaphore_worker",
              {ctx.url, ctx.prefix, name, std::to_string(declared), std::to_string(iterations),
               std::to_string(start_ns), std::to_string(hold_ms), ctx.table("counter"),
-              dir.file("w" + std::to_string(i) + ".log")});
+              dir.file("w" + std::to_string(i) + ".log"), std::to_string(barrier)});
   const auto st = ps.wait_all(std::chrono::seconds(240));
   for (std::size_t i = 0; i < st.size(); ++i) {
     INFO("semaphore worker " << i << " exit status " << st[i]);
@@ -126,13 +151,38 @@ run_result run_workers(const dblock::test::context& ctx, const std::string& name
       r.sections.push_back(s);
   }
   auto c = ctx.db.connect();
-  c.session() << "SELECT n FROM " << ctx.table("counter") << " WHERE id = 1", soci::into(r.counter);
+  for (int slot = 0; slot < declared; ++slot) {
+    int n = -1;
+    c.session() << "SELECT n FROM " << ctx.table("counter") << " WHERE id = :id", soci::use(slot),
+        soci::into(n);
+    r.counters[slot] = n;
+  }
   return r;
+}
+
+// Holders that reach `barrier` each leave a file "<out_file>.held" next to their log; waits up
+// to 5 s (half the TTL) until `barrier` such files exist, then says on stderr that they did not.
+void wait_at_barrier(const std::string& out_file, int barrier) {
+  write_file_atomic(out_file + ".held", "");
+  const auto dir = std::filesystem::path(out_file).parent_path();
+  const long long until = monotonic_ns() + 5000 * ns_per_ms;
+  for (;;) {
+    int arrived = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().extension() == ".held") ++arrived;
+    if (arrived >= barrier) return;
+    if (monotonic_ns() > until) {
+      std::cerr << "semaphore_worker: " << arrived << " of " << barrier
+                << " holders at the barrier after 5 s\n";
+      return;
+    }
+    std::this_thread::sleep_for(milliseconds(1));
+  }
 }
 
 }  // namespace
 
-// args: url prefix name permits iterations start_ns hold_ms counter_table out_file
+// args: url prefix name permits iterations start_ns hold_ms counter_table out_file barrier
 DBLOCK_WORKER(semaphore_worker) {
   const std::string name = args.at(2);
   const int permits = std::stoi(args.at(3));
@@ -140,6 +190,7 @@ DBLOCK_WORKER(semaphore_worker) {
   const long long start_ns = std::stoll(args.at(5));
   const int hold_ms = std::stoi(args.at(6));
   const std::string table = args.at(7);
+  const int barrier = std::stoi(args.at(9));
   auto db = open_db(args.at(0), args.at(1), 3);
   db.ping();
   dblock::lease_options lo;
@@ -155,9 +206,18 @@ DBLOCK_WORKER(semaphore_worker) {
     s.enter_ns = monotonic_ns();
     s.slot = semaphore::permit_slot(g);
     s.fence = g.fence();
+    int n = -1;
+    {
+      auto c = db.connect();
+      c.session() << "SELECT n FROM " << table << " WHERE id = :id", soci::use(s.slot),
+          soci::into(n);
+    }
+    if (i == 0 && barrier > 0) wait_at_barrier(args.at(8), barrier);
     std::this_thread::sleep_for(milliseconds(hold_ms));
-    g.fenced(
-        [&](soci::session& sql) { sql << "UPDATE " << table << " SET n = n + 1 WHERE id = 1"; });
+    g.fenced([&](soci::session& sql) {
+      const int next = n + 1;
+      sql << "UPDATE " << table << " SET n = :n WHERE id = :id", soci::use(next), soci::use(s.slot);
+    });
     s.exit_ns = monotonic_ns();
     g.release();
     out << s.slot << " " << s.fence << " " << s.enter_ns << " " << s.exit_ns << "\n";
@@ -344,14 +404,19 @@ DBLOCK_TEST("semaphore: processes on 3 permits: never more than 3 holders, reall
   const int procs = full_run() ? 16 : 8;
   const int iterations = full_run() ? 60 : 20;
   const std::string name = sem_name("procs");
-  const auto r = run_workers(ctx, name, 3, procs, iterations, 5);
+  // The first three holders wait for each other while holding: 3 at once, if 3 can hold.
+  const auto r = run_workers(ctx, name, 3, procs, iterations, 5, 3);
   REQUIRE(r.sections.size() == static_cast<std::size_t>(procs * iterations));
   const int most = max_concurrency(r.sections);
   INFO("at most " << most << " holders at once");
   CHECK(most <= 3);
-  CHECK(most >= 2);  // permits are really held concurrently, not one at a time
+  CHECK(most >= 3);  // permits are really held concurrently: all three at once
   CHECK(check_slots(r.sections) == "");
-  CHECK(r.counter == procs * iterations);  // every fenced write committed once
+  // Per permit, read then write the value + 1: two holders of one permit at once lose one.
+  const auto expected = sections_per_slot(r.sections, 3);
+  INFO("per-permit counters " << counts(r.counters) << "; sections per permit "
+                              << counts(expected));
+  CHECK(r.counters == expected);
   std::set<int> slots;
   for (const auto& s : r.sections)
     slots.insert(s.slot);
@@ -363,11 +428,15 @@ DBLOCK_TEST("semaphore: processes on 3 permits: never more than 3 holders, reall
 DBLOCK_TEST("negative control: processes ignoring N are caught holding more than 3",
             "[semaphore][process][control]") {
   const std::string name = sem_name("control");
-  const auto r = run_workers(ctx, name, 16, 8, 5, 30);
+  const auto r = run_workers(ctx, name, 16, 8, 5, 30, 0);
   const int most = max_concurrency(r.sections);
   INFO("at most " << most << " holders at once");
   CHECK(most > 3);
   CHECK(check_slots(r.sections) == "");  // per permit still exclusive
+  const auto expected = sections_per_slot(r.sections, 16);
+  INFO("per-permit counters " << counts(r.counters) << "; sections per permit "
+                              << counts(expected));
+  CHECK(r.counters == expected);
 }
 
 // args: url prefix name ttl_ms ready_file
