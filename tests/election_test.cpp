@@ -2,17 +2,20 @@
 // with its identity, fence and since; resign hands over at once; campaigns wait, time out and are
 // cancelled; lost() fires when the lease is taken away and when no renewal is confirmed before
 // the local validity ends (renewals held back by a real row lock); and repeated kill -9 of the
-// leader process: fenced writes never interleave, fences grow, takeover after the old lease's
-// expiry on the database clock and within TTL + one poll.
+// leader process: the fenced writes, in commit order (a counter row each one reads and increments),
+// are never lost and never come from an older leader than the one before, fences grow, takeover
+// after the old lease's expiry on the database clock and within TTL + one poll.
 #include <signal.h>
 #include <soci/soci.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "harness.hpp"
@@ -34,6 +37,34 @@ constexpr long long ns_per_ms = 1000000LL;
 
 std::string election_name(const std::string& stem) {
   return stem + "/" + dblock::test::random_suffix();
+}
+
+// One counted write (as the fault suite's): reads the counter row, writes it back incremented and
+// logs the new value with `fence`. Run inside a transaction (a fenced one, by the leaders).
+void counted_write(soci::session& sql, const std::string& counter, const std::string& items,
+                   long long fence) {
+  long long n = 0;
+  sql << "SELECT n FROM " << counter << " WHERE id = 1", soci::into(n);
+  const long long next = n + 1;
+  sql << "UPDATE " << counter << " SET n = :n WHERE id = 1", soci::use(next);
+  sql << "INSERT INTO " << items << " (n, fence) VALUES (:n, :f)", soci::use(next),
+      soci::use(fence);
+}
+
+// Column `i` of a row as a 64-bit integer, whichever integer type the backend reports.
+long long as_int64(const soci::row& r, std::size_t i) {
+  switch (r.get_properties(i).get_data_type()) {
+    case soci::dt_integer:
+      return r.get<int>(i);
+    case soci::dt_long_long:
+      return r.get<long long>(i);
+    case soci::dt_unsigned_long_long:
+      return static_cast<long long>(r.get<unsigned long long>(i));
+    case soci::dt_double:
+      return static_cast<long long>(r.get<double>(i));
+    default:
+      return std::stoll(r.get<std::string>(i));
+  }
 }
 
 }  // namespace
@@ -204,24 +235,25 @@ DBLOCK_TEST("election: lost() fires at the local validity deadline when renewals
 
 // ---- kill -9 of the leader, repeatedly ----------------------------------------------------------
 
-// args: url prefix name items_table identity. Campaigns forever; while leader, one fenced insert
-// of its fence every 20 ms until lost() fires.
+// args: url prefix name counter_table items_table identity. Campaigns forever; while leader, one
+// fenced write every 20 ms until lost() fires: it reads the counter row, writes it back
+// incremented and logs the new value with its fence, all in the fenced transaction. The counter
+// values are the commit order of the writes (an auto-increment id is the insert order, which a
+// transaction that commits later can hold too).
 DBLOCK_WORKER(election_worker) {
   auto db = open_db(args.at(0), args.at(1), 3);
-  const std::string table = args.at(3);
+  const std::string counter = args.at(3), items = args.at(4);
   dblock::lease_options lo;
   lo.ttl = milliseconds(1000);
   lo.poll_initial = milliseconds(5);
   lo.poll_max = milliseconds(50);
-  election e(db, args.at(2), args.at(4), lo);
+  election e(db, args.at(2), args.at(5), lo);
   for (;;) {
     try {
       auto l = e.campaign(std::chrono::seconds(60));
       const long long f = l.fence();
       while (!l.lost().cancelled()) {
-        l.fenced([&](soci::session& sql) {
-          sql << "INSERT INTO " << table << " (fence) VALUES (:f)", soci::use(f);
-        });
+        l.fenced([&](soci::session& sql) { counted_write(sql, counter, items, f); });
         l.lost().sleep_for(milliseconds(20));
       }
     } catch (const dblock::error& e2) {
@@ -232,37 +264,78 @@ DBLOCK_WORKER(election_worker) {
 
 namespace {
 
-// The fences of the fenced writes in commit order: a leader's writes never come after a newer
-// leader's (non-decreasing). The first problem, empty when none.
-std::string check_write_order(const std::vector<long long>& fences) {
-  for (std::size_t i = 1; i < fences.size(); ++i)
-    if (fences[i] < fences[i - 1])
-      return "write " + std::to_string(i) + " under fence " + std::to_string(fences[i]) +
-             " after a write under fence " + std::to_string(fences[i - 1]);
+// The fenced writes in commit order: (counter value, fence) pairs. Each write set the counter to
+// its value in the transaction that logged it, so the values are 1..counter exactly, once each
+// (a value twice is a lost update: two writers read the same counter), and a leader's writes
+// never come after a newer leader's: the fences never decrease along the counter values. The
+// first problem, empty when none.
+std::string check_write_order(long long counter,
+                              std::vector<std::pair<long long, long long>> writes) {
+  std::stable_sort(writes.begin(), writes.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  if (counter != static_cast<long long>(writes.size()))
+    return "counter " + std::to_string(counter) + " but " + std::to_string(writes.size()) +
+           " logged writes";
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    if (writes[i].first != static_cast<long long>(i) + 1)
+      return "write #" + std::to_string(i + 1) + " has counter value " +
+             std::to_string(writes[i].first) + " (a value twice is a lost update)";
+    if (i > 0 && writes[i].second < writes[i - 1].second)
+      return "stale write: fence " + std::to_string(writes[i].second) +
+             " committed counter value " + std::to_string(writes[i].first) + " after fence " +
+             std::to_string(writes[i - 1].second);
+  }
   return {};
+}
+
+// The counter and the logged writes, read back in one transaction (behind a transaction-mode
+// pooler the prepared statement and its execution must reach one server session).
+std::pair<long long, std::vector<std::pair<long long, long long>>> read_writes(
+    const dblock::test::context& ctx, const std::string& counter, const std::string& items) {
+  std::pair<long long, std::vector<std::pair<long long, long long>>> out{-1, {}};
+  auto c = ctx.db.connect();
+  soci::transaction tr(c.session());
+  c.session() << "SELECT n FROM " << counter << " WHERE id = 1", soci::into(out.first);
+  {
+    soci::rowset<soci::row> rows =
+        (c.session().prepare << "SELECT n, fence FROM " << items << " ORDER BY n");
+    for (const auto& r : rows)
+      out.second.emplace_back(as_int64(r, 0), as_int64(r, 1));
+  }
+  tr.commit();
+  return out;
 }
 
 }  // namespace
 
-TEST_CASE("election: the write-order check catches an old leader writing after a new one",
-          "[election]") {
-  CHECK(check_write_order({1, 1, 2, 2, 3}).empty());
-  CHECK_FALSE(check_write_order({1, 2, 1, 3}).empty());  // negative control of the checker
+TEST_CASE("election: the write-order check catches a stale leader's write and a lost update",
+          "[unit][election]") {
+  CHECK(check_write_order(5, {{1, 1}, {2, 1}, {3, 2}, {4, 2}, {5, 3}}) == "");
+  CHECK(check_write_order(3, {{3, 4}, {1, 2}, {2, 2}}) == "");  // read in any order
+  // Negative controls: a stale fence (2) written after a newer one (3); a lost update; a write
+  // the log is missing.
+  CHECK(check_write_order(4, {{1, 2}, {2, 3}, {3, 2}, {4, 3}}) ==
+        "stale write: fence 2 committed counter value 3 after fence 3");
+  CHECK(check_write_order(2, {{1, 2}, {2, 2}, {2, 3}}) == "counter 2 but 3 logged writes");
+  CHECK(check_write_order(3, {{1, 2}, {2, 2}, {2, 3}}) ==
+        "write #3 has counter value 2 (a value twice is a lost update)");
+  CHECK(check_write_order(3, {{1, 2}, {2, 3}}) == "counter 3 but 2 logged writes");
 }
 
 DBLOCK_TEST("election: kill -9 of the leader, repeatedly: one leader at a time, takeover in time",
             "[election][processes]") {
   const std::string name = election_name("killed");
-  const std::string items = ctx.table("items");
-  const std::string ident = ctx.backend == "mysql"    ? "id BIGINT AUTO_INCREMENT PRIMARY KEY"
-                            : ctx.backend == "sqlite" ? "id INTEGER PRIMARY KEY AUTOINCREMENT"
-                                                      : "id BIGSERIAL PRIMARY KEY";
-  ctx.exec("CREATE TABLE " + items + " (" + ident + ", fence BIGINT NOT NULL)");
+  const std::string counter = ctx.table("counter"), items = ctx.table("items");
+  ctx.exec("CREATE TABLE " + counter + " (id INT PRIMARY KEY, n BIGINT NOT NULL)");
+  ctx.exec("INSERT INTO " + counter + " (id, n) VALUES (1, 0)");
+  // No key on n: a value written twice (a lost update) is logged, not refused.
+  ctx.exec("CREATE TABLE " + items + " (n BIGINT NOT NULL, fence BIGINT NOT NULL)");
   process_set ps;
+  std::vector<int> pids;
   int spawned = 0;
   auto spawn = [&] {
-    ps.spawn("election_worker",
-             {ctx.url, ctx.prefix, name, items, "candidate-" + std::to_string(spawned++)});
+    pids.push_back(ps.spawn("election_worker", {ctx.url, ctx.prefix, name, counter, items,
+                                                "candidate-" + std::to_string(spawned++)}));
   };
   for (int i = 0; i < 3; ++i)
     spawn();
@@ -311,22 +384,33 @@ DBLOCK_TEST("election: kill -9 of the leader, repeatedly: one leader at a time, 
     CHECK(after->acquired_at_us >= before->expires_at_us);
     CHECK(after->acquired_at_us <= before->expires_at_us + (1000 + 1000) * 1000LL);
   }
-  std::vector<long long> fences;
-  {
-    // In a transaction: behind a transaction-mode pooler the prepared statement and its
-    // execution must reach one server session.
-    auto c = ctx.db.connect();
-    soci::transaction tr(c.session());
-    {
-      soci::rowset<long long> rows =
-          (c.session().prepare << "SELECT fence FROM " << items << " ORDER BY id");
-      for (long long f : rows)
-        fences.push_back(f);
-    }
-    tr.commit();
+  // Stop every candidate before the history is read: no write can come after it.
+  for (int pid : pids) {
+    ::kill(pid, SIGKILL);
+    ps.wait(pid, std::chrono::seconds(30));
   }
-  CHECK(check_write_order(fences).empty());
-  std::set<long long> writers(fences.begin(), fences.end());
+  auto [n, writes] = read_writes(ctx, counter, items);
+  REQUIRE(!writes.empty());
+  INFO(writes.size() << " fenced writes, counter " << n << ", " << leader_fences.size()
+                     << " leaders observed");
+  CHECK(check_write_order(n, writes) == "");
+  std::set<long long> writers;
+  for (const auto& w : writes)
+    writers.insert(w.second);
   for (long long f : leader_fences)
     CHECK(writers.count(f) == 1);  // every observed leader wrote
+  // Negative control, through the same tables and read-back: the first leader's fence writes once
+  // more, now (unfenced, as a deposed leader whose writes were not fenced would), and the check
+  // reports the stale write.
+  {
+    auto c = ctx.db.connect();
+    soci::transaction tr(c.session());
+    counted_write(c.session(), counter, items, leader_fences.front());
+    tr.commit();
+  }
+  auto [n2, stale] = read_writes(ctx, counter, items);
+  CHECK(check_write_order(n2, stale) == "stale write: fence " +
+                                            std::to_string(leader_fences.front()) +
+                                            " committed counter value " + std::to_string(n2) +
+                                            " after fence " + std::to_string(writes.back().second));
 }

@@ -2,7 +2,8 @@
 // objects and threads, increasing blocks, the id_block row never behind an issued ID, a counter
 // ahead of the clock (as after a clock step back) never yielding a duplicate, bad input, errors
 // of the background reservation, 8 processes with kill -9 and restarts plus one process whose
-// clock is an hour back (libfaketime), and the `dblock id` command.
+// clock is an hour back (libfaketime), where a clock-only generator run alongside in the same
+// processes collides (the negative control), and the `dblock id` command.
 //
 // Catch2 assertions are not thread-safe: worker threads only record what they saw, and the
 // test thread asserts afterwards.
@@ -50,6 +51,23 @@ std::int64_t now_ms() {
 std::int64_t clock_only_value() {
   return (now_ms() - id_generator::epoch_ms) * id_generator::per_ms;
 }
+
+// A clock-only ID generator, as a naive user might write one (the negative control of the
+// process test): the milliseconds since id_generator's epoch, shifted like id_generator's IDs,
+// plus a sequence number within the millisecond. Unique within one object; nothing keeps two
+// objects (two processes) that issue IDs in the same millisecond apart.
+class clock_only_generator {
+ public:
+  std::int64_t next() {
+    const std::int64_t ms = now_ms() - id_generator::epoch_ms;
+    seq_ = ms == last_ms_ ? seq_ + 1 : 0;
+    last_ms_ = ms;
+    return ms * id_generator::per_ms + seq_;
+  }
+
+ private:
+  std::int64_t last_ms_ = -1, seq_ = 0;
+};
 
 // The generator's next_id in the id_block table (-1 when there is no row).
 long long row_next_id(const dblock::test::context& ctx, const std::string& name) {
@@ -150,6 +168,8 @@ void write_all(int fd, const std::string& s) {
 }  // namespace
 
 // ---- worker process: args url prefix name count block_size pace_us out_file parent_realtime_ms
+// Writes the generator's IDs to out_file and, for each of them, one ID of a clock-only generator
+// made at the same moment to out_file + ".clock" (the negative control).
 
 DBLOCK_WORKER(id_worker) {
   const std::string url = args.at(0), prefix = args.at(1), name = args.at(2);
@@ -161,21 +181,31 @@ DBLOCK_WORKER(id_worker) {
   const long long parent_ms = std::stoll(args.at(7));
   const int fd = ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return 20;
+  const std::string clock_file = out_file + ".clock";
+  const int clock_fd = ::open(clock_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (clock_fd < 0) return 20;
   write_all(fd, "# clock_offset_s " + std::to_string((now_ms() - parent_ms) / 1000) + "\n" +
                     "# clock_only " + std::to_string(clock_only_value()) + "\n");
   auto db = dblock::test::open_db(url, prefix, 2);
   id_generator gen(db, name, o);
-  std::string buf;
+  clock_only_generator naive;
+  std::string buf, clock_buf;
   for (long long i = 0; i < count; ++i) {
     buf += std::to_string(gen.next());
     buf += '\n';
+    clock_buf += std::to_string(naive.next());
+    clock_buf += '\n';
     if ((i + 1) % 1000 == 0) {
+      write_all(clock_fd, clock_buf);
       write_all(fd, buf);
       buf.clear();
+      clock_buf.clear();
       if (pace_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pace_us));
     }
   }
+  write_all(clock_fd, clock_buf + "# done\n");
   write_all(fd, buf + "# done\n");
+  ::close(clock_fd);
   ::close(fd);
   return 0;
 }
@@ -312,10 +342,14 @@ DBLOCK_TEST("id_generator: a counter an hour ahead of the clock still yields lar
   // The IDs follow the counter, not the clock: their time part is an hour ahead.
   CHECK(id_generator::time_of(ids.front()) >
         std::chrono::system_clock::now() + std::chrono::minutes(59));
-  // Negative control: the clock alone would have started below the IDs already issued (those
-  // up to `ahead`), i.e. in the range that may already be in use.
-  CHECK(clock_only_value() < ahead);
-  CHECK(clock_only_value() + 1000 * id_generator::per_ms < ahead);
+  // Negative control of the two checks above: a generator of another name, whose row was not
+  // moved, starts from the (database) clock: below `ahead`, in the range that may be in use
+  // already, and with a time part of now.
+  id_generator fresh(ctx.db, name + "-fresh", o);
+  const std::int64_t from_clock = fresh.next();
+  CHECK(from_clock < ahead);
+  CHECK_FALSE(id_generator::time_of(from_clock) >
+              std::chrono::system_clock::now() + std::chrono::minutes(59));
 }
 
 // ---- 4: bad input and errors --------------------------------------------------------------------
@@ -435,15 +469,29 @@ DBLOCK_TEST("id_generator: 8 processes with kill -9, restarts and a clock an hou
   // libfaketime was really applied: the clock of that process was an hour back.
   CHECK(fake_out.clock_offset_s <= -3590);
   CHECK(fake_out.clock_offset_s >= -3610);
-  // Negative control: what that process's clock alone would have produced lies below IDs that
-  // other processes had issued already; the counter, not the clock, kept its IDs unique.
+  // The process whose clock was an hour back issued IDs above what its clock alone gives (on
+  // SQLite, where the time part is this process's clock, the counter did that; on the servers the
+  // time part is the database's clock).
   REQUIRE(fake_out.clock_only > 0);
-  const auto above = std::count_if(all.begin(), all.end(),
-                                   [&](std::int64_t id) { return id >= fake_out.clock_only; });
-  CHECK(above > 0);
-  CHECK(static_cast<std::size_t>(above) == all.size());  // every ID is above it
-  for (std::int64_t id : fake_out.ids)
-    CHECK(id > fake_out.clock_only + 3500LL * 1000 * id_generator::per_ms);
+  REQUIRE(!fake_out.ids.empty());
+  CHECK(*std::min_element(fake_out.ids.begin(), fake_out.ids.end()) >
+        fake_out.clock_only + 3500LL * 1000 * id_generator::per_ms);
+  // Negative control: with every ID above, each process also made one ID with a clock-only
+  // generator (clock_only_generator). Those are unique within each process, but the processes
+  // issued some in the same milliseconds: they collide, the generator's IDs above do not.
+  std::vector<std::int64_t> clock_ids;
+  for (const auto& f : files) {
+    auto o = parse_output(dblock::test::read_file(dir.file(f + ".clock")));
+    INFO(f << ".clock: " << o.ids.size() << " clock-only IDs");
+    CHECK(o.bad_lines == 0);
+    CHECK(duplicates(o.ids).empty());
+    if (f != "w0" && f != "w1") CHECK(o.ids.size() == static_cast<std::size_t>(n));
+    clock_ids.insert(clock_ids.end(), o.ids.begin(), o.ids.end());
+  }
+  const auto clock_dups = duplicates(clock_ids);
+  INFO(clock_ids.size() << " clock-only IDs from " << files.size() << " processes, "
+                        << clock_dups.size() << " duplicates");
+  CHECK(clock_dups.size() > 0);
 }
 
 // ---- 6: the CLI

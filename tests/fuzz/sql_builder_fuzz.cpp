@@ -7,8 +7,10 @@
 //  - split_statements(): no comment line inside a statement, no byte lost but the statement
 //    separators;
 //  - conn_quote(): one quoted token that unquotes to the input (no key=value injection);
-//  - quote()/select_value_sql()/name_pattern_sql() of a valid identifier never add a quote of
-//    the identifier's kind inside it.
+//  - quote() of a valid identifier is the identifier between two quotes of its dialect's kind;
+//    select_value() of one holds it only quoted, and is the same text for every identifier but
+//    for the identifier (it is never spliced in unquoted, nor its quotes unbalanced);
+//  - name_pattern() binds its parameter.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -100,6 +102,42 @@ void check_split(const std::string& sql) {
   FUZZ_CHECK(got + enders == kept, "split_statements lost or invented bytes");
 }
 
+// `sql` split at the quotes `mark`: the quoted parts in `quoted`, the rest with each quoted part
+// as mark + "@" + mark returned; false when a quote is not closed.
+bool split_quoted(const std::string& sql, char mark, std::vector<std::string>& quoted,
+                  std::string& skeleton) {
+  std::size_t pos = 0;
+  for (;;) {
+    const auto open = sql.find(mark, pos);
+    if (open == std::string::npos) break;
+    const auto close = sql.find(mark, open + 1);
+    if (close == std::string::npos) return false;
+    skeleton += sql.substr(pos, open - pos) + mark + "@" + mark;
+    quoted.push_back(sql.substr(open + 1, close - open - 1));
+    pos = close + 1;
+  }
+  skeleton += sql.substr(pos);
+  return true;
+}
+
+// The identifier `ident` in SQL text `sql` that `vocabulary` built for it (`reference` is the same
+// built for another identifier, `ref`): quoted wherever it occurs, and nothing else differs.
+void check_quoted(const std::string& what, const std::string& sql, const std::string& ident,
+                  const std::string& reference, const std::string& ref, char mark) {
+  std::vector<std::string> quoted, ref_quoted;
+  std::string skeleton, ref_skeleton;
+  FUZZ_CHECK(split_quoted(sql, mark, quoted, skeleton), what + ": unbalanced quotes: " + sql);
+  FUZZ_CHECK(split_quoted(reference, mark, ref_quoted, ref_skeleton), what + ": " + reference);
+  FUZZ_CHECK(!quoted.empty(), what + ": the identifier is not quoted: " + sql);
+  for (const auto& q : quoted)
+    FUZZ_CHECK(q == ident, what + ": quotes around something else than the identifier: " + sql);
+  for (const auto& q : ref_quoted)
+    FUZZ_CHECK(q == ref, what + ": " + reference);
+  FUZZ_CHECK(skeleton == ref_skeleton,
+             what + ": differs from the text for another identifier outside its quotes: " + sql +
+                 " vs " + reference);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -158,13 +196,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Identifier quoting in generated SQL fragments (identifiers are validated first).
   if (dblock::fuzz::is_identifier(in)) {
     for (const vocabulary* d : {&pg, &my, &lite}) {
-      const char mark = d->quote("x")[0];
-      for (const std::string& sql : {d->quote(in), d->select_value(in)}) {
-        std::size_t marks = 0;
-        for (char c : sql)
-          marks += c == mark;
-        FUZZ_CHECK(marks % 2 == 0, sql);
-      }
+      const std::string name = d == &pg ? "postgresql" : d == &my ? "mysql" : "sqlite";
+      const char mark = d == &my ? '`' : '"';
+      FUZZ_CHECK(d->quote(in) == mark + in + mark, name + ": quote() of " + in);
+      // Another identifier as the reference, of another length than `in`.
+      const std::string ref = in.size() == 3 ? "ref_col" : "ref";
+      check_quoted(name + " select_value()", d->select_value(in), in, d->select_value(ref), ref,
+                   mark);
       std::string cond = d->name_pattern(in, "pattern");
       FUZZ_CHECK(cond.find(":pattern") != std::string::npos, cond);
     }
