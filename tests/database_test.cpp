@@ -1,5 +1,6 @@
 // Opening databases from URLs: connection, pool, and clear connection errors.
 #include <soci/soci.h>
+#include <unistd.h>
 
 #include <mutex>
 #include <thread>
@@ -543,4 +544,21 @@ DBLOCK_TEST("failover_window: a lease too short to survive a node loss is report
   take_once(logged, name + "-d", std::chrono::seconds(2));
   REQUIRE(logs->warnings.size() == 1);
   CHECK(logs->warnings[0].find("has a TTL of 2000 ms") != std::string::npos);
+}
+
+// A relative SQLite path that begins with a space names that file (SOCI's connection-string
+// parser would read before the value's start: dblock writes it as "./ name").
+DBLOCK_TEST_ONLY("sqlite", "a relative sqlite path beginning with a space opens that file",
+                 "[database]") {
+  const std::string name = " dblock-space-" + dblock::test::random_suffix(8) + ".db";
+  struct unlink_after {
+    std::string n;
+    ~unlink_after() {
+      for (const char* ext : {"", "-wal", "-shm"})
+        ::unlink((n + ext).c_str());
+    }
+  } cleanup{name};
+  dblock::database db("sqlite://%20" + name.substr(1));
+  CHECK_NOTHROW(db.ping());
+  CHECK(::access(name.c_str(), F_OK) == 0);
 }

@@ -1,3 +1,4 @@
+#include <cctype>
 #include <chrono>
 
 #include "../common.hpp"
@@ -32,7 +33,10 @@ std::string connector::connect_string(const parsed_url& u, const database_option
   if (u.path.find('"') != std::string::npos)
     throw error(errc::invalid_argument,
                 "invalid database URL '" + u.redacted + "': the path contains '\"'");
-  return "db=\"" + u.path + "\"" +
+  // A relative path that begins with white space: SOCI's parser would
+  // index an empty string (out of bounds); "./" in front names the same file.
+  const bool lead = !u.path.empty() && std::isspace(static_cast<unsigned char>(u.path[0]));
+  return "db=\"" + std::string(lead ? "./" : "") + u.path + "\"" +
          (u.query.count("synchronous") ? " synchronous=" + u.query.at("synchronous") : "");
 }
 
