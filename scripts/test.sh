@@ -35,7 +35,7 @@ TOPOLOGIES=(pgbouncer:postgresql galera:mysql pgpair:postgresql)
 # About 90% of what each entry runs today: raise them as the suite grows.
 MIN_TESTS=(unit:24 postgresql:215 mysql:200 sqlite:190 pgbouncer:190 faults_unit:3
     faults_postgresql:26 faults_mysql:25 faults_sqlite:15 faults_serial_postgresql:9
-    faults_serial_mysql:5 faults_serial_sqlite:2 topology_galera:5 topology_pgpair:4)
+    faults_serial_mysql:5 faults_serial_sqlite:2 topology_galera:4 topology_pgpair:4)
 T0=$SECONDS
 
 msg() { printf '\n==> %s\n' "$*" >&2; }
