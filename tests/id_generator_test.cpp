@@ -409,22 +409,29 @@ DBLOCK_TEST("id_generator: 8 processes with kill -9, restarts and a clock an hou
                      std::to_string(pace_us), dir.file(file), std::to_string(now_ms())},
                     env);
   };
-  // Workers 0 and 1 are paced (20 ms per 1000 IDs) so that they are surely killed mid-run.
+  // Workers 0 and 1 are paced (40 ms per 1000 IDs) so that they are surely killed mid-run: each
+  // is killed as soon as it has written a quarter of its IDs, watched together (one after the
+  // other, the second could finish while the first was being killed and reaped: seen under ASan).
   std::vector<int> pids;
   for (int p = 0; p < procs; ++p)
-    pids.push_back(spawn("w" + std::to_string(p), n, p < 2 ? 20000 : 0));
+    pids.push_back(spawn("w" + std::to_string(p), n, p < 2 ? 40000 : 0));
+  bool sent[2] = {false, false};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!(sent[0] && sent[1]) && std::chrono::steady_clock::now() < deadline) {
+    for (int p = 0; p < 2; ++p) {
+      struct stat st {};
+      const std::string f = dir.file("w" + std::to_string(p));
+      // A quarter: 19 bytes a line, and headers.
+      if (!sent[p] && ::stat(f.c_str(), &st) == 0 && st.st_size > n / 4 * 20) {
+        ::kill(pids[static_cast<std::size_t>(p)], SIGKILL);
+        sent[p] = true;
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(1));
+  }
   int killed = 0;
   for (int p = 0; p < 2; ++p) {
-    const std::string f = dir.file("w" + std::to_string(p));
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    // Kill once it has written a quarter of its IDs.
-    while (std::chrono::steady_clock::now() < deadline) {
-      struct stat st {};
-      if (::stat(f.c_str(), &st) == 0 && st.st_size > n / 4 * 20)
-        break;  // 19 bytes a line, and headers
-      std::this_thread::sleep_for(milliseconds(1));
-    }
-    ::kill(pids[static_cast<std::size_t>(p)], SIGKILL);
+    if (!sent[p]) ::kill(pids[static_cast<std::size_t>(p)], SIGKILL);
     killed += ps.wait(pids[static_cast<std::size_t>(p)], std::chrono::seconds(30)) == 128 + 9;
   }
   CHECK(killed == 2);
