@@ -20,6 +20,7 @@
 
 #include "harness.hpp"
 #include "internals.hpp"
+#include "rows.hpp"
 
 using dblock::election;
 using dblock::errc;
@@ -49,22 +50,6 @@ void counted_write(soci::session& sql, const std::string& counter, const std::st
   sql << "UPDATE " << counter << " SET n = :n WHERE id = 1", soci::use(next);
   sql << "INSERT INTO " << items << " (n, fence) VALUES (:n, :f)", soci::use(next),
       soci::use(fence);
-}
-
-// Column `i` of a row as a 64-bit integer, whichever integer type the backend reports.
-long long as_int64(const soci::row& r, std::size_t i) {
-  switch (r.get_properties(i).get_data_type()) {
-    case soci::dt_integer:
-      return r.get<int>(i);
-    case soci::dt_long_long:
-      return r.get<long long>(i);
-    case soci::dt_unsigned_long_long:
-      return static_cast<long long>(r.get<unsigned long long>(i));
-    case soci::dt_double:
-      return static_cast<long long>(r.get<double>(i));
-    default:
-      return std::stoll(r.get<std::string>(i));
-  }
 }
 
 }  // namespace
@@ -300,7 +285,7 @@ std::pair<long long, std::vector<std::pair<long long, long long>>> read_writes(
     soci::rowset<soci::row> rows =
         (c.session().prepare << "SELECT n, fence FROM " << items << " ORDER BY n");
     for (const auto& r : rows)
-      out.second.emplace_back(as_int64(r, 0), as_int64(r, 1));
+      out.second.emplace_back(dblock::test::row_int(r, 0), dblock::test::row_int(r, 1));
   }
   tr.commit();
   return out;

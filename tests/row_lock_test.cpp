@@ -31,6 +31,9 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "rows.hpp"
+
+using dblock::test::row_int;
 
 using dblock::errc;
 using dblock::lock_wait;
@@ -95,24 +98,6 @@ long long as_int(const dblock::value& v) {
   if (auto* s = std::get_if<std::string>(&v)) return std::stoll(*s);
   if (auto* d = std::get_if<double>(&v)) return static_cast<long long>(*d);
   throw std::runtime_error("NULL where an integer was expected");
-}
-
-// Column i of a soci::row as an integer, whatever integer type the backend reports.
-long long row_int(const soci::row& r, std::size_t i) {
-  switch (r.get_properties(i).get_data_type()) {
-    case soci::dt_integer:
-      return r.get<int>(i);
-    case soci::dt_long_long:
-      return r.get<long long>(i);
-    case soci::dt_unsigned_long_long:
-      return static_cast<long long>(r.get<unsigned long long>(i));
-    case soci::dt_double:
-      return static_cast<long long>(r.get<double>(i));
-    case soci::dt_string:
-      return std::stoll(r.get<std::string>(i));
-    default:
-      throw std::runtime_error("unexpected column type");
-  }
 }
 
 std::string as_text(const dblock::value& v) {

@@ -40,6 +40,7 @@ void database_impl::open(soci::session& sql, slot& sl,
           reported_window = sl.state->failure_detection;
           reported_source = sl.state->failure_detection_source;
         }
+        window_known.store(true);
       }
       preferred.store(i);
       return;
@@ -187,7 +188,8 @@ failover_info database_impl::failover() const {
 void database_impl::check_ttl(const std::string& name, std::chrono::milliseconds ttl,
                               std::chrono::milliseconds margin) {
   using std::chrono::milliseconds;
-  if (!options.events) return;
+  // The hot path: a grant on a handle that knows no window (most) takes no lock here.
+  if (!options.events || (!window_known.load() && options.failover_window.count() == 0)) return;
   const failover_info f = failover();
   if (f.window.count() == 0) return;
   // The margin as lease_options gives it: its default (ttl/10) scales with the TTL.

@@ -43,6 +43,8 @@ struct database_impl {
   /// The largest failure-detection window a connection's server reported (connection_state::
   /// failure_detection), its source, and the (ttl, margin) pairs already reported short.
   mutable std::mutex failover_mu;
+  /// Set once a window is known (an option or a report): until then a grant checks nothing.
+  std::atomic<bool> window_known{false};
   std::chrono::milliseconds reported_window{0};
   std::string reported_source;
   std::set<std::pair<long long, long long>> short_ttls_reported;

@@ -1,5 +1,6 @@
 #include "fault_support.hpp"
 #include "internals.hpp"
+#include "rows.hpp"
 #include "workload_lock.hpp"
 
 #include <fcntl.h>
@@ -469,21 +470,7 @@ analysis analyze(const database& db, const context& ctx, const workload& w, bool
     soci::rowset<soci::row> rs =
         (c.session().prepare << "SELECT n, fence FROM " << ctx.table("items") << " ORDER BY n");
     for (const auto& row : rs) {
-      auto get = [&](std::size_t i) -> long long {
-        switch (row.get_properties(i).get_data_type()) {
-          case soci::dt_integer:
-            return row.get<int>(i);
-          case soci::dt_long_long:
-            return row.get<long long>(i);
-          case soci::dt_unsigned_long_long:
-            return static_cast<long long>(row.get<unsigned long long>(i));
-          case soci::dt_double:
-            return static_cast<long long>(row.get<double>(i));
-          default:
-            return std::stoll(row.get<std::string>(i));
-        }
-      };
-      rows.push_back({get(0), get(1)});
+      rows.push_back({row_int(row, 0), row_int(row, 1)});
     }
   }
   r.rows = static_cast<long long>(rows.size());
