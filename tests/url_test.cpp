@@ -1,8 +1,14 @@
 // URL parsing: accepted forms, and clear errors that never echo a password.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
+#include "dialect/dialect.hpp"
 #include "url.hpp"
 
 using dblock::detail::parse_url;
@@ -144,4 +150,75 @@ TEST_CASE("multi-host URLs: bad forms are rejected clearly", "[unit][url]") {
   }
   // Distinct ports on one host are distinct servers.
   CHECK(parse_url("postgresql://u@h:1,h:2/db").hosts.size() == 2);
+}
+
+namespace {
+struct connection {
+  dblock::database_options options;
+  std::vector<std::string> strings;
+};
+connection connection_of(const std::string& url) {
+  auto u = parse_url(url);
+  const auto& dia = dblock::detail::dialect_for_scheme(u.scheme);
+  connection c;
+  dia.conn.adjust_options(u, c.options);
+  c.strings = dia.conn.connect_strings(u, c.options);
+  return c;
+}
+std::size_t count_of(const std::string& s, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1))
+    ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("URL timeouts: one value that deadlines also read, bad ones refused clearly",
+          "[unit][url]") {
+  using namespace std::chrono_literals;
+  // A value the client library would refuse only when connecting (or that stopped the
+  // constructor with std::invalid_argument) is a dblock::error naming the key.
+  for (const auto& [url, key] : std::vector<std::pair<std::string, std::string>>{
+           {"sqlite:///tmp/x.db?busy_timeout=abc", "busy_timeout"},
+           {"mysql://u:hunter2@h/db?connect_timeout=abc", "connect_timeout"},
+           {"mysql://u:hunter2@h/db?connect_timeout=0", "connect_timeout"},
+           {"mysql://u:hunter2@h/db?read_timeout=x", "read_timeout"},
+           {"mysql://u:hunter2@h/db?write_timeout=-1", "write_timeout"},
+           {"mysql://u:hunter2@h/db?write_timeout=0", "write_timeout"},
+           {"mysql://u:hunter2@h/db?sslcert=/c.pem&sslkey=/k.pem", "sslca"},
+           {"postgresql://u:hunter2@h/db?connect_timeout=0", "connect_timeout"},
+           {"postgresql://u:hunter2@h/db?connect_timeout=5x", "connect_timeout"}}) {
+    INFO(url);
+    const std::string m = message_of(url);
+    CHECK(m.find(key) != std::string::npos);
+    CHECK(m.find("hunter2") == std::string::npos);
+  }
+  // The URL's connect_timeout is the database's (what a deadline lowers), written once.
+  auto pg = connection_of("postgresql://h/db?connect_timeout=1500ms");
+  CHECK(pg.options.connect_timeout == 1500ms);
+  REQUIRE(pg.strings.size() == 1);
+  CHECK(count_of(pg.strings[0], "connect_timeout=") == 1);
+  CHECK(pg.strings[0].find("connect_timeout='2'") != std::string::npos);
+  auto my = connection_of("mysql://h1,h2/db?connect_timeout=7");
+  CHECK(my.options.connect_timeout == 7s);
+  REQUIRE(my.strings.size() == 2);
+  for (const auto& s : my.strings)
+    CHECK(count_of(s, "connect_timeout=") == 1);
+  CHECK(my.strings[0].find("connect_timeout='7'") != std::string::npos);
+  CHECK(connection_of("mysql://h/db").options.connect_timeout ==
+        dblock::database_options{}.connect_timeout);
+}
+
+TEST_CASE("a deadline's connect timeout never rewrites a quoted value", "[unit][url]") {
+  // A password holding " connect_timeout=" stays whole when a deadline lowers the timeout.
+  for (const char* scheme : {"postgresql", "mysql"}) {
+    INFO(scheme);
+    auto u = parse_url(std::string(scheme) + "://u:a%20connect_timeout=9%20b@h/db");
+    const auto& dia = dblock::detail::dialect_for_scheme(u.scheme);
+    const std::string s = dia.conn.connect_strings(u, {})[0];
+    const std::string lowered = dia.conn.bounded_connect(s, std::chrono::milliseconds(1500));
+    CHECK(lowered.find("password='a connect_timeout=9 b'") != std::string::npos);
+    CHECK(count_of(lowered, " connect_timeout='") + count_of(lowered, " connect_timeout=2") == 1);
+    CHECK(lowered.find(" connect_timeout=2") != std::string::npos);
+  }
 }

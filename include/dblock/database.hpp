@@ -54,7 +54,9 @@ struct database_options {
   std::size_t pool_size = 4;
   /// How long connect() waits for a free pooled connection before throwing errc::timeout.
   std::chrono::milliseconds pool_wait{30000};
-  /// Connect timeout for PostgreSQL and MySQL (rounded up to whole seconds).
+  /// Connect timeout for PostgreSQL and MySQL (rounded up to whole seconds; PostgreSQL's least
+  /// is 2 s). The URL key `connect_timeout` (whole seconds, or a duration such as `1500ms`; more
+  /// than 0) sets it. A call whose deadline is nearer lowers it for the connections it opens.
   std::chrono::milliseconds connect_timeout{10000};
   /**
    * The deadline of a call that has none of its own (reads, admin, status, reap, migrate; a
@@ -136,7 +138,12 @@ std::chrono::milliseconds min_surviving_ttl(std::chrono::milliseconds window,
  *   (database_options::pooler).
  * - Every scheme also takes dblock's `failover_window=DURATION`
  * (database_options::failover_window).
- * - `mysql://user:pass@host:port/db?unix_socket=/path` (also `mariadb://`).
+ * - `mysql://user:pass@host:port/db?unix_socket=/path` (also `mariadb://`); keys
+ *   `unix_socket`, `charset` (default utf8mb4), `connect_timeout`, `read_timeout` and
+ *   `write_timeout` (whole seconds, at least 1), `sslca`, `sslcert`, `sslkey` (the last two only
+ *   with `sslca`).
+ * - `connect_timeout` (PostgreSQL and MySQL) is database_options::connect_timeout: whole seconds
+ *   or a duration (`1500ms`), more than 0.
  * - `sqlite:///absolute/path.db` and `sqlite://relative/path.db`, with optional
  *   `?synchronous=normal|full` (default full) and `busy_timeout=MILLISECONDS`.
  * - Several hosts, `postgresql://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write`

@@ -10,6 +10,8 @@
 #include <cctype>
 #include <exception>
 
+#include "../identifier.hpp"
+
 namespace dblock::detail {
 
 std::string conn_quote(const std::string& value) {
@@ -32,6 +34,34 @@ void check_query_keys(const parsed_url& url, const std::set<std::string>& allowe
                                               "' (accepted: " + list + ")");
     }
   }
+}
+
+namespace {
+bool whole_seconds(const std::string& v) {
+  return !v.empty() && v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
+}
+}  // namespace
+
+void check_url_seconds(const parsed_url& url, const std::string& key) {
+  auto it = url.query.find(key);
+  if (it != url.query.end() &&
+      (!whole_seconds(it->second) || it->second.find_first_not_of('0') == std::string::npos))
+    throw error(errc::invalid_argument, "invalid database URL '" + url.redacted + "': " + key +
+                                            "='" + printable(it->second) +
+                                            "' (expected whole seconds, at least 1)");
+}
+
+void url_connect_timeout(const parsed_url& url, database_options& o) {
+  auto it = url.query.find("connect_timeout");
+  if (it == url.query.end()) return;
+  const auto t = whole_seconds(it->second)
+                     ? std::chrono::milliseconds(std::stoll(it->second) * 1000)
+                     : url_duration(url, it->first, it->second);
+  if (t.count() <= 0)
+    throw error(errc::invalid_argument,
+                "invalid database URL '" + url.redacted +
+                    "': connect_timeout must be more than 0 (0 would wait for ever)");
+  o.connect_timeout = t;
 }
 
 long long ceil_seconds(std::chrono::milliseconds ms, long long min) {
@@ -145,24 +175,43 @@ void watched_waiters::unconfirm_all(const confirm_fn& confirmed) {
 }
 
 std::string with_connect_timeout(const std::string& connect_string, long long seconds) {
-  // Keys are unique in dblock's connect strings (their values quoted by conn_quote()): replace
-  // the one there, or add it.
-  const std::string key = "connect_timeout=";
-  std::size_t at = connect_string.find(key);
-  while (at != std::string::npos && at != 0 && connect_string[at - 1] != ' ')
-    at = connect_string.find(key, at + 1);
-  const std::string value = key + std::to_string(seconds);
-  if (at == std::string::npos) return connect_string + " " + value;
-  std::size_t end = at + key.size();
-  if (end < connect_string.size() && connect_string[end] == '\'') {
-    end = connect_string.find('\'', end + 1);
-    end = end == std::string::npos ? connect_string.size() : end + 1;
-  } else {
-    end = connect_string.find(' ', end);
-    if (end == std::string::npos) end = connect_string.size();
+  // The string is a list of key=value items as the connectors write them (values quoted by
+  // conn_quote(): '...' with \ and ' escaped). Walk the items, so that text inside a quoted
+  // value (a password holding " connect_timeout=") is never taken for a key.
+  const std::string key = "connect_timeout";
+  const std::string value = key + "=" + std::to_string(seconds);
+  std::string out;
+  bool replaced = false;
+  std::size_t i = 0;
+  const std::size_t n = connect_string.size();
+  while (i < n) {
+    if (connect_string[i] == ' ') {
+      out += connect_string[i++];
+      continue;
+    }
+    const std::size_t item = i;
+    while (i < n && connect_string[i] != '=' && connect_string[i] != ' ')
+      ++i;
+    const bool ours = connect_string.compare(item, i - item, key) == 0;
+    if (i < n && connect_string[i] == '=') {
+      ++i;
+      if (i < n && connect_string[i] == '\'') {
+        for (++i; i < n && connect_string[i] != '\''; ++i)
+          if (connect_string[i] == '\\' && i + 1 < n) ++i;
+        if (i < n) ++i;
+      } else {
+        while (i < n && connect_string[i] != ' ')
+          ++i;
+      }
+    }
+    if (ours && !replaced) {
+      out += value;
+      replaced = true;
+    } else {
+      out.append(connect_string, item, i - item);
+    }
   }
-  // Never longer than the configured timeout.
-  return connect_string.substr(0, at) + value + connect_string.substr(end);
+  return replaced ? out : connect_string + " " + value;
 }
 
 }  // namespace dblock::detail

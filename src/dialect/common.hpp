@@ -10,6 +10,7 @@
 #include <string>
 
 #include "../url.hpp"
+#include "dblock/database.hpp"
 #include "dblock/error.hpp"
 
 namespace dblock::detail {
@@ -19,6 +20,15 @@ std::string conn_quote(const std::string& value);
 
 /// Throws errc::invalid_argument for a query key outside `allowed`.
 void check_query_keys(const parsed_url& url, const std::set<std::string>& allowed);
+
+/// The URL key connect_timeout (whole seconds as libpq and the MySQL client take them, or a
+/// duration such as 1500ms) into `o.connect_timeout`, so that the connection string and the
+/// deadline's lowering of it (database_impl::open) read one value; more than zero (zero means
+/// "wait for ever" to both client libraries). Throws errc::invalid_argument.
+void url_connect_timeout(const parsed_url& url, database_options& o);
+/// Throws errc::invalid_argument unless the URL's value of `key`, when given, is whole seconds
+/// (digits, at most 9), at least 1 (the client libraries read 0 as "no timeout").
+void check_url_seconds(const parsed_url& url, const std::string& key);
 
 /// Whole seconds, rounded up, at least `min`.
 long long ceil_seconds(std::chrono::milliseconds ms, long long min = 1);

@@ -34,6 +34,7 @@ class connector final : public detail::connector {
                               std::chrono::milliseconds left) const override;
   const soci::backend_factory& factory() const override { return *soci::factory_mysql(); }
   std::string connect_string(const parsed_url& u, const database_options& o) const override;
+  void adjust_options(const parsed_url& u, database_options& o) const override;
   std::vector<std::string> connect_strings(const parsed_url& u,
                                            const database_options& o) const override;
   std::unique_ptr<connection_state> on_connect(soci::session&,

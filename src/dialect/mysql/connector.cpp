@@ -24,11 +24,24 @@ std::string connector::connect_string(const parsed_url& u, const database_option
   if (!u.user.empty()) add("user", u.user);
   if (u.password) add("password", *u.password);
   if (!u.query.count("charset")) add("charset", "utf8mb4");
-  if (!u.query.count("connect_timeout"))
-    add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 1)));
+  // The URL's connect_timeout is in `o` (adjust_options), where a deadline also reads it.
+  add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 1)));
   for (const auto& kv : u.query)
-    add(kv.first, kv.second);
+    if (kv.first != "connect_timeout") add(kv.first, kv.second);
   return s;
+}
+
+void connector::adjust_options(const parsed_url& u, database_options& o) const {
+  // SOCI reads these as unsigned numbers and refuses anything else only when connecting.
+  check_url_seconds(u, "read_timeout");
+  check_url_seconds(u, "write_timeout");
+  // SOCI 4.0.3 hands the TLS files to the client only with a CA file: without sslca, sslcert and
+  // sslkey would be dropped without a word.
+  if ((u.query.count("sslcert") || u.query.count("sslkey")) && !u.query.count("sslca"))
+    throw error(errc::invalid_argument,
+                "invalid database URL '" + u.redacted +
+                    "': sslcert and sslkey need sslca (the CA file that verifies the server)");
+  url_connect_timeout(u, o);
 }
 
 std::vector<std::string> connector::connect_strings(const parsed_url& u,

@@ -68,15 +68,16 @@ std::string connector::connect_string(const parsed_url& u, const database_option
   add("dbname", u.path);
   if (!u.user.empty()) add("user", u.user);
   if (u.password) add("password", *u.password);
-  if (!u.query.count("connect_timeout"))
-    add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 2)));
+  // The URL's connect_timeout is in `o` (adjust_options), where a deadline also reads it.
+  add("connect_timeout", std::to_string(ceil_seconds(o.connect_timeout, 2)));
   if (!u.query.count("application_name")) add("application_name", "dblock");
   for (const auto& kv : u.query)
-    if (kv.first != "pooler") add(kv.first, kv.second);  // dblock's own key, not libpq's
+    if (kv.first != "pooler" && kv.first != "connect_timeout") add(kv.first, kv.second);
   return s;
 }
 
 void connector::adjust_options(const parsed_url& u, database_options& o) const {
+  url_connect_timeout(u, o);
   auto it = u.query.find("pooler");
   if (it == u.query.end()) return;
   if (it->second == "none")

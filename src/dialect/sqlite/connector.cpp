@@ -22,12 +22,6 @@ std::string connector::connect_string(const parsed_url& u, const database_option
       throw error(errc::invalid_argument, "invalid database URL '" + u.redacted +
                                               "': synchronous must be full, normal or extra");
   }
-  if (u.query.count("busy_timeout")) {
-    const auto& v = u.query.at("busy_timeout");
-    if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
-      throw error(errc::invalid_argument,
-                  "invalid database URL '" + u.redacted + "': busy_timeout must be milliseconds");
-  }
   // SOCI's SQLite parser takes double quotes around values with spaces; a double quote in a
   // path cannot be expressed, so refuse it rather than open another file.
   if (u.path.find('"') != std::string::npos)
@@ -41,6 +35,12 @@ std::string connector::connect_string(const parsed_url& u, const database_option
 }
 
 void connector::adjust_options(const parsed_url& u, database_options& o) const {
+  if (u.query.count("busy_timeout")) {
+    const auto& v = u.query.at("busy_timeout");
+    if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
+      throw error(errc::invalid_argument,
+                  "invalid database URL '" + u.redacted + "': busy_timeout must be milliseconds");
+  }
   if (u.query.count("busy_timeout"))
     o.sqlite_busy_timeout = std::chrono::milliseconds(std::stoll(u.query.at("busy_timeout")));
 }
