@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark suite on all three backends in one run: builds dblock, starts the throwaway
 # PostgreSQL and MariaDB servers of the tests (and a throwaway redis-server when one is
-# installed), runs `dblock bench`, and writes bench/results/<UTC date>-<host>.json and .svg.
+# installed), runs dblock-bench, and writes bench/results/<UTC date>-<host>.json and .svg.
 #
 # Usage: scripts/bench.sh [DBLOCK_BENCH_ARGS...]    e.g. scripts/bench.sh --seconds 5
 # Environment: BUILD_DIR (default build), BENCH_OUT (default bench/results).
@@ -12,8 +12,8 @@ build=${BUILD_DIR:-$root/build}
 out=${BENCH_OUT:-$root/bench/results}
 
 bash "$root/scripts/install-deps.sh" --bench
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" -j"$(nproc)" --target dblock >/dev/null
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDBLOCK_BENCH=ON >/dev/null
+cmake --build "$build" -j"$(nproc)" --target dblock-bench >/dev/null
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/dblock-bench.XXXXXX")
 redis_pid=
@@ -46,7 +46,7 @@ command -v gnuplot >/dev/null && plot_args=(--plot "$out/$stamp.svg")
 
 # shellcheck disable=SC2016 # expanded by the inner shell, after test-servers.sh exported them
 "$root/scripts/test-servers.sh" run -- bash -c '
-    exec "$0" bench --url "$DBLOCK_TEST_POSTGRESQL_URL" --url "$DBLOCK_TEST_MYSQL_URL" \
+    exec "$0" --url "$DBLOCK_TEST_POSTGRESQL_URL" --url "$DBLOCK_TEST_MYSQL_URL" \
         --url "sqlite://$DBLOCK_TEST_SERVERS_DIR/bench.db" "$@"' \
-    "$build/dblock" "${redis_args[@]}" --json "$out/$stamp.json" "${plot_args[@]}" "$@"
+    "$build/bench/dblock-bench" "${redis_args[@]}" --output "$out/$stamp.json" "${plot_args[@]}" "$@"
 echo "bench: results in $out/$stamp.json" >&2

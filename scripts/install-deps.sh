@@ -38,6 +38,9 @@ PACKAGES=(
     faketime
     clang-format
     doxygen
+    # the dblock(1) man page of the dblock package, written from `dblock --help`
+    # (cmake/packaging.cmake, scripts/package-test.sh)
+    help2man
     # scripts/structure-check.sh: the function-size rule
     clang-tidy
     # scripts/fuzz.sh: clang++ with -fsanitize=fuzzer needs the compiler-rt archives
@@ -53,7 +56,7 @@ PACKAGES=(
 )
 
 # `install-deps.sh --bench` adds what the benchmark's optional parts use: a throwaway Redis to
-# compare against, and gnuplot for `dblock bench --plot`.
+# compare against, and gnuplot for `dblock-bench --plot`.
 if [ "${1:-}" = --bench ]; then
     PACKAGES+=(redis-server redis-tools gnuplot-nox)
 fi

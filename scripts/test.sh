@@ -4,7 +4,8 @@
 #
 # Usage: scripts/test.sh [CTEST_ARGS...]      e.g. scripts/test.sh -R sqlite
 #
-# After the suite passes, the fuzzers run for a fixed number of inputs (scripts/fuzz.sh) and
+# After the suite passes, the Debian packages are built, installed, used and removed
+# (scripts/package-test.sh, as root), the fuzzers run for a fixed number of inputs (scripts/fuzz.sh) and
 # the suite runs again under ASan+UBSan and its threaded tests under TSan
 # (scripts/sanitizers.sh). DBLOCK_QUICK=1 or CTEST_ARGS skip those (not allowed with CI=true).
 #
@@ -241,6 +242,8 @@ if [ "${DBLOCK_QUICK:-}" = 1 ] || [ "$#" -gt 0 ]; then
     banner "Skipped: fuzzers and sanitizer runs (DBLOCK_QUICK=1 or a ctest filter was given)."
     exit 0
 fi
+msg "packages: libdblock0, libdblock-dev and dblock built, installed, used and removed"
+bash "$REPO_ROOT/scripts/package-test.sh"
 msg "fuzzers: ${DBLOCK_FUZZ_RUNS:-20000} inputs each, under ASan+UBSan"
 bash "$REPO_ROOT/scripts/fuzz.sh" "${DBLOCK_FUZZ_RUNS:-20000}"
 msg "sanitizers: the whole suite under ASan+UBSan, the threaded tests under TSan"

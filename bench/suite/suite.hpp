@@ -1,5 +1,5 @@
-// dblock's benchmark suite (run by `dblock bench`): lock costs as a ratio to the database's own
-// floor, measured side by side in one run, and against what users pick instead.
+// dblock's benchmark suite (run by dblock-bench, bench/main.cpp): lock costs as a ratio to the
+// database's own floor, measured side by side in one run, and against what users pick instead.
 #pragma once
 
 #include <iosfwd>
@@ -17,7 +17,7 @@ struct options {
   std::string redis;                     ///< host:port of a throwaway redis-server; empty: skipped
   std::string only;                      ///< run only operations whose name contains this
   std::string prefix = "dblock_bench_";  ///< table prefix of the benchmark's own tables
-  std::string json_path;                 ///< write the results here (bench/results/ format)
+  std::string json_path;                 ///< --output: the results as JSON (bench/results/ format)
   std::string plot_path;                 ///< draw throughput against clients here (SVG, gnuplot)
   int keys = 1000;                       ///< distinct keys per client for the spread operations
   int hold_us = 1000;                    ///< how long a holder keeps the lock in the handoff test
