@@ -1,5 +1,7 @@
 #include "dblock/database.hpp"
 
+#include "dblock/version.hpp"
+
 #include <soci/soci.h>
 
 #include "storage/session.hpp"
@@ -8,6 +10,10 @@
 #include "wake/hub.hpp"
 
 namespace dblock {
+
+const char* version() noexcept {
+  return DBLOCK_VERSION_STRING;
+}
 
 database::database(const std::string& url, database_options options) {
   auto parsed = detail::parse_url(url);

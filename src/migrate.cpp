@@ -1,9 +1,12 @@
 #include "dblock/migrate.hpp"
 
+#include "dblock/version.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
 
+#include "dialect/dialect.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/write_scope.hpp"
 
@@ -108,6 +111,44 @@ migrate_result migrate(const database& db, migrate_options options) {
     apply_missing(s, lock, result);
     return result;
   });
+}
+
+std::string migration_sql(const database& db, bool all) {
+  const auto& impl = *detail::access::impl(db);
+  std::vector<bool> applied(impl.dia->migrations.size(), false);
+  if (!all) {
+    const auto r = migrate(db, migrate_options{true});
+    for (std::size_t i = 0; i < r.files.size() && i < applied.size(); ++i)
+      applied[i] = r.files[i].applied;
+  }
+  const std::string& prefix = impl.tables.prefix;
+  auto statements = [&prefix](const std::string& text) {
+    std::string out;
+    for (const auto& st : detail::split_statements(detail::apply_prefix(text, prefix)))
+      out += st + ";\n";
+    return out;
+  };
+  std::size_t count = 0;
+  std::string body;
+  for (std::size_t i = 0; i < impl.dia->migrations.size(); ++i) {
+    if (applied[i]) continue;
+    const auto& f = impl.dia->migrations[i];
+    const std::string sum = checksum_of(f.text);
+    body += "\n-- " + f.name + " (checksum " + sum + ")\n" + statements(f.text);
+    // Names are [0-9a-z_.] and checksums hex digits: nothing to escape.
+    body += "INSERT INTO " + impl.tables.migrations +
+            " (version, name, checksum, applied_at) VALUES (" + std::to_string(f.version) + ", '" +
+            f.name + "', '" + sum + "', " + impl.dia->sql.client_now() + ");\n";
+    ++count;
+  }
+  std::string out = "-- dblock " + std::string(version()) + ": " + std::to_string(count) +
+                    (all ? " migration(s), all" : " pending migration(s)") + " for " +
+                    impl.backend + ", table prefix '" + prefix + "'.\n";
+  out +=
+      "-- Run in order as the tables' owner, stopping at the first error; afterwards\n"
+      "-- `dblock migrate --dry-run` reports the schema up to date.\n";
+  out += "\n-- the bookkeeping of applied migrations\n" + statements(impl.dia->bootstrap.text);
+  return out + body;
 }
 
 bool schema_up_to_date(const database& db) {

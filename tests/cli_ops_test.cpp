@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -23,7 +24,9 @@
 #include <thread>
 #include <vector>
 
+#include "dblock/version.hpp"
 #include "harness.hpp"
+#include "url.hpp"
 
 extern char** environ;
 
@@ -37,7 +40,8 @@ namespace {
 using steady = std::chrono::steady_clock;
 
 constexpr int exit_not_found = 1;
-constexpr int exit_usage = 2;
+constexpr int exit_pending = 1;  // migrate --dry-run with migrations pending
+constexpr int exit_usage = 64;   // EX_USAGE
 constexpr int exit_schema = 78;
 
 struct cli_result {
@@ -53,11 +57,12 @@ std::ostream& operator<<(std::ostream& os, const cli_result& r) {
             << r.err;
 }
 
-// Runs the CLI with stdout and stderr captured separately, stdin on /dev/null. `env` changes the
-// child's environment: "NAME=VALUE" sets a variable, a bare "NAME" removes it.
+// Runs the CLI (or `program`) with stdout and stderr captured separately, stdin on /dev/null.
+// `env` changes the child's environment: "NAME=VALUE" sets a variable, a bare "NAME" removes it.
 cli_result run_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
-                   milliseconds timeout = std::chrono::seconds(60)) {
-  std::vector<std::string> argv_s = {DBLOCK_CLI_PATH};
+                   milliseconds timeout = std::chrono::seconds(60),
+                   const std::string& program = DBLOCK_CLI_PATH) {
+  std::vector<std::string> argv_s = {program};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s)
@@ -281,7 +286,8 @@ DBLOCK_TEST("cli status --json: the documented shape", "[cli]") {
   nlohmann::json j;
   REQUIRE_NOTHROW(j = nlohmann::json::parse(r.out));
   REQUIRE(j.is_object());
-  CHECK(j.size() == 4);
+  CHECK(j.size() == 5);
+  CHECK(j.value("version", "") == DBLOCK_VERSION_STRING);
   REQUIRE(j.contains("failover"));
   CHECK(j["failover"].value("window_ms", -1) == 0);  // a single server: unknown
   CHECK(j["failover"].value("min_ttl_ms", -1) == 0);
@@ -331,7 +337,7 @@ DBLOCK_TEST("cli status --json: the documented shape", "[cli]") {
 
 // ---- release ----------------------------------------------------------------------------------
 
-DBLOCK_TEST("cli release: refuses without --force (exit 2) and leaves the lease alone", "[cli]") {
+DBLOCK_TEST("cli release: refuses without --force (exit 64) and leaves the lease alone", "[cli]") {
   lease_lock lock(ctx.db, "rel/held");
   auto g = lock.try_acquire();
   REQUIRE(g);
@@ -404,15 +410,20 @@ DBLOCK_TEST("cli release --force of a missing name exits 1", "[cli]") {
 // ---- bench, reap, migrate ---------------------------------------------------------------------
 
 // The benchmark suite cannot rot: every operation runs briefly on every backend, without a single
-// error, and the table and the JSON (bench/README.md) have every row.
+// error, and the table and the JSON (bench/README.md) have every row. It is dblock-bench, a
+// program of its own (DBLOCK_BENCH_PATH), built with -DDBLOCK_BENCH=ON.
+#ifdef DBLOCK_BENCH_PATH
 namespace {
 
-// `dblock bench ARGS --json FILE`: the run and the file's results (null when there is none).
+// `dblock-bench --url URL --table-prefix PREFIX ARGS --output FILE`: the run and the file's
+// results (null when there is none).
 std::pair<cli_result, nlohmann::json> bench_json(const dblock::test::context& ctx,
-                                                 std::vector<std::string> args) {
+                                                 const std::vector<std::string>& args) {
   const std::string json_path = "/tmp/dblock-bench-test-" + dblock::test::random_suffix() + ".json";
-  args.insert(args.end(), {"--json", json_path});
-  auto r = cli(ctx, "bench", args);
+  std::vector<std::string> a = {"--url", ctx.url, "--table-prefix", ctx.prefix};
+  a.insert(a.end(), args.begin(), args.end());
+  a.insert(a.end(), {"--output", json_path});
+  auto r = run_cli(a, {}, std::chrono::seconds(60), DBLOCK_BENCH_PATH);
   std::ifstream in(json_path);
   nlohmann::json j;
   if (in) j = nlohmann::json::parse(in);
@@ -617,6 +628,8 @@ DBLOCK_TEST("cli bench: dblock.watchdog holds many watched leases on two threads
                             ": 300 leases"));
 }
 
+#endif  // DBLOCK_BENCH_PATH
+
 DBLOCK_TEST("cli reap: deletes released rows, keeps held ones, says how many", "[cli]") {
   release_some(ctx, {"reap/a", "reap/b", "reap/c"});
   lease_lock keep(ctx.db, "reap/held");
@@ -658,7 +671,7 @@ DBLOCK_TEST("cli migrate --dry-run: lists applied and pending files, changes not
   auto d = run_cli({"migrate", "--url", ctx.url, "--table-prefix", fresh, "--dry-run"});
   {
     INFO(d);
-    CHECK(d.status == 0);
+    CHECK(d.status == exit_pending);  // a deploy gate: not up to date
     CHECK(std::regex_search(d.out,
                             std::regex(R"(  0001_resource_lock\.sql  [0-9a-f]{16}  pending\n)")));
     CHECK(std::regex_search(
@@ -676,6 +689,127 @@ DBLOCK_TEST("cli migrate --dry-run: lists applied and pending files, changes not
   INFO(s);
   CHECK(s.status == exit_schema);
   CHECK(contains(s.err, "dblock migrate"));
+}
+
+namespace {
+
+// The URL of `ctx` for the backend's own command-line client: a shell command that runs the SQL
+// file `file` with it, stopping at the first error.
+std::string client_command(const dblock::test::context& ctx, const std::string& file) {
+  auto u = dblock::detail::parse_url(ctx.url);
+  auto q = [](const std::string& v) { return "'" + v + "'"; };  // test values: no quotes
+  if (ctx.backend == "sqlite") return "sqlite3 -bail " + q(u.path) + " < " + q(file);
+  const std::string host = u.host.empty() ? "127.0.0.1" : u.host;
+  const std::string port = u.port ? std::to_string(*u.port) : "";
+  if (ctx.backend == "postgresql")
+    return "PGPASSWORD=" + q(u.password.value_or("")) + " psql -X -q -v ON_ERROR_STOP=1 -h " +
+           q(host) + (port.empty() ? "" : " -p " + port) + " -U " + q(u.user) + " -d " + q(u.path) +
+           " -f " + q(file);
+  return "MYSQL_PWD=" + q(u.password.value_or("")) + " mysql --protocol=TCP -h " + q(host) +
+         (port.empty() ? "" : " -P " + port) + " -u " + q(u.user) + " " + q(u.path) + " < " +
+         q(file);
+}
+
+}  // namespace
+
+DBLOCK_TEST(
+    "cli migrate --print-sql: the backend's own client runs it, then the schema is up "
+    "to date and a lock works",
+    "[cli]") {
+  const std::string fresh = ctx.new_prefix();
+  const std::vector<std::string> on_fresh = {"--url", ctx.url, "--table-prefix", fresh};
+  auto with = [&on_fresh](std::vector<std::string> a) {
+    a.insert(a.begin() + 1, on_fresh.begin(), on_fresh.end());
+    return a;
+  };
+  auto sql = run_cli(with({"migrate", "--print-sql"}));
+  INFO(sql);
+  REQUIRE(sql.status == 0);
+  CHECK(contains(sql.out, "-- dblock " DBLOCK_VERSION_STRING ": "));
+  CHECK(contains(sql.out, "0001_resource_lock.sql"));
+  CHECK(contains(sql.out, fresh + "resource_lock"));
+  CHECK_FALSE(contains(sql.out, "{{prefix}}"));
+  // Nothing was created by printing: still pending (the control of the check below).
+  REQUIRE(run_cli(with({"migrate", "--dry-run"})).status == exit_pending);
+
+  const std::string file = "/tmp/dblock-print-sql-" + dblock::test::random_suffix(8) + ".sql";
+  {
+    std::ofstream f(file);
+    f << sql.out;
+  }
+  const std::string cmd = client_command(ctx, file) + " 2>&1";
+  std::string client_out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p))
+    client_out += buf;
+  const int rc = ::pclose(p);
+  ::unlink(file.c_str());
+  INFO("client: " << client_out);
+  REQUIRE(rc == 0);
+
+  auto dry = run_cli(with({"migrate", "--dry-run", "--json"}));
+  INFO(dry);
+  CHECK(dry.status == 0);
+  nlohmann::json j;
+  REQUIRE_NOTHROW(j = nlohmann::json::parse(dry.out));
+  CHECK(j.value("version", "") == DBLOCK_VERSION_STRING);
+  CHECK(j.value("pending", -1) == 0);
+  CHECK(j.value("dry_run", false));
+  REQUIRE(j["migrations"].is_array());
+  CHECK(j["migrations"].size() >= 9);
+  for (const auto& m : j["migrations"])
+    CHECK(m.value("state", "") == "applied");
+  auto run =
+      run_cli(with({"exec", "--lock", "printsql/x", "--", "sh", "-c", "echo $DBLOCK_FENCE"}));
+  INFO(run);
+  CHECK(run.status == 0);
+  CHECK(std::regex_match(run.out, std::regex(R"([1-9][0-9]*\n)")));
+  // Now nothing is pending, and --all still prints every file (without reading the database).
+  auto none = run_cli(with({"migrate", "--print-sql"}));
+  CHECK(contains(none.out, ": 0 pending migration(s)"));
+  CHECK_FALSE(contains(none.out, "0001_resource_lock.sql"));
+  auto all = run_cli({"migrate", "--url",
+                      ctx.backend == "sqlite" ? ctx.url : ctx.backend + "://u@127.0.0.1:1/x",
+                      "--table-prefix", fresh, "--print-sql", "--all"});
+  INFO(all);
+  CHECK(all.status == 0);
+  CHECK(contains(all.out, "0001_resource_lock.sql"));
+  CHECK(contains(all.out, "migration(s), all"));
+  // --all without --print-sql, and --print-sql with --dry-run, are usage errors.
+  CHECK(run_cli(with({"migrate", "--all"})).status == exit_usage);
+  CHECK(run_cli(with({"migrate", "--print-sql", "--dry-run"})).status == exit_usage);
+}
+
+DBLOCK_TEST("cli --version, and a version in every JSON output", "[cli]") {
+  auto v = run_cli({"--version"});
+  INFO(v);
+  CHECK(v.status == 0);
+  CHECK(v.out == "dblock " DBLOCK_VERSION_STRING "\n");
+  CHECK(std::string(dblock::version()) == DBLOCK_VERSION_STRING);
+  auto reap = cli(ctx, "reap", {"--json"});
+  INFO(reap);
+  CHECK(reap.status == 0);
+  nlohmann::json r;
+  REQUIRE_NOTHROW(r = nlohmann::json::parse(reap.out));
+  CHECK(r.value("version", "") == DBLOCK_VERSION_STRING);
+  CHECK(r.contains("rows_reaped"));
+  auto leader = cli(ctx, "leader", {"--json", "nobody/leads"});
+  INFO(leader);
+  CHECK(leader.status == exit_not_found);
+  nlohmann::json l;
+  REQUIRE_NOTHROW(l = nlohmann::json::parse(leader.out));
+  CHECK(l.value("version", "") == DBLOCK_VERSION_STRING);
+  auto mig = cli(ctx, "migrate", {"--json"});
+  INFO(mig);
+  CHECK(mig.status == 0);
+  nlohmann::json m;
+  REQUIRE_NOTHROW(m = nlohmann::json::parse(mig.out));
+  CHECK(m.value("version", "") == DBLOCK_VERSION_STRING);
+  CHECK(m.value("lease_durability", "") == "durable");
+  // Usage errors exit 64 (EX_USAGE), also for an unknown option.
+  CHECK(run_cli({"status", "--no-such-option"}).status == exit_usage);
 }
 
 // ---- verbose and the URL -----------------------------------------------------------------------
@@ -708,13 +842,22 @@ DBLOCK_TEST("cli -v: dblock's events go to stderr", "[cli]") {
   CHECK(quiet.err.empty());
 }
 
-DBLOCK_TEST("cli: no --url and no DBLOCK_URL exits 2; DBLOCK_URL is the default", "[cli]") {
-  for (const char* sub : {"status", "migrate", "reap", "bench"}) {
+DBLOCK_TEST("cli: no --url and no DBLOCK_URL exits 64; DBLOCK_URL is the default", "[cli]") {
+  for (const char* sub : {"status", "migrate", "reap"}) {
     auto r = run_cli({sub, "--table-prefix", ctx.prefix}, {"DBLOCK_URL"});
     INFO(sub << ": " << r);
     CHECK(r.status == exit_usage);
     CHECK(contains(r.err, "DBLOCK_URL"));
   }
+#ifdef DBLOCK_BENCH_PATH
+  auto bench = run_cli({"--table-prefix", ctx.prefix}, {"DBLOCK_URL"}, std::chrono::seconds(60),
+                       DBLOCK_BENCH_PATH);
+  INFO("dblock-bench: " << bench);
+  CHECK(bench.status == exit_usage);
+  CHECK(contains(bench.err, "DBLOCK_URL"));
+#endif
+  // The benchmark suite left the tool: `dblock bench` is no subcommand.
+  CHECK(run_cli({"bench", "--table-prefix", ctx.prefix}, {"DBLOCK_URL"}).status == exit_usage);
   auto rel = run_cli({"release", "--force", "--table-prefix", ctx.prefix, "x"}, {"DBLOCK_URL"});
   INFO(rel);
   CHECK(rel.status == exit_usage);

@@ -32,7 +32,7 @@ namespace {
 using steady = std::chrono::steady_clock;
 
 // Documented exit statuses of the CLI.
-constexpr int exit_usage = 2;
+constexpr int exit_usage = 64;  // EX_USAGE
 constexpr int exit_not_acquired = 75;
 constexpr int exit_lease_lost = 76;
 constexpr int exit_schema = 78;
@@ -353,7 +353,7 @@ DBLOCK_TEST("cli leader: prints the leader or exits 1; status shows it; release 
   auto gone = run_cli(with({"leader", name}));
   CHECK(gone.status == 1);
   auto both = run_cli(with({"release", "--force", "--leader", "--permit", "0", name}));
-  CHECK(both.status == 2);
+  CHECK(both.status == exit_usage);
 }
 
 // A cache rebuilt by one writer while many readers use it: 3 processes x 3 execs with --shared
@@ -428,10 +428,10 @@ DBLOCK_TEST("cli exec --shared: a writer in exits 75; status and release --reade
   auto now_free = run_cli(exec_args(ctx, {"--lock", name, "--", "true"}));
   CHECK(now_free.status == 0);
   auto both = run_cli(exec_args(ctx, {"--lock", name, "--shared", name, "--", "true"}));
-  CHECK(both.status == 2);
+  CHECK(both.status == exit_usage);
 }
 
-DBLOCK_TEST("cli exec --semaphore: all permits held exits 75; another count exits 2",
+DBLOCK_TEST("cli exec --semaphore: all permits held exits 75; another count exits 64",
             "[cli][semaphore]") {
   const std::string name = lock_name();
   dblock::semaphore sem(ctx.db, name, 1);
@@ -448,19 +448,19 @@ DBLOCK_TEST("cli exec --semaphore: all permits held exits 75; another count exit
       exec_args(ctx, {"--semaphore", name, "--permits", "3", "--wait", "0s", "--", "true"}));
   {
     INFO(other.output);
-    CHECK(other.status == 2);
+    CHECK(other.status == exit_usage);
     CHECK(contains(other.output, "declared with 1 permits, not 3"));
   }
   auto both = run_cli(
       exec_args(ctx, {"--lock", name, "--semaphore", name, "--permits", "1", "--", "true"}));
   {
     INFO(both.output);
-    CHECK(both.status == 2);
+    CHECK(both.status == exit_usage);
   }
   auto no_count = run_cli(exec_args(ctx, {"--semaphore", name, "--", "true"}));
   {
     INFO(no_count.output);
-    CHECK(no_count.status == 2);
+    CHECK(no_count.status == exit_usage);
   }
   // status names the permit; release --force --permit frees it (the holder then lost it).
   auto with = [&](std::vector<std::string> a) { return on_db(ctx, std::move(a)); };
@@ -612,7 +612,7 @@ DBLOCK_TEST("cli exec: an unmigrated prefix exits 78 and says to run dblock migr
   CHECK(contains(r.output, "dblock migrate"));
 }
 
-DBLOCK_TEST("cli exec: a bad URL exits 2, a missing command 127", "[cli]") {
+DBLOCK_TEST("cli exec: a bad URL exits 64, a missing command 127", "[cli]") {
   auto bad = run_cli({"exec", "--url", "nonsense://x", "--lock", "x", "--", "true"});
   {
     INFO(bad.output);
@@ -687,7 +687,7 @@ DBLOCK_TEST("cli migrate --lease-durability: fast on PostgreSQL, a clear refusal
   auto bad = run_cli(
       {"migrate", "--url", ctx.url, "--table-prefix", fresh, "--lease-durability", "quick"});
   INFO(bad.output);
-  CHECK(bad.status == 2);
+  CHECK(bad.status == exit_usage);
 }
 
 DBLOCK_TEST("cli exec and status: a TTL below the failover window is warned about",

@@ -2,9 +2,12 @@
 #include <soci/soci.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
+#include "dblock/version.hpp"
 #include "harness.hpp"
 #include "internals.hpp"
 #include "url.hpp"
@@ -561,4 +564,86 @@ DBLOCK_TEST_ONLY("sqlite", "a relative sqlite path beginning with a space opens 
   dblock::database db("sqlite://%20" + name.substr(1));
   CHECK_NOTHROW(db.ping());
   CHECK(::access(name.c_str(), F_OK) == 0);
+}
+
+TEST_CASE("version: the headers, the library and the CMake project agree", "[unit][database]") {
+  CHECK(std::string(dblock::version()) == DBLOCK_VERSION_STRING);
+  CHECK(std::string(DBLOCK_VERSION_STRING) == DBLOCK_PROJECT_VERSION);
+  CHECK(std::string(DBLOCK_VERSION_STRING) == std::to_string(DBLOCK_VERSION_MAJOR) + "." +
+                                                  std::to_string(DBLOCK_VERSION_MINOR) + "." +
+                                                  std::to_string(DBLOCK_VERSION_PATCH));
+}
+
+// Through PgBouncer in transaction mode without ?pooler=transaction, dblock's prepared
+// statements meet server connections that have them already (42P05) or not (26000). Each such
+// call fails with an error that says what to add to the URL, and nothing is lost or counted
+// twice. Under the pgbouncer entry (its URL carries pooler=transaction) the key is taken off and
+// the fault must be seen; on a direct connection the same workload is the control: no error.
+DBLOCK_TEST_ONLY("postgresql",
+                 "a transaction-mode pooler without ?pooler=transaction: a clear "
+                 "error, nothing lost or doubled",
+                 "[database][pooler]") {
+  std::string url = ctx.url;
+  const bool pooled = url.find("pooler=transaction") != std::string::npos;
+  for (const char* key : {"&pooler=transaction", "?pooler=transaction"})
+    if (auto at = url.find(key); at != std::string::npos) url.erase(at, std::strlen(key));
+  const std::string counter = ctx.table("pooler_counter");
+  ctx.exec("CREATE TABLE " + counter + " (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)");
+  ctx.exec("INSERT INTO " + counter + " (id, n) VALUES (1, 0)");
+  const int threads = 4, rounds = 15;
+  std::mutex mu;
+  int ok = 0;
+  std::vector<std::string> errors;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      dblock::database db(url, ctx.options());
+      for (int i = 0; i < rounds; ++i) {
+        try {
+          dblock::lease_options o;
+          o.ttl = std::chrono::seconds(2);  // a lease left by a failed release ends soon
+          dblock::lease_lock lock(db, "pooler/k" + std::to_string(t % 2), o);
+          auto g = lock.acquire(std::chrono::seconds(20));
+          g.fenced([&](soci::session& sql) {
+            sql << "UPDATE " + counter + " SET n = n + 1 WHERE id = 1";
+          });
+          {
+            std::lock_guard<std::mutex> l(mu);
+            ++ok;  // the write committed: counted once
+          }
+          try {
+            g.release();
+          } catch (const dblock::error& e) {  // the lease then expires by its TTL
+            std::lock_guard<std::mutex> l(mu);
+            errors.push_back(std::string("release: ") + e.what() + " [" +
+                             dblock::to_string(e.code()) + "]");
+          }
+        } catch (const dblock::error& e) {
+          std::lock_guard<std::mutex> l(mu);
+          errors.push_back(std::string(e.what()) + " [" + dblock::to_string(e.code()) + "]");
+        }
+      }
+    });
+  for (auto& t : ts)
+    t.join();
+  int n = -1;
+  {
+    dblock::lease_lock reader(ctx.db, "pooler/read");
+    auto g = reader.acquire(std::chrono::seconds(20));
+    g.fenced([&](soci::session& sql) {
+      sql << "SELECT n FROM " + counter + " WHERE id = 1", soci::into(n);
+    });
+  }
+  INFO("pooled: " << pooled << ", ok: " << ok << ", errors: " << errors.size());
+  for (const auto& e : errors) {
+    INFO(e);
+    CHECK(e.find("add ?pooler=transaction to the URL") != std::string::npos);
+    CHECK(e.find("[invalid_argument]") != std::string::npos);
+    CHECK(e.find("ERROR:") == std::string::npos);  // not the server's raw text
+  }
+  CHECK(n == ok);  // every committed write once, no other
+  if (pooled)
+    CHECK(!errors.empty());  // the fault happened
+  else
+    CHECK(errors.empty());  // the control: a direct connection
 }

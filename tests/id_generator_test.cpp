@@ -536,7 +536,7 @@ cli_run run_cli(const std::string& args, const std::string& err_file) {
 
 }  // namespace
 
-DBLOCK_TEST("cli id: prints --count distinct increasing IDs; bad arguments exit 2",
+DBLOCK_TEST("cli id: prints --count distinct increasing IDs; bad arguments exit 64",
             "[id_generator][cli]") {
   temp_dir dir("idcli");
   const std::string err = dir.file("err");
@@ -571,7 +571,7 @@ DBLOCK_TEST("cli id: prints --count distinct increasing IDs; bad arguments exit 
                           "--block-size 4194305", "--name ''"}) {
     auto b = run_cli("id " + common + " " + bad, err);
     INFO(bad << ": " << b.out << b.err);
-    CHECK(b.status == 2);
+    CHECK(b.status == 64);  // EX_USAGE
     CHECK(b.out.empty());
   }
 }

@@ -1,7 +1,7 @@
 // dblock's quick start: migrate an SQLite file in the current directory, take a lease, print
 // its fence, write under it, release. Run it twice: the fence grows.
-#include <dblock/dblock.hpp>
 #include <soci/soci.h>  // for your own SQL inside fenced()
+#include <dblock/dblock.hpp>
 
 #include <chrono>
 #include <iostream>
@@ -9,8 +9,8 @@
 int main() {
   try {
     dblock::database db("sqlite://quickstart.db");  // or postgresql://..., mysql://...
-    dblock::migrate(db);                             // creates or upgrades dblock's tables
-    auto conn = db.connect();                        // a pooled connection for your own SQL
+    dblock::migrate(db);                            // creates or upgrades dblock's tables
+    auto conn = db.connect();                       // a pooled connection for your own SQL
     conn.session() << "CREATE TABLE IF NOT EXISTS report_run (fence BIGINT NOT NULL)";
 
     dblock::lease_options options;

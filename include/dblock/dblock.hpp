@@ -55,3 +55,4 @@
 #include "dblock/semaphore.hpp"
 #include "dblock/transaction.hpp"
 #include "dblock/value.hpp"
+#include "dblock/version.hpp"

@@ -61,4 +61,21 @@ migrate_result migrate(const database& db, migrate_options options = {});
 ///         rather than false).
 bool schema_up_to_date(const database& db);
 
+/**
+ * @brief The SQL migrate() would run, for a DBA or a schema tool (Flyway, Liquibase) to run
+ *        instead.
+ *
+ * With the database's table prefix filled in: the bookkeeping table, then each pending file (or,
+ * with `all`, every shipped file), each followed by the INSERT that records it, so that
+ * migrate(), schema_up_to_date() and `dblock migrate --dry-run` see it applied afterwards. Every
+ * statement ends with ";" at the end of a line (psql, mysql and sqlite3 read it as is). Run it
+ * as the owner of the tables, in order, stopping at the first error (`psql -v ON_ERROR_STOP=1`).
+ * With `all` nothing is read from the database (no connection is opened); otherwise the
+ * applied files are read as migrate() with dry_run does.
+ * Thread-safety: safe to call concurrently.
+ *
+ * @throws dblock::error as migrate() with dry_run does (without `all`).
+ */
+std::string migration_sql(const database& db, bool all = false);
+
 }  // namespace dblock

@@ -10,20 +10,24 @@
 #include <vector>
 
 #include "common.hpp"
-#include "suite.hpp"
 
 namespace dblock::cli {
 
-// migrate.cpp: dblock migrate [--dry-run] [--lease-durability durable|fast]
+// migrate.cpp: dblock migrate [--dry-run | --print-sql [--all]] [--json]
+// [--lease-durability durable|fast]
 struct migrate_options {
   bool dry_run = false;
+  bool print_sql = false;
+  bool all = false;
+  bool json = false;
   std::string lease_durability;  // empty: leave as it is
 };
 CLI::App* add_migrate(CLI::App& app, common_options& common, migrate_options& m);
 int run_migrate(const common_options& c, const migrate_options& m);
 
-// reap.cpp: dblock reap [--retention D] [--batch N] [--grace D]
+// reap.cpp: dblock reap [--retention D] [--batch N] [--grace D] [--json]
 struct reap_options {
+  bool json = false;
   std::string retention = "1h";
   std::string grace = "1s";
   std::size_t batch = 1000;
@@ -51,14 +55,6 @@ struct release_options {
 };
 CLI::App* add_release(CLI::App& app, common_options& common, release_options& r);
 int run_release(const common_options& c, const release_options& r);
-
-// bench.cpp: dblock bench [--url URL]... (the suite of bench/suite/)
-struct bench_options {
-  dblock::bench::options suite;
-  std::vector<std::string> urls;
-};
-CLI::App* add_bench(CLI::App& app, common_options& common, bench_options& b);
-int run_bench(const common_options& c, const bench_options& b);
 
 // exec.cpp: dblock exec --lock NAME [--lock NAME]... [--ttl D] [--wait D] [--kill-after D]
 // -- command...

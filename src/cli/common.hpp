@@ -12,10 +12,11 @@
 
 namespace dblock::cli {
 
-// Documented exit statuses (see README "Exit statuses").
+// Documented exit statuses (docs/cli.md, "Exit statuses"), from sysexits.h where one fits.
 constexpr int exit_ok = 0;
-constexpr int exit_not_found = 1;  // release: no lock of that name
-constexpr int exit_usage = 2;
+constexpr int exit_not_found = 1;      // release: no lock of that name; leader: no leader
+constexpr int exit_pending = 1;        // migrate --dry-run: migrations are pending
+constexpr int exit_usage = 64;         // EX_USAGE: bad arguments or invalid input
 constexpr int exit_software = 70;      // internal or unexpected backend error
 constexpr int exit_unavailable = 69;   // cannot connect / connection lost
 constexpr int exit_not_acquired = 75;  // EX_TEMPFAIL: lock busy, wait ran out
@@ -33,7 +34,7 @@ struct common_options {
   std::string timeout = "30s";
 };
 
-// --url, --table-prefix and -v on a subcommand (all commands but bench, which has its own).
+// --url, --table-prefix and -v on a subcommand.
 void add_common(CLI::App* sub, common_options& common);
 
 // "30s", "500ms", "2m", "1h", "1.5s"; a bare number means seconds. Throws invalid_argument

@@ -123,8 +123,8 @@ struct command_image {
 command_image make_image(const exec_options& x, const holding& h) {
   command_image im;
   // Ours, inherited from an outer dblock exec: replaced (the indexed ones of a set too).
-  const std::string ours[] = {"DBLOCK_FENCE=", "DBLOCK_OWNER=", "DBLOCK_LOCK=", "DBLOCK_PERMIT=",
-                              "DBLOCK_FENCE_", "DBLOCK_OWNER_", "DBLOCK_LOCK_"};
+  const std::string ours[] = {"DBLOCK_FENCE=",  "DBLOCK_OWNER=", "DBLOCK_LOCK=",  "DBLOCK_PERMIT=",
+                              "DBLOCK_SHARED=", "DBLOCK_FENCE_", "DBLOCK_OWNER_", "DBLOCK_LOCK_"};
   for (char** e = environ; *e; ++e) {
     bool replaced = false;
     for (const auto& o : ours)
@@ -289,6 +289,18 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
       ->excludes(sem);
   exec->add_option("command", x.command, "command and arguments (after --)")->required();
   exec->positionals_at_end();
+  exec->footer(
+      "The command runs with these variables set (any it inherited by these names are removed):\n"
+      "  DBLOCK_LOCK    the lock's name (--lock, --shared or --semaphore)\n"
+      "  DBLOCK_FENCE   the lease's fence: pass it to fenced writes, which refuse a stale one\n"
+      "  DBLOCK_OWNER   the lease's owner token\n"
+      "  DBLOCK_PERMIT  with --semaphore: the permit held (0..permits-1)\n"
+      "  DBLOCK_SHARED  with --shared: 1\n"
+      "With several --lock (a set): DBLOCK_LOCK_COUNT, and DBLOCK_LOCK_i, DBLOCK_FENCE_i and\n"
+      "DBLOCK_OWNER_i for i = 0..count-1 in the set's order, instead of the three above.\n"
+      "Exit status: the command's (128+N if killed by signal N); 75 when the lock stayed busy;\n"
+      "76 when the lease was lost while the command ran (it was sent SIGTERM, then SIGKILL);\n"
+      "70 when the outcome is unknown (in doubt); 64 usage; 69 cannot connect.");
   return exec;
 }
 

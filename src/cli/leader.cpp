@@ -21,6 +21,7 @@ int run_leader(const common_options& c, const leader_options& l) {
   auto info = dblock::election::observe(db, l.name);
   if (l.json) {
     nlohmann::json j;
+    j["version"] = dblock::version();
     j["election"] = l.name;
     j["leader"] = nullptr;
     if (info)

@@ -1,4 +1,6 @@
 // dblock reap: delete lease rows that expired long ago, in batches.
+#include <nlohmann/json.hpp>
+
 #include <iostream>
 
 #include "commands.hpp"
@@ -15,6 +17,7 @@ CLI::App* add_reap(CLI::App& app, common_options& common, reap_options& r) {
   reap->add_option("--grace", r.grace,
                    "pause between raising the fence floor and deleting (keeps fences monotonic)")
       ->capture_default_str();
+  reap->add_flag("--json", r.json, "print JSON instead of text");
   return reap;
 }
 
@@ -37,6 +40,17 @@ int run_reap(const common_options& c, const reap_options& ro) {
   };
   auto r = dblock::reap_once(db, o);
   double secs = static_cast<double>(r.elapsed.count()) / 1e6;
+  if (ro.json) {
+    std::cout << nlohmann::json{{"version", dblock::version()},
+                                {"rows_reaped", r.rows_reaped},
+                                {"batches", r.batches},
+                                {"elapsed_ms", r.elapsed.count() / 1000},
+                                {"complete", r.complete},
+                                {"retention", retention}}
+                     .dump(2)
+              << "\n";
+    return exit_ok;
+  }
   std::cout << "reaped " << r.rows_reaped << " rows expired more than " << retention << " ago in "
             << r.batches << " batches, " << static_cast<long long>(secs * 1000) << " ms ("
             << (secs > 0 ? static_cast<long long>(r.rows_reaped / secs) : 0) << " rows/s)"

@@ -29,6 +29,7 @@ void print_status_json(const dblock::database& db, const std::vector<dblock::loc
                        const std::vector<dblock::forced_release>& forced,
                        const dblock::failover_info& fo) {
   nlohmann::json j;
+  j["version"] = dblock::version();
   j["database"] = db.redacted_url();
   j["failover"] = {
       {"window_ms", fo.window.count()}, {"min_ttl_ms", fo.min_ttl.count()}, {"source", fo.source}};
@@ -122,7 +123,7 @@ std::string who_am_i() {
 CLI::App* add_status(CLI::App& app, common_options& common, status_options& s) {
   auto* status = app.add_subcommand("status", "list held locks (and recent forced releases)");
   add_common(status, common);
-  status->add_flag("--json", s.json, "machine-readable output (see README for the shape)");
+  status->add_flag("--json", s.json, "print JSON instead of text (docs/cli.md shows its shape)");
   status->add_flag("--all", s.all, "include released and expired rows");
   status->add_option("pattern", s.pattern, "name pattern, shell style: 'jobs/*'");
   return status;

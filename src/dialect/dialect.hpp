@@ -255,6 +255,9 @@ class vocabulary {
   virtual std::string quote(std::string_view ident) const;
   /// "now" on the database clock, in the type of the timestamp columns.
   virtual std::string now() const = 0;
+  /// now() in SQL that any client of the database runs, without dblock's connection set-up (in
+  /// the migration SQL printed for a DBA: migration_sql()).
+  virtual std::string client_now() const { return now(); }
   /// `ts + micros` where micros is the bound parameter `param`.
   virtual std::string plus_us(const std::string& ts, const std::string& param) const = 0;
   /// A timestamp expression as integer microseconds since the epoch.

@@ -38,6 +38,17 @@ error classifier::classify_current(const std::string& what) const {
     throw;
   } catch (const soci::postgresql_soci_error& e) {
     std::string state = e.sqlstate();
+    // A prepared statement that already exists, or does not, on a connection that prepared it
+    // by name: server connections are being swapped under this one by a transaction-mode
+    // pooler. The statement did not run (a transaction it was in is rolled back).
+    if (state == "42P05" || state == "26000")
+      return error(errc::invalid_argument,
+                   what + ": the server " + (state == "42P05" ? "already has" : "does not have") +
+                       " a statement this connection prepared (SQLSTATE " + state +
+                       "): this connection seems to go through a transaction-mode pooler "
+                       "(PgBouncer): add ?pooler=transaction to the URL "
+                       "(database_options::pooler); nothing was written",
+                   "postgresql", state, 0);
     std::string msg = what + ": " + one_line(e.get_error_message());
     const errc code = code_for(state);
     return error(code, msg, "postgresql", state, 0);

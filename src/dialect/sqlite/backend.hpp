@@ -116,6 +116,10 @@ class vocabulary final : public detail::vocabulary {
   std::optional<value> decode_text(const std::optional<std::string>& cell,
                                    soci::data_type t) const override;
   std::string now() const override { return "dblock_now_us()"; }
+  // Microseconds since the epoch from SQLite's own clock (millisecond precision).
+  std::string client_now() const override {
+    return "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
+  }
   std::string plus_us(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + :" + param + ")";
   }
