@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Build the public API reference (HTML) from include/dblock/ with Doxygen, per the Doxyfile at
-# the repository root. Any Doxygen warning (an undocumented public entry, a bad @param or
-# reference, ...) fails the run. Installs nothing: doxygen comes from scripts/install-deps.sh.
+# Build the documentation site (HTML) with Doxygen, per the Doxyfile at the repository root: the
+# public API reference of include/dblock/ and the Markdown documents (README.md, docs/, ...) as
+# one site. Any Doxygen warning (an undocumented public entry, a bad @param or reference, a link
+# that does not resolve in the site, ...) fails the run. `cmake --build build --target docs`
+# runs this script. Installs nothing: doxygen comes from scripts/install-deps.sh.
 #
 # Usage: scripts/docs.sh [OUTDIR]
 #
@@ -70,7 +72,7 @@ status=0
 if [ -s "$log" ]; then
     cat "$log" >&2
     count=$(grep -c -E '(warning|error):' "$log" || true)
-    echo "docs: FAILED: doxygen reported ${count} warning(s) (see above); fix the doc comments in include/dblock/" >&2
+    echo "docs: FAILED: doxygen reported ${count} warning(s) (see above); fix the doc comments in include/dblock/ or the Markdown named" >&2
     exit 1
 fi
 if [ "$status" -ne 0 ]; then

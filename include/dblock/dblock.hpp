@@ -7,7 +7,7 @@
 /// needs the optional dblock::prometheus target).
 
 /**
- * @mainpage dblock API reference
+ * @page api_overview The C++ API at a glance
  *
  * Distributed locks and safe concurrent updates on the database you already run (PostgreSQL,
  * MySQL/MariaDB or SQLite). Include `<dblock/dblock.hpp>` and link `dblock::dblock`.
