@@ -212,9 +212,11 @@ sql_result executor::run(session_scope& s, const statement& st,
     }
     PGresult* r = PQexecPrepared(c, name.c_str(), n, ptrs.data(), nullptr, nullptr, 0);
     if (ok(r)) return collect(result_ptr(r, PQclear).get());
-    if (attempt == 0 && is_sqlstate(r, "26000")) {
+    if (attempt == 0 && is_sqlstate(r, "26000") && PQtransactionStatus(c) == PQTRANS_IDLE) {
       // The server forgot the statement (DISCARD ALL by a pooler): it did not run; prepare it
-      // again.
+      // again. Not inside a transaction, which the failure has aborted: a second try would
+      // only meet "current transaction is aborted" and hide this error (the classifier's
+      // pooler hint).
       PQclear(r);
       prepared.erase(name);
       continue;
