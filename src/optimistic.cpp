@@ -146,7 +146,7 @@ versioned_result versioned_update(const database& db, const versioned_table& spe
   const auto& impl = detail::access::impl(db);
   const std::string what = "versioned update of " + spec.table;
   // The read is a plain autocommit read, ended before `mutate` runs; only the conditional UPDATE
-  // is a write. So no lock is held while the caller's code runs (SAFETY.md D3): on SQLite the
+  // is a write. So no lock is held while the caller's code runs (docs/safety.md D3): on SQLite the
   // database-wide write lock is the UPDATE's own BEGIN IMMEDIATE, whose fresh snapshot makes a
   // row changed since the read a version conflict (never a stale-snapshot BUSY), as the affected
   // rows do on the servers.

@@ -1,5 +1,6 @@
-// Lease locks across processes and threads: the invariants of ../shared/SAFETY.md that need more
-// than one client (T1 counter, T2 first-insert race, T3 kill -9, T4 SIGSTOP, T8 client clock skew).
+// Lease locks across processes and threads: the invariants of docs/safety.md that need
+// more than one client (T1 counter, T2 first-insert race, T3 kill -9, T4 SIGSTOP, T8 client clock
+// skew).
 //
 // Every check is on invariants that do not depend on timing: exact counts, non-overlapping
 // critical sections recorded on CLOCK_MONOTONIC (one clock for all processes of this host),

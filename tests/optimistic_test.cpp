@@ -1,5 +1,5 @@
-// Optimistic updates and compare-and-set (SAFETY.md C1, T13): the retry policy on its own, exact
-// version sequences under contention from threads and from processes, every isolation level,
+// Optimistic updates and compare-and-set (docs/safety.md C1, T13): the retry policy on its own,
+// exact version sequences under contention from threads and from processes, every isolation level,
 // bounded retries that leave no trace, CAS that never oversells, matched-rows semantics, use
 // inside the caller's transaction (including a stale REPEATABLE READ snapshot), and errors.
 //
@@ -712,7 +712,8 @@ DBLOCK_TEST("bounded retries: failed calls leave no trace, successes are exact",
   CHECK(s.version == successes);
 }
 
-// ---- 5b. no wait the caller did not ask for (SAFETY.md D3) ----------------------------------
+// ---- 5b. no wait the caller did not ask for (docs/safety.md D3)
+// ----------------------------------
 //
 // versioned_update(db, ...) reads, calls `mutate`, then sends one conditional UPDATE; only that
 // UPDATE may hold a lock. Negative control, run against the code before this change (which on

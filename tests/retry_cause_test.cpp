@@ -120,8 +120,8 @@ DBLOCK_TEST_ONLY("sqlite", "exhausted retries keep the cause: SQLite BUSY is loc
   CHECK(vu->attempts() == 2);
   CHECK(vu->elapsed().count() > 0);
   CHECK(vu_causes == std::vector<errc>{errc::lock_not_available});
-  // The read and `mutate` run outside the write lock (SAFETY.md D3); each attempt's UPDATE then
-  // met BUSY at its BEGIN IMMEDIATE.
+  // The read and `mutate` run outside the write lock (docs/safety.md D3); each attempt's UPDATE
+  // then met BUSY at its BEGIN IMMEDIATE.
   CHECK(mutate_calls == 2);
   REQUIRE(cs);
   INFO("compare_and_set: " << cs->what());

@@ -143,8 +143,9 @@ class lease_lock {
    *
    * Tries once; when the lease is held, the call enters the waiter queue (one row, deleted when
    * it acquires or gives up) and sleeps until a release wakes it (see docs/waiting.md: the
-   * same process at once; other processes through PostgreSQL LISTEN/NOTIFY or SQLite's
-   * doorbell directory; on MySQL by polling) or the holder's lease expires. Without a working
+   * same process at once; other processes through PostgreSQL LISTEN/NOTIFY, on MySQL by a
+   * `KILL QUERY` of the waiting handle's wake-up connection, through SQLite's doorbell
+   * directory) or the holder's lease expires. Without a working
    * wake-up channel it polls with jittered exponential backoff (poll_initial .. poll_max),
    * reading the row (no write), never sleeping past the holder's expiry. A lost wake-up costs
    * latency only. With lease_options::fair the grants follow the queue order.

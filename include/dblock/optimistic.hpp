@@ -43,7 +43,7 @@ struct versioned_result {
  * The read is a plain read that has ended before `mutate` runs, and only the UPDATE writes:
  * while `mutate` runs dblock holds no row lock and, on SQLite, not the database-wide write lock,
  * so other writers and leases on the same database do not wait for it, and a concurrent update
- * of the row makes this attempt conflict rather than wait (SAFETY.md D3).
+ * of the row makes this attempt conflict rather than wait (promise D3 of docs/safety.md).
  * Affected rows mean matched rows on every backend (dblock's MySQL connections set
  * CLIENT_FOUND_ROWS), so writing unchanged values is not mistaken for a conflict.
  * The read and the UPDATE are prepared once per pooled connection (the read after its first

@@ -41,7 +41,7 @@ struct reaper_options {
   /**
    * Pause between raising the fence floor and deleting rows, so that any acquire statement
    * that read the old floor has finished before a row it could re-create is deleted (see
-   * "Fences after deletion" in the README). The background reaper uses its interval instead.
+   * "Fences after deletion" in docs/reaper.md). The background reaper uses its interval instead.
    */
   std::chrono::milliseconds floor_grace{std::chrono::seconds(1)};
   /// Background mode: time between runs (at least 1 ms), each randomised by ±jitter.

@@ -1,4 +1,4 @@
-// Scenario 6 (SAFETY.md T8, T9): clock jumps.
+// Scenario 6 (docs/safety.md T8, T9): clock jumps.
 //
 // Clients: worker processes run under libfaketime (LD_PRELOAD) with their wall clock at +1 h or
 // -1 h, or running at double or half rate from their start. CLOCK_MONOTONIC is kept real in every
@@ -20,7 +20,7 @@
 //     grant on the real monotonic clock; checked: the holder's fenced write afterwards is
 //     refused (no stale write) and, on the servers, TTL <= takeover <= bound.
 // SQLite has no server clock: expiry is judged by each process's own wall clock (documented in
-// the README and SAFETY.md). Skew therefore breaks time-based exclusion there (a process ahead
+// the README and docs/safety.md). Skew therefore breaks time-based exclusion there (a process ahead
 // takes over unexpired leases at once; a process behind waits up to the skew; a row released by
 // a process ahead used to stay unacquirable for the others, fixed, see the regression test at the
 // end): the SQLite

@@ -1,4 +1,4 @@
-// Scenario 2 (SAFETY.md T7, E1): connections are killed at random points while 4 worker
+// Scenario 2 (docs/safety.md T7, E1): connections are killed at random points while 4 worker
 // processes run the fenced counter workload through a loopback proxy (tcp_proxy): all
 // connections reset, a reset after N bytes, the reply to the next COMMIT / acquire upsert /
 // release dropped (the statement ran, the client never hears of it), and server-side kills

@@ -1,4 +1,4 @@
-// Promise D1 (SAFETY.md TD1, docs/safety.md "Deadlines"): no call outlives its deadline,
+// Promise D1 (docs/safety.md TD1, docs/safety.md "Deadlines"): no call outlives its deadline,
 // whatever the database does. Each scenario holds a lease, then injects its fault and times
 // every kind of call against its documented bound (a lease's calls and try_acquire: TTL less the
 // safety margin; acquire(wait): its wait; reads: call_timeout), allowing 1 s on top:

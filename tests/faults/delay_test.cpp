@@ -1,5 +1,5 @@
-// Scenario 4 (SAFETY.md T10): the reply to the acquire upsert is held back 0.5-1.5 x TTL by the
-// delayed worker's own proxy while two other processes contend for the same lock directly.
+// Scenario 4 (docs/safety.md T10): the reply to the acquire upsert is held back 0.5-1.5 x TTL by
+// the delayed worker's own proxy while two other processes contend for the same lock directly.
 // Checked per acquisition: the guard's remaining() counts from when the request was sent
 // (remaining <= TTL - margin - observed delay), valid() is false once the delay reached
 // TTL - margin; the delayed holder then attempts its fenced write anyway, and no write whose

@@ -7,7 +7,7 @@
 // once, sees the holder's row and reports "not acquired". The server still runs the upsert: when
 // the holder commits (its lease has expired by then), the upsert took the row under our owner
 // token: the row then carried an unexpired lease of ours although we were told "not acquired"
-// (SAFETY.md E1). Now the old session is ended first, so the read-back is final.
+// (docs/safety.md E1). Now the old session is ended first, so the read-back is final.
 #include <soci/soci.h>
 #include <unistd.h>
 

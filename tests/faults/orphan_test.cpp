@@ -1,5 +1,5 @@
-// Scenario 7 (SAFETY.md T12, L2): an interrupt storm on acquirers. Four worker processes run the
-// fenced counter workload with watchdog-renewed leases; each has two threads waiting in
+// Scenario 7 (docs/safety.md T12, L2): an interrupt storm on acquirers. Four worker processes run
+// the fenced counter workload with watchdog-renewed leases; each has two threads waiting in
 // acquire(wait) on the same lock and a canceller thread that cancels the second thread's waits
 // at random moments (5-80 ms). The parent sends SIGINT or SIGTERM to a worker, preferably while
 // its main thread is inside acquire(), and starts a replacement. Half the workers handle the

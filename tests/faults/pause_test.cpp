@@ -1,6 +1,6 @@
-// Scenario 3 (SAFETY.md T4, S1): holders are paused with SIGSTOP for 1.5 x TTL or 3 x TTL after
-// their acquire returned and before their fenced write began (the worker publishes that phase in
-// a shared slot; the parent reads it again once the process is stopped, so a trial counts only
+// Scenario 3 (docs/safety.md T4, S1): holders are paused with SIGSTOP for 1.5 x TTL or 3 x TTL
+// after their acquire returned and before their fenced write began (the worker publishes that phase
+// in a shared slot; the parent reads it again once the process is stopped, so a trial counts only
 // when the pause really fell there). After SIGCONT the stale holder attempts its fenced write,
 // which must be refused: zero stale fenced writes accepted, fences strictly increasing in commit
 // order, exact counts. Negative control: the same pauses with plain (unfenced) writes must be

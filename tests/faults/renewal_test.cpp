@@ -1,4 +1,4 @@
-// Scenario 5 (SAFETY.md T11): right after a watchdog-renewed lease is acquired, every renewal
+// Scenario 5 (docs/safety.md T11): right after a watchdog-renewed lease is acquired, every renewal
 // fails. PostgreSQL/MariaDB: the worker's own proxy either blackholes (renewals hang) or resets
 // and refuses every connection (renewals fail fast). SQLite: another connection holds BEGIN
 // EXCLUSIVE, with the busy timeout at 5 s (renewals hang) or 50 ms (they fail fast).

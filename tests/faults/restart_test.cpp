@@ -1,4 +1,4 @@
-// Scenario 1 (SAFETY.md T6): the database restarts under the 8-process fenced counter workload
+// Scenario 1 (docs/safety.md T6): the database restarts under the 8-process fenced counter workload
 // (PostgreSQL: pg_ctl restart -m immediate; MariaDB: kill -9 and start again), and on every
 // backend worker processes are killed with SIGKILL, often inside their write transaction.
 // Checked: exact counts as defined in fault_support.hpp (every acknowledged increment survives),

@@ -1,4 +1,4 @@
-// The replicated topologies of docs/deployment.md, started by scripts/topologies.sh (SAFETY.md
+// The replicated topologies of docs/deployment.md, started by scripts/topologies.sh (docs/safety.md
 // T6 and T17 on a cluster):
 //   - a 3-node MariaDB Galera cluster (DBLOCK_TEST_GALERA_*, started by test-servers.sh): the
 //     8-process fenced counter workload spread over the nodes while one node is killed with
@@ -10,7 +10,7 @@
 //     control.
 //     An acquire acknowledged by the old primary is missing after the promotion and its fence is
 //     issued a second time, as the seeds describe for a Redis failover.
-// And the deadlines and failover riding of SAFETY.md (D1/TD1, D2/TD2):
+// And the deadlines and failover riding of docs/safety.md (D1/TD1, D2/TD2):
 //   - the synchronous pair with its standby stopped (every COMMIT waits in SyncRep): each call
 //     returns by its deadline, a write answered after the cancel is in_doubt, `dblock exec`
 //     exits with the cause, and reconfiguring the primary as a failover manager would recovers;
@@ -436,7 +436,8 @@ DBLOCK_TEST_ONLY("mysql",
              " beyond_margin_overlap_ms=" + std::to_string(beyond));
 }
 
-// ---- deadlines and failover riding (SAFETY.md D1/TD1, D2/TD2) ----------------------------------
+// ---- deadlines and failover riding (docs/safety.md D1/TD1, D2/TD2)
+// ----------------------------------
 
 namespace {
 
