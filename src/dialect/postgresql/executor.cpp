@@ -183,18 +183,21 @@ sql_result executor::run(session_scope& s, const statement& st,
   if (cs.transaction_pooler && st.routine && !cs.routines_refused &&
       PQtransactionStatus(c) == PQTRANS_IDLE)
     return run_routine(c, cs, st, values, ptrs);
-  // A caller statement is named by its connection's count of them, once there is room.
-  std::string name = "dblock_" + st.key;
+  // A name carries a hash of the statement's text (table prefix included): two connections
+  // that meet one server session (a transaction-mode pooler the URL does not declare) can only
+  // collide on the same SQL, never run each other's statement on other tables. A caller
+  // statement is named so too, while its connection has room for more.
+  std::string name;
   if (st.caller) {
     const auto it = cs.caller_names.find(st.text);
     if (it != cs.caller_names.end())
       name = it->second;
     else if (cs.caller_names.size() < caller_statement_cache)
-      name = "dblock_caller_" + std::to_string(cs.caller_names.size());
-    else
-      name.clear();
+      name = "dblock_caller_" + hash_hex(st.text);
+  } else if (!st.key.empty()) {
+    name = "dblock_" + st.key + "_" + hash_hex(st.text);
   }
-  if (st.key.empty() || name.empty() || cs.transaction_pooler) {
+  if (name.empty() || cs.transaction_pooler) {
     const std::string positional = to_positional(st.text, st.params);
     PGresult* r = PQexecParams(c, positional.c_str(), n, nullptr, ptrs.data(), nullptr, nullptr, 0);
     if (!ok(r)) fail(c, r);
@@ -212,14 +215,17 @@ sql_result executor::run(session_scope& s, const statement& st,
     }
     PGresult* r = PQexecPrepared(c, name.c_str(), n, ptrs.data(), nullptr, nullptr, 0);
     if (ok(r)) return collect(result_ptr(r, PQclear).get());
-    if (attempt == 0 && is_sqlstate(r, "26000") && PQtransactionStatus(c) == PQTRANS_IDLE) {
-      // The server forgot the statement (DISCARD ALL by a pooler): it did not run; prepare it
-      // again. Not inside a transaction, which the failure has aborted: a second try would
-      // only meet "current transaction is aborted" and hide this error (the classifier's
-      // pooler hint).
-      PQclear(r);
+    if (is_sqlstate(r, "26000")) {
+      // The server forgot the statement (DISCARD ALL by a pooler, or the caller's own): it did
+      // not run, and this connection prepares it again when next used.
       prepared.erase(name);
-      continue;
+      // Outside a transaction it is prepared again at once. Not inside one, which the failure
+      // has aborted: a second try would only meet "current transaction is aborted" and hide
+      // this error (the classifier's pooler hint).
+      if (attempt == 0 && PQtransactionStatus(c) == PQTRANS_IDLE) {
+        PQclear(r);
+        continue;
+      }
     }
     fail(c, r);
   }
