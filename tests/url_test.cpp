@@ -187,7 +187,9 @@ TEST_CASE("URL timeouts: one value that deadlines also read, bad ones refused cl
            {"mysql://u:hunter2@h/db?write_timeout=0", "write_timeout"},
            {"mysql://u:hunter2@h/db?sslcert=/c.pem&sslkey=/k.pem", "sslca"},
            {"postgresql://u:hunter2@h/db?connect_timeout=0", "connect_timeout"},
-           {"postgresql://u:hunter2@h/db?connect_timeout=5x", "connect_timeout"}}) {
+           {"postgresql://u:hunter2@h/db?connect_timeout=5x", "connect_timeout"},
+           {"postgresql://u:hunter2@h/db?connect_timeout=25h", "connect_timeout"},
+           {"mysql://u:hunter2@h/db?connect_timeout=86401", "connect_timeout"}}) {
     INFO(url);
     const std::string m = message_of(url);
     CHECK(m.find(key) != std::string::npos);

@@ -61,6 +61,10 @@ void url_connect_timeout(const parsed_url& url, database_options& o) {
     throw error(errc::invalid_argument,
                 "invalid database URL '" + url.redacted +
                     "': connect_timeout must be more than 0 (0 would wait for ever)");
+  // The client libraries read an int of seconds; a day is far above any useful connect.
+  if (t > std::chrono::hours(24))
+    throw error(errc::invalid_argument,
+                "invalid database URL '" + url.redacted + "': connect_timeout must be at most 24h");
   o.connect_timeout = t;
 }
 

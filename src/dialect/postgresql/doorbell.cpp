@@ -128,6 +128,7 @@ std::string doorbell::target(const parsed_url& u, const database_options& o) con
           "database_options::listen_url must be a postgresql:// URL, not '" + l.redacted + "'");
     database_options direct = o;
     direct.pooler = pooler_mode::none;
+    url_connect_timeout(l, direct);  // the listen URL's own connect_timeout, checked
     return (o.share_listener ? relay_mark : "") + conn.connect_string(l, direct);
   }
   // LISTEN needs a server session of its own: not through a transaction-mode pooler.
