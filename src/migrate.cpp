@@ -134,11 +134,16 @@ std::string migration_sql(const database& db, bool all) {
     if (applied[i]) continue;
     const auto& f = impl.dia->migrations[i];
     const std::string sum = checksum_of(f.text);
-    body += "\n-- " + f.name + " (checksum " + sum + ")\n" + statements(f.text);
+    // Each file with its record in one transaction where DDL is transactional, as migrate()
+    // runs it: a file that fails half-way leaves nothing behind.
+    const bool tx = impl.dia->sql.transactional_ddl();
+    body += "\n-- " + f.name + " (checksum " + sum + ")\n" + (tx ? "BEGIN;\n" : "") +
+            statements(f.text);
     // Names are [0-9a-z_.] and checksums hex digits: nothing to escape.
     body += "INSERT INTO " + impl.tables.migrations +
             " (version, name, checksum, applied_at) VALUES (" + std::to_string(f.version) + ", '" +
-            f.name + "', '" + sum + "', " + impl.dia->sql.client_now() + ");\n";
+            f.name + "', '" + sum + "', " + impl.dia->sql.client_now() + ");\n" +
+            (tx ? "COMMIT;\n" : "");
     ++count;
   }
   std::string out = "-- dblock " + std::string(version()) + ": " + std::to_string(count) +

@@ -66,7 +66,8 @@ bool schema_up_to_date(const database& db);
  *        instead.
  *
  * With the database's table prefix filled in: the bookkeeping table, then each pending file (or,
- * with `all`, every shipped file), each followed by the INSERT that records it, so that
+ * with `all`, every shipped file), each followed by the INSERT that records it (the two in one
+ * transaction on PostgreSQL and SQLite, whose DDL is transactional), so that
  * migrate(), schema_up_to_date() and `dblock migrate --dry-run` see it applied afterwards. Every
  * statement ends with ";" at the end of a line (psql, mysql and sqlite3 read it as is). Run it
  * as the owner of the tables, in order, stopping at the first error (`psql -v ON_ERROR_STOP=1`).

@@ -85,6 +85,7 @@ class vocabulary final : public detail::vocabulary {
            " ESCAPE '!'";
   }
   std::string now() const override { return "UTC_TIMESTAMP(6)"; }
+  bool transactional_ddl() const override { return false; }  // DDL commits by itself
   std::string plus_us(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + INTERVAL :" + param + " MICROSECOND)";
   }
