@@ -80,9 +80,11 @@ set(CPACK_COMPONENT_LIB_DESCRIPTION
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libdblock-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_COMPONENT_DEV_DEPENDS lib)
-# What find_package(dblock) (dblockConfig.cmake, FindSOCI.cmake) and dblock.pc look for.
+# What find_package(dblock) (dblockConfig.cmake, FindSOCI.cmake) and dblock.pc look for, and
+# libboost-dev: Debian's <soci/soci.h>, which fenced() callers include, includes Boost headers
+# (SOCI_HAVE_BOOST) while libsoci-dev does not depend on them.
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
-    "libsoci-dev, libpq-dev, libmariadb-dev, libsqlite3-dev, liburiparser-dev")
+    "libsoci-dev, libboost-dev, libpq-dev, libmariadb-dev, libsqlite3-dev, liburiparser-dev")
 set(CPACK_COMPONENT_DEV_DESCRIPTION
     "${PROJECT_DESCRIPTION} (development files)
  Headers, libdblock.so and libdblock.a, the CMake package (find_package(dblock)),

@@ -41,6 +41,10 @@ PACKAGES=(
     # the dblock(1) man page of the dblock package, written from `dblock --help`
     # (cmake/packaging.cmake, scripts/package-test.sh)
     help2man
+    # scripts/package-test.sh checks that `man -w dblock` finds the installed page
+    man-db
+    # scripts/markdown.py: the link check (scripts/check-links.sh) and the docs' Doxygen filter
+    python3
     # scripts/structure-check.sh: the function-size rule
     clang-tidy
     # scripts/fuzz.sh: clang++ with -fsanitize=fuzzer needs the compiler-rt archives
