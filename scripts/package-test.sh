@@ -141,7 +141,7 @@ if grep -Eq 'prometheus|bench' "$work/libdblock0.files" "$work/libdblock-dev.fil
 fi
 depends libdblock0 libc6 libstdc++6 libsoci-core4.0 libsoci-postgresql4.0 libsoci-mysql4.0 \
     libsoci-sqlite3-4.0 libsqlite3-0 liburiparser1
-depends libdblock-dev libdblock0 libsoci-dev libpq-dev libmariadb-dev libsqlite3-dev liburiparser-dev
+depends libdblock-dev libdblock0 libsoci-dev libboost-dev libpq-dev libmariadb-dev libsqlite3-dev liburiparser-dev
 depends dblock libdblock0 libc6 libstdc++6
 if dpkg-deb -f "${deb[dblock]}" Depends | grep -q hiredis; then fail "dblock depends on hiredis"; fi
 step "packaged (${#debs[@]} .deb)"
