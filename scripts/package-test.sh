@@ -12,7 +12,9 @@
 #      the machine is left with the packages it had before (checked). Also on failure.
 #
 # Usage: scripts/package-test.sh          (as root: it installs and removes packages)
-# Environment: PACKAGE_BUILD_DIR (default build-deb), JOBS (default nproc), CXX (default c++).
+# Environment: PACKAGE_BUILD_DIR (default build-deb), JOBS (default nproc), CXX (default c++),
+#   PACKAGE_BUILD_TYPE (default Release; scripts/test.sh passes Quick: -O0 without debug
+#   information, since the test checks the packaging, not the code, and it saves CI a minute).
 # Needs what scripts/install-deps.sh installs (dpkg-dev, help2man, man-db among it).
 set -euo pipefail
 
@@ -88,9 +90,14 @@ cleanup() {
 trap cleanup EXIT
 
 # 1. Build and package.
-say "configuring a shared Release build in $build"
+build_type=${PACKAGE_BUILD_TYPE:-Release}
+type_flags=(-DCMAKE_BUILD_TYPE="$build_type")
+if [ "$build_type" = Quick ]; then
+    type_flags=(-DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-O0)
+fi
+say "configuring a shared $build_type build in $build"
 run_logged "$work/configure.log" "configuring $build" \
-    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    cmake -S "$root" -B "$build" "${type_flags[@]}" -DBUILD_SHARED_LIBS=ON \
     -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_CXX_COMPILER="$CXX" -DDBLOCK_CLI=ON -DDBLOCK_INSTALL=ON \
     -DDBLOCK_TESTS=OFF -DDBLOCK_EXAMPLES=OFF -DDBLOCK_BENCH=OFF -DDBLOCK_PROMETHEUS=OFF
 grep -q '^DBLOCK_HELP2MAN:FILEPATH=/' "$build/CMakeCache.txt" || fail "CMake did not find help2man"

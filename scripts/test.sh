@@ -244,7 +244,7 @@ if [ "${DBLOCK_QUICK:-}" = 1 ] || [ "$#" -gt 0 ]; then
 fi
 if [ "$(id -u)" = 0 ]; then
     msg "packages: libdblock0, libdblock-dev and dblock built, installed, used and removed"
-    bash "$REPO_ROOT/scripts/package-test.sh"
+    PACKAGE_BUILD_TYPE=Quick bash "$REPO_ROOT/scripts/package-test.sh"
 elif is_ci; then
     echo "test.sh: CI=true runs the package test, which installs packages: run it as root" >&2
     exit 1
