@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "dialect/postgresql/backend.hpp"
 #include "fault_support.hpp"
 #include "harness.hpp"
 #include "internals.hpp"
@@ -214,7 +215,9 @@ DBLOCK_TEST_SERVERS("a lost reply of a queue insert leaves no orphan entry at th
   lease_lock w_lock(via, name, fair);
   // On PostgreSQL the statement is prepared in a round trip of its own first: the pattern is
   // its execution's Bind message (the statement's name, then no format codes, 7 parameters).
-  const std::string bind("dblock_waiter_insert\0\0\0\0\x07", 25);
+  const std::string bind =
+      dblock::detail::pg::prepared_name(dblock::test::statements_of(via).waiter_insert) +
+      std::string("\0\0\0\0\x07", 5);
   proxy.cut_reply_to(ctx.backend == "postgresql" ? bind
                                                  : "INSERT INTO " + ctx.table("lock_waiter"));
   std::optional<lease_guard> w;

@@ -21,6 +21,13 @@
 
 namespace dblock::detail::pg {
 
+/// FNV-1a of `text` as 16 hex digits (names of prepared statements and pooler routines).
+std::string hash_hex(const std::string& text);
+/// The name a dblock statement is prepared under on a connection: dblock_<key>_<hash of its
+/// text>, so that two table prefixes or dblock versions never share one (a fault test's proxy
+/// finds a statement's Bind message by it).
+std::string prepared_name(const statement& st);
+
 /// Per connection: the statements prepared on it.
 struct state final : connection_state {
   std::set<std::string> prepared;

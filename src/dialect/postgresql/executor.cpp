@@ -67,17 +67,6 @@ bool is_sqlstate(PGresult* r, const char* code) {
   return field && std::strcmp(field, code) == 0;
 }
 
-std::string hash_hex(const std::string& text) {
-  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a
-  for (unsigned char ch : text) {
-    h ^= ch;
-    h *= 1099511628211ULL;
-  }
-  char out[17];
-  std::snprintf(out, sizeof out, "%016" PRIx64, h);
-  return out;
-}
-
 // A routine's rows as the statement's own: its rows (affected: their count), or the count.
 sql_result routine_result(PGresult* r, bool returns_rows) {
   sql_result out = collect(r);
@@ -195,7 +184,7 @@ sql_result executor::run(session_scope& s, const statement& st,
     else if (cs.caller_names.size() < caller_statement_cache)
       name = "dblock_caller_" + hash_hex(st.text);
   } else if (!st.key.empty()) {
-    name = "dblock_" + st.key + "_" + hash_hex(st.text);
+    name = prepared_name(st);
   }
   if (name.empty() || cs.transaction_pooler) {
     const std::string positional = to_positional(st.text, st.params);
@@ -229,6 +218,21 @@ sql_result executor::run(session_scope& s, const statement& st,
     }
     fail(c, r);
   }
+}
+
+std::string hash_hex(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a
+  for (unsigned char ch : text) {
+    h ^= ch;
+    h *= 1099511628211ULL;
+  }
+  char out[17];
+  std::snprintf(out, sizeof out, "%016" PRIx64, h);
+  return out;
+}
+
+std::string prepared_name(const statement& st) {
+  return "dblock_" + st.key + "_" + hash_hex(st.text);
 }
 
 }  // namespace dblock::detail::pg
