@@ -136,14 +136,13 @@ std::string migration_sql(const database& db, bool all) {
     const std::string sum = checksum_of(f.text);
     // Each file with its record in one transaction where DDL is transactional, as migrate()
     // runs it: a file that fails half-way leaves nothing behind.
-    const bool tx = impl.dia->sql.transactional_ddl();
-    body += "\n-- " + f.name + " (checksum " + sum + ")\n" + (tx ? "BEGIN;\n" : "") +
+    body += "\n-- " + f.name + " (checksum " + sum + ")\n" + impl.dia->sql.script_begin() +
             statements(f.text);
     // Names are [0-9a-z_.] and checksums hex digits: nothing to escape.
     body += "INSERT INTO " + impl.tables.migrations +
             " (version, name, checksum, applied_at) VALUES (" + std::to_string(f.version) + ", '" +
             f.name + "', '" + sum + "', " + impl.dia->sql.client_now() + ");\n" +
-            (tx ? "COMMIT;\n" : "");
+            impl.dia->sql.script_commit();
     ++count;
   }
   std::string out = "-- dblock " + std::string(version()) + ": " + std::to_string(count) +

@@ -258,9 +258,10 @@ class vocabulary {
   /// now() in SQL that any client of the database runs, without dblock's connection set-up (in
   /// the migration SQL printed for a DBA: migration_sql()).
   virtual std::string client_now() const { return now(); }
-  /// True when DDL is transactional (PostgreSQL, SQLite): a migration file and its record
-  /// commit together.
-  virtual bool transactional_ddl() const { return true; }
+  /// The lines that open and close one migration file and its record in the SQL printed for a
+  /// DBA (migration_sql()): a transaction where DDL is transactional (PostgreSQL, SQLite).
+  virtual std::string script_begin() const { return "BEGIN;\n"; }
+  virtual std::string script_commit() const { return "COMMIT;\n"; }
   /// `ts + micros` where micros is the bound parameter `param`.
   virtual std::string plus_us(const std::string& ts, const std::string& param) const = 0;
   /// A timestamp expression as integer microseconds since the epoch.

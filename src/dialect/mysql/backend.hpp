@@ -85,7 +85,9 @@ class vocabulary final : public detail::vocabulary {
            " ESCAPE '!'";
   }
   std::string now() const override { return "UTC_TIMESTAMP(6)"; }
-  bool transactional_ddl() const override { return false; }  // DDL commits by itself
+  // DDL commits by itself: no transaction around a printed migration file.
+  std::string script_begin() const override { return ""; }
+  std::string script_commit() const override { return ""; }
   std::string plus_us(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + INTERVAL :" + param + " MICROSECOND)";
   }
