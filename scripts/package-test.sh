@@ -4,7 +4,8 @@
 #      runs `cpack -G DEB`: libdblock0, libdblock-dev and dblock, whose contents and Depends
 #      (dpkg-shlibdeps) are checked;
 #   2. installs the three with `apt-get install ./*.deb`, runs `dblock --version`, checks that
-#      the tool uses the packaged libdblock.so.0 and that `man -w dblock` finds its man page;
+#      the tool uses the packaged libdblock.so.0, the library's SONAME and symlink chain, and
+#      that `man -w dblock` finds its man page;
 #   3. builds the quick start (examples/quickstart/main.cpp; examples/smoke/main.cpp while there
 #      is none) against the installed packages, with find_package(dblock) in a CMake project of
 #      its own and with pkg-config, and runs both on a fresh SQLite file (it must print a fence);
@@ -167,6 +168,16 @@ tool=$(command -v dblock)
 # (/lib is /usr/lib on Debian 12, merged /usr: the loader's cache may name either.)
 ldd "$tool" | grep -Eq 'libdblock\.so\.0 => (/usr)?/lib/[a-z0-9_]+-linux-gnu/libdblock\.so\.0 ' ||
     fail "dblock does not use the packaged libdblock.so.0: $(ldd "$tool" | grep dblock)"
+# The shared library's SONAME and symlink chain, as installed: libdblock.so (libdblock-dev) ->
+# libdblock.so.0 -> libdblock.so.$version (libdblock0), the SONAME being libdblock.so.0.
+libdir=$(dirname "$(ldd "$tool" | sed -n 's/.*libdblock\.so\.0 => \([^ ]*\) .*/\1/p')")
+[ "$(readlink "$libdir/libdblock.so")" = libdblock.so.0 ] ||
+    fail "$libdir/libdblock.so is not a symlink to libdblock.so.0"
+[ "$(readlink "$libdir/libdblock.so.0")" = "libdblock.so.$version" ] ||
+    fail "$libdir/libdblock.so.0 is not a symlink to libdblock.so.$version"
+soname=$(readelf -d "$libdir/libdblock.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]$/\1/p')
+[ "$soname" = libdblock.so.0 ] || fail "the SONAME of libdblock.so.$version is '$soname', not libdblock.so.0"
+say "libdblock.so -> libdblock.so.0 -> libdblock.so.$version, SONAME $soname"
 man_page=$(man -w dblock 2>&1) || fail "man -w dblock: $man_page"
 [ "$man_page" = /usr/share/man/man1/dblock.1.gz ] || fail "man -w dblock found $man_page"
 zcat "$man_page" | grep -q 'migrate' || fail "the man page does not mention migrate"

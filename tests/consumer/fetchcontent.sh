@@ -9,7 +9,8 @@
 # `cmake --install` installs the consumer alone (dblock's install rules are off).
 #
 # Usage: fetchcontent.sh SOURCE_DIR
-# Environment: CXX, the compiler (default c++).
+# Environment: CXX, the compiler (default c++); CONSUMER_JOBS, parallel build jobs (default 1:
+# ctest runs this beside a timing-sensitive test, on one core of its own).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -46,7 +47,7 @@ run_logged "$work/configure.log" "configuring tests/consumer/fetchcontent" \
     cmake -S "$src/tests/consumer/fetchcontent" -B "$build" -DDBLOCK_SOURCE_DIR="$src" \
     -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 "${hidden[@]}"
 say "configured without CLI11, nlohmann-json, Catch2, yaml-cpp, prometheus-cpp and pkg-config"
-run_logged "$work/build.log" "building the consumer and dblock" cmake --build "$build" -j2
+run_logged "$work/build.log" "building the consumer and dblock" cmake --build "$build" -j"${CONSUMER_JOBS:-1}"
 say "built in $((SECONDS - t0))s"
 
 out=$("$build/consumer" "sqlite://$work/consumer.db" 2>&1) || fail "consumer failed: $out"

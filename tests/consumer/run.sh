@@ -12,7 +12,8 @@
 # For a shared build (shared.sh) the consumers must also need libdblock.so.0.
 #
 # Usage: run.sh BUILD_DIR CONSUMER_DIR README.md
-# Environment: CXX, the compiler (default c++), also used for the CMake projects.
+# Environment: CXX, the compiler (default c++), also used for the CMake projects; CONSUMER_JOBS,
+# parallel build jobs (default 1: ctest runs this beside a timing-sensitive test).
 set -euo pipefail
 
 if [ $# -ne 3 ]; then
@@ -83,7 +84,7 @@ run_logged "$work/cmake.log" "configuring tests/consumer (find_package(dblock), 
     configure_consumer "$work/cmake" -DCMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp=ON \
     -DCONSUMER_SNIPPETS_DIR="$work/snippets"
 run_logged "$work/build.log" "building tests/consumer and the README's C++ blocks" \
-    cmake --build "$work/cmake" -j2
+    cmake --build "$work/cmake" -j"${CONSUMER_JOBS:-1}"
 say "README snippets: compiled and linked"
 expect_output "consumer (CMake)" "consumer fence 1" "$work/cmake/consumer" "sqlite://$work/cmake.db"
 needs_shared_dblock "consumer (CMake)" "$work/cmake/consumer"
@@ -93,7 +94,7 @@ if [ -f "$cfgdir/dblockPrometheusTargets.cmake" ]; then
     run_logged "$work/prom.log" "configuring tests/consumer with COMPONENTS prometheus" \
         configure_consumer "$work/prom" -DCONSUMER_PROMETHEUS=ON
     run_logged "$work/prom-build.log" "building consumer_prometheus" \
-        cmake --build "$work/prom" -j2 --target consumer_prometheus
+        cmake --build "$work/prom" -j"${CONSUMER_JOBS:-1}" --target consumer_prometheus
     expect_output "consumer_prometheus" 'dblock_acquired_total{backend="sqlite"} 1' \
         "$work/prom/consumer_prometheus" "sqlite://$work/prom.db"
     expected_reason="component prometheus: it needs prometheus-cpp"

@@ -7,7 +7,8 @@
 # the installed shared library, and the README's snippets.
 #
 # Usage: shared.sh SOURCE_DIR
-# Environment: CXX, the compiler (default c++).
+# Environment: CXX, the compiler (default c++); CONSUMER_JOBS, parallel build jobs (default 1:
+# ctest runs this beside a timing-sensitive test, on one core of its own).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -56,7 +57,7 @@ run_logged "$work/configure.log" "configuring dblock with -DBUILD_SHARED_LIBS=ON
     cmake -S "$src" -B "$build" -DCMAKE_CXX_COMPILER="$CXX" -DBUILD_SHARED_LIBS=ON \
     -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
     -DDBLOCK_TESTS=OFF -DDBLOCK_EXAMPLES=OFF -DDBLOCK_BENCH=OFF -DDBLOCK_CLI=OFF
-run_logged "$work/build.log" "building the shared libraries" cmake --build "$build" -j2
+run_logged "$work/build.log" "building the shared libraries" cmake --build "$build" -j"${CONSUMER_JOBS:-1}"
 echo "consumer_shared: built in $((SECONDS - t0))s"
 version=$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$build/CMakeCache.txt")
 [ -n "$version" ] || fail "no CMAKE_PROJECT_VERSION in $build/CMakeCache.txt"

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "harness.hpp"
 
@@ -19,6 +20,12 @@ std::map<std::string, counts>& totals() {
   static std::map<std::string, counts> t;
   return t;
 }
+// "backend<TAB>test name" of each failed test case, for the closing banner of scripts/test.sh
+// (a long CI log is cut in the middle, where Catch2 printed the failure).
+std::vector<std::string>& failures() {
+  static std::vector<std::string> f;
+  return f;
+}
 
 // Counts test cases per backend tag and writes them where scripts/test.sh sums them.
 struct summary_listener : Catch::TestEventListenerBase {
@@ -26,7 +33,24 @@ struct summary_listener : Catch::TestEventListenerBase {
 
   void testCaseStarting(const Catch::TestCaseInfo& info) override {
     dblock::test::skipped_test() = false;
+    first_failure_.clear();
     TestEventListenerBase::testCaseStarting(info);
+  }
+
+  // The first failed assertion of the running test case, for failures().
+  bool assertionEnded(const Catch::AssertionStats& stats) override {
+    const auto& r = stats.assertionResult;
+    if (!r.succeeded() && first_failure_.empty()) {
+      std::string what = r.hasExpression() ? r.getExpressionInMacro() : std::string();
+      if (r.hasExpandedExpression()) what += " with " + r.getExpandedExpression();
+      if (r.hasMessage()) what += (what.empty() ? "" : ": ") + r.getMessage();
+      for (char& ch : what)
+        if (ch == '\n' || ch == '\t') ch = ' ';
+      if (what.size() > 300) what = what.substr(0, 300) + "...";
+      first_failure_ = r.getSourceInfo().file + std::string(":") +
+                       std::to_string(r.getSourceInfo().line) + ": " + what;
+    }
+    return TestEventListenerBase::assertionEnded(stats);
   }
 
   void testCaseEnded(const Catch::TestCaseStats& stats) override {
@@ -38,9 +62,10 @@ struct summary_listener : Catch::TestEventListenerBase {
     const char* label = std::getenv("DBLOCK_TEST_SUMMARY_LABEL");
     if (label && *label && backend != "none") backend = std::string(label) + ":" + backend;
     auto& c = totals()[backend];
-    if (stats.totals.assertions.failed > 0 || stats.totals.testCases.failed > 0)
+    if (stats.totals.assertions.failed > 0 || stats.totals.testCases.failed > 0) {
       ++c.failed;
-    else if (dblock::test::skipped_test())
+      failures().push_back(backend + "\t" + stats.testInfo.name + "\t" + first_failure_);
+    } else if (dblock::test::skipped_test())
       ++c.skipped;
     else
       ++c.passed;
@@ -58,7 +83,14 @@ struct summary_listener : Catch::TestEventListenerBase {
       out << (entry && *entry ? "entry=" + std::string(entry) + " " : std::string())
           << "backend=" << kv.first << " passed=" << kv.second.passed
           << " failed=" << kv.second.failed << " skipped=" << kv.second.skipped << "\n";
+    if (failures().empty()) return;
+    std::ofstream failed(std::string(dir) + "/failed-" + std::to_string(::getpid()) + ".txt");
+    for (const auto& f : failures())
+      failed << f << "\n";
   }
+
+ private:
+  std::string first_failure_;
 };
 CATCH_REGISTER_LISTENER(summary_listener)
 
