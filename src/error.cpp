@@ -1,5 +1,6 @@
 #include "dblock/error.hpp"
 
+#include <optional>
 #include <utility>
 
 namespace dblock {
@@ -40,6 +41,8 @@ const char* to_string(errc code) noexcept {
       return "schema_mismatch";
     case errc::backend_error:
       return "backend_error";
+    case errc::pool_exhausted:
+      return "pool_exhausted";
   }
   return "unknown";
 }
@@ -49,6 +52,7 @@ retry_advice advice_for(errc code) noexcept {
     case errc::timeout:
     case errc::lock_not_available:
     case errc::connection_lost:
+    case errc::pool_exhausted:
       return retry_advice::retry_call;
     case errc::deadlock:
     case errc::serialization_failure:
@@ -64,6 +68,33 @@ class category final : public std::error_category {
  public:
   const char* name() const noexcept override { return "dblock"; }
   std::string message(int ev) const override { return to_string(static_cast<errc>(ev)); }
+  // The standard condition a code is equivalent to, if any (documented on error_category()).
+  bool equivalent(int ev, const std::error_condition& cond) const noexcept override {
+    if (cond.category() == *this) return cond.value() == ev;
+    const auto standard = [](errc e) -> std::optional<std::errc> {
+      switch (e) {
+        case errc::timeout:
+          return std::errc::timed_out;
+        case errc::cancelled:
+          return std::errc::operation_canceled;
+        case errc::lock_not_available:
+          return std::errc::device_or_resource_busy;
+        case errc::deadlock:
+          return std::errc::resource_deadlock_would_occur;
+        case errc::connection_lost:
+          return std::errc::connection_aborted;
+        case errc::invalid_argument:
+          return std::errc::invalid_argument;
+        case errc::not_owner:
+          return std::errc::operation_not_permitted;
+        case errc::pool_exhausted:
+          return std::errc::resource_unavailable_try_again;
+        default:
+          return std::nullopt;
+      }
+    }(static_cast<errc>(ev));
+    return standard && cond == std::make_error_condition(*standard);
+  }
 };
 }  // namespace
 
@@ -72,12 +103,14 @@ const std::error_category& error_category() noexcept {
   return instance;
 }
 
-error::error(errc code, const std::string& message) : std::runtime_error(message), code_(code) {}
+error::error(errc code, const std::string& message)
+    : std::system_error(make_error_code(code), message), kind_(code), message_(message) {}
 
 error::error(errc code, const std::string& message, std::string backend, std::string sqlstate,
              long long native_code)
-    : std::runtime_error(message),
-      code_(code),
+    : std::system_error(make_error_code(code), message),
+      kind_(code),
+      message_(message),
       backend_(std::move(backend)),
       sqlstate_(std::move(sqlstate)),
       native_code_(native_code) {}

@@ -30,7 +30,7 @@ void run_with_retry(const retry_policy& policy, const std::function<void()>& att
       return;
     } catch (const error& e) {
       st.elapsed = elapsed();
-      if (!policy.is_retryable(e.code())) throw;
+      if (!policy.is_retryable(e.kind())) throw;
       ++st.conflicts;
       // Full jitter: uniform in [0, min(cap, initial * 2^(n-1))].
       microseconds cap = std::chrono::duration_cast<microseconds>(policy.initial_backoff) *
@@ -43,7 +43,7 @@ void run_with_retry(const retry_policy& policy, const std::function<void()>& att
           policy.time_budget.count() > 0 &&
           st.elapsed + backoff >= std::chrono::duration_cast<microseconds>(policy.time_budget);
       if (out_of_attempts || out_of_time) {
-        error gave_up(e.code(),
+        error gave_up(e.kind(),
                       "gave up after " + std::to_string(st.attempts) + " attempt(s) in " +
                           std::to_string(st.elapsed.count() / 1000) + " ms (" +
                           (out_of_attempts ? "max_attempts" : "time_budget") +

@@ -111,7 +111,7 @@ class recorder : public dblock::listener {
   void contended(std::string_view name) override { push(event("contended", std::string(name))); }
   void retried(std::string_view op, const dblock::error& cause) override {
     event e{"retried", std::string(op)};
-    e.code = cause.code();
+    e.code = cause.kind();
     push(e);
   }
   void released(std::string_view name, std::chrono::microseconds held) override {
@@ -119,12 +119,12 @@ class recorder : public dblock::listener {
   }
   void renew_failed(std::string_view name, const dblock::error& cause) override {
     event e{"renew_failed", std::string(name)};
-    e.code = cause.code();
+    e.code = cause.kind();
     push(e);
   }
   void lease_lost(std::string_view name, const dblock::error& cause) override {
     event e{"lease_lost", std::string(name)};
-    e.code = cause.code();
+    e.code = cause.kind();
     push(e);
   }
   void rows_reaped(std::uint64_t rows, std::uint64_t batches) override {

@@ -46,11 +46,33 @@ DBLOCK_TEST("the pool hands out at most pool_size connections", "[database]") {
     auto c = db.connect();
     FAIL("a third connection was handed out");
   } catch (const dblock::error& e) {
-    CHECK(e.code() == errc::timeout);
+    // The pool's own limit has a code of its own, not a contended wait's.
+    CHECK(e.code() == errc::pool_exhausted);
+    CHECK(e.code() != errc::timeout);
     CHECK(std::string(e.what()).find("pool_size 2") != std::string::npos);
   }
   { auto moved = std::move(a); }  // returned to the pool
   CHECK_NOTHROW(db.connect());
+}
+
+DBLOCK_TEST("a call's deadline that ends before pool_wait is its timeout, not pool_exhausted",
+            "[database]") {
+  dblock::database_options o = ctx.options();
+  o.pool_size = 1;
+  o.pool_wait = std::chrono::seconds(20);
+  dblock::database db = ctx.open(o);
+  auto held = db.connect();
+  dblock::lease_lock lock(db, "pool-" + dblock::test::random_suffix());
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)lock.acquire(std::chrono::milliseconds(100));
+    FAIL("acquired without a connection");
+  } catch (const dblock::error& e) {
+    INFO(e.what());
+    CHECK(e.code() == errc::timeout);
+  }
+  // Bounded by the call (its statements get at least a second), far below pool_wait.
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
 }
 
 DBLOCK_TEST_SERVERS("a wrong password gives connection_failed without echoing it",
@@ -319,7 +341,7 @@ TEST_CASE("pooler: bad values and other backends are refused clearly", "[unit][d
     try {
       dblock::database db(url, o);
     } catch (const dblock::error& e) {
-      return std::make_pair(e.code(), std::string(e.what()));
+      return std::make_pair(e.kind(), std::string(e.what()));
     }
     return std::make_pair(errc::backend_error, std::string("accepted"));
   };
@@ -616,11 +638,11 @@ DBLOCK_TEST_ONLY("postgresql",
           } catch (const dblock::error& e) {  // the lease then expires by its TTL
             std::lock_guard<std::mutex> l(mu);
             errors.push_back(std::string("release: ") + e.what() + " [" +
-                             dblock::to_string(e.code()) + "]");
+                             dblock::to_string(e.kind()) + "]");
           }
         } catch (const dblock::error& e) {
           std::lock_guard<std::mutex> l(mu);
-          errors.push_back(std::string(e.what()) + " [" + dblock::to_string(e.code()) + "]");
+          errors.push_back(std::string(e.what()) + " [" + dblock::to_string(e.kind()) + "]");
         }
       }
     });

@@ -75,7 +75,7 @@ struct waiter {
           std::this_thread::sleep_for(milliseconds(2));
         g.release();
       } catch (const dblock::error& e) {
-        code = e.code();
+        code = e.kind();
         error = e.what();
       } catch (const std::exception& e) {
         error = e.what();

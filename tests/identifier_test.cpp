@@ -15,7 +15,7 @@ errc code_of(F&& f) {
   try {
     f();
   } catch (const dblock::error& e) {
-    return e.code();
+    return e.kind();
   }
   return errc::backend_error;
 }
@@ -87,6 +87,49 @@ TEST_CASE("errc composes with std::error_code and says how to retry", "[unit][er
   CHECK(dblock::advice_for(errc::in_doubt) == dblock::retry_advice::do_not_retry);
   dblock::error e(errc::lease_lost, "x");
   CHECK(e.error_code() == errc::lease_lost);
+}
+
+TEST_CASE("dblock::error is a std::system_error in the dblock category", "[unit][error]") {
+  const dblock::error e(errc::timeout, "acquire lease 'a': not acquired within 5 ms");
+  const std::system_error& se = e;
+  CHECK(se.code() == errc::timeout);
+  CHECK(se.code().category() == dblock::error_category());
+  CHECK(e.kind() == errc::timeout);
+  // what() is the message alone, not "message: timeout".
+  CHECK(std::string(se.what()) == "acquire lease 'a': not acquired within 5 ms");
+  // The standard equivalents compare equal, and only they.
+  const std::pair<errc, std::errc> same[] = {
+      {errc::timeout, std::errc::timed_out},
+      {errc::cancelled, std::errc::operation_canceled},
+      {errc::lock_not_available, std::errc::device_or_resource_busy},
+      {errc::deadlock, std::errc::resource_deadlock_would_occur},
+      {errc::connection_lost, std::errc::connection_aborted},
+      {errc::invalid_argument, std::errc::invalid_argument},
+      {errc::not_owner, std::errc::operation_not_permitted},
+      {errc::pool_exhausted, std::errc::resource_unavailable_try_again},
+  };
+  for (const auto& [ours, standard] : same) {
+    INFO(dblock::to_string(ours));
+    CHECK(std::error_code(ours) == standard);
+    for (const auto& other : same)
+      if (other.first != ours) CHECK(std::error_code(ours) != other.second);
+  }
+  // Negative controls: no equivalent, and not to a generic code of the same number.
+  CHECK(std::error_code(errc::in_doubt) != std::errc::timed_out);
+  CHECK(std::error_code(errc::lease_lost) != std::errc::operation_not_permitted);
+  CHECK(std::error_code(errc::timeout) != std::error_code(static_cast<int>(errc::timeout),
+                                                         std::generic_category()));
+  CHECK(std::error_code(errc::pool_exhausted) != errc::timeout);
+  CHECK(dblock::to_string(errc::pool_exhausted) == std::string("pool_exhausted"));
+  CHECK(dblock::advice_for(errc::pool_exhausted) == dblock::retry_advice::retry_call);
+  // A handler written for std::system_error sees dblock's errors.
+  bool caught = false;
+  try {
+    throw dblock::error(errc::not_owner, "x");
+  } catch (const std::system_error& s) {
+    caught = s.code() == std::errc::operation_not_permitted;
+  }
+  CHECK(caught);
 }
 
 TEST_CASE("migration files split into statements", "[unit][migrate]") {

@@ -584,7 +584,7 @@ DBLOCK_WORKER(paused_worker) {
       differ(std::string(op) + " did not throw");
     } catch (const dblock::error& e) {
       if (e.code() != errc::lease_lost)
-        differ(std::string(op) + " threw " + dblock::to_string(e.code()) + ": " + e.what());
+        differ(std::string(op) + " threw " + dblock::to_string(e.kind()) + ": " + e.what());
     } catch (const std::exception& e) {
       differ(std::string(op) + " threw a non-dblock exception: " + e.what());
     }

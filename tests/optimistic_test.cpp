@@ -378,7 +378,7 @@ TEST_CASE("retry: on_retry sees attempts 1..n-1", "[unit][retry][optimistic]") {
   bool backoff_ok = true;
   p.on_retry = [&](const dblock::retry_event& ev) {
     seen.push_back(ev.attempt);
-    causes.push_back(ev.cause.code());
+    causes.push_back(ev.cause.kind());
     elapsed.push_back(ev.elapsed);
     if (ev.backoff < std::chrono::microseconds(0) || ev.backoff > milliseconds(3))
       backoff_ok = false;
@@ -818,7 +818,7 @@ DBLOCK_TEST("a slow mutate holds no lock: other writes and leases do not wait fo
         },
         retry_policy::once());
   } catch (const dblock::error& e) {
-    code = e.code();
+    code = e.kind();
     message = e.what();
   }
   writer.join();
@@ -888,7 +888,7 @@ DBLOCK_TEST("two racing versioned updates without retry: one writes, one conflic
                        retry_policy::once())
                        .version;
     } catch (const dblock::error& e) {
-      me.code = e.code();
+      me.code = e.kind();
       me.attempts = e.attempts();
       me.message = e.what();
     }
@@ -1102,7 +1102,7 @@ void stale_snapshot_case(dblock::test::context& ctx,
       increment(r);
     });
   } catch (const dblock::error& e) {
-    code = e.code();
+    code = e.kind();
     message = e.what();
   }
   INFO("error: " << message);

@@ -62,7 +62,7 @@ retry_policy policy(int attempts, std::vector<errc>* causes = nullptr) {
   p.initial_backoff = milliseconds(1);
   p.max_backoff = milliseconds(2);
   if (causes)
-    p.on_retry = [causes](const dblock::retry_event& e) { causes->push_back(e.cause.code()); };
+    p.on_retry = [causes](const dblock::retry_event& e) { causes->push_back(e.cause.kind()); };
   return p;
 }
 

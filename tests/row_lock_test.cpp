@@ -141,7 +141,7 @@ outcome timed(const std::function<bool()>& f) {
   try {
     o.acquired = f();
   } catch (const dblock::error& e) {
-    o.code = e.code();
+    o.code = e.kind();
     o.message = e.what();
   } catch (const std::exception& e) {
     o.foreign_exception = true;
@@ -859,7 +859,7 @@ DBLOCK_TEST_SERVERS("deadlock: without the runner one transaction gets errc::dea
       tx.commit();
       r[k].committed = true;
     } catch (const dblock::error& e) {
-      r[k].code = e.code();
+      r[k].code = e.kind();
       r[k].message = e.what();
     } catch (const std::exception& e) {
       r[k].message = std::string("non-dblock exception: ") + e.what();
@@ -953,7 +953,7 @@ DBLOCK_TEST_SERVERS("deadlock in the body's own UPDATE (t.session()) is retried 
           },
           policy);
     } catch (const dblock::error& e) {
-      errors[k] = std::string("dblock::error ") + dblock::to_string(e.code()) + ": " + e.what();
+      errors[k] = std::string("dblock::error ") + dblock::to_string(e.kind()) + ": " + e.what();
     } catch (const std::exception& e) {
       errors[k] = std::string("non-dblock exception escaped run_transaction: ") + e.what();
     }
@@ -1421,7 +1421,7 @@ void timeout_then_retry(dblock::test::context& ctx, bool own_statement) {
   std::vector<std::string> causes;
   auto policy = dblock::transaction_retry_policy();
   policy.on_retry = [&](const dblock::retry_event& e) {
-    causes.push_back(std::string(dblock::to_string(e.cause.code())) + " native " +
+    causes.push_back(std::string(dblock::to_string(e.cause.kind())) + " native " +
                      std::to_string(e.cause.native_code()) + " sqlstate " + e.cause.sqlstate());
     if (holder) {
       holder->rollback();

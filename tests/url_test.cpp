@@ -18,7 +18,7 @@ dblock::errc code_of(const std::string& url) {
   try {
     parse_url(url);
   } catch (const dblock::error& e) {
-    return e.code();
+    return e.kind();
   }
   return dblock::errc::backend_error;  // "did not throw"
 }

@@ -795,7 +795,7 @@ DBLOCK_TEST("a waiter that gives up deletes its queue entry after a failed try",
       try {
         auto g = waiter.acquire(std::chrono::seconds(30), cancel);
       } catch (const dblock::error& e) {
-        code = e.code();
+        code = e.kind();
         failure = e.what();
       }
       done = true;

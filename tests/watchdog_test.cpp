@@ -187,7 +187,7 @@ DBLOCK_TEST("on_lost may release its own guard; a slow report delays no other le
       guard_a->release();
       a_released.set_value("released");
     } catch (const dblock::error& e) {
-      a_released.set_value(dblock::to_string(e.code()));
+      a_released.set_value(dblock::to_string(e.kind()));
     }
   };
   // B: on_lost takes 800 ms; meanwhile C (same handle, not lost) is released on this thread.

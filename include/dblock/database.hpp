@@ -52,7 +52,7 @@ struct database_options {
   /// Number of pooled connections (1..1024), opened lazily on first use. Watchdogs borrow one
   /// while renewing, so allow one per concurrently renewing lock plus your own threads.
   std::size_t pool_size = 4;
-  /// How long connect() waits for a free pooled connection before throwing errc::timeout.
+  /// How long connect() waits for a free pooled connection before throwing errc::pool_exhausted.
   std::chrono::milliseconds pool_wait{30000};
   /// Connect timeout for PostgreSQL and MySQL (rounded up to whole seconds; PostgreSQL's least
   /// is 2 s). The URL key `connect_timeout` (whole seconds, or a duration such as `1500ms`; more
@@ -192,7 +192,7 @@ class database {
   /// Opens (or checks, with `SELECT 1`) one pooled connection now.
   /// @throws dblock::error errc::connection_failed with the reason when connecting fails,
   ///         errc::connection_lost when an open connection turns out broken (it is reopened on
-  ///         its next use), errc::timeout when no pooled connection frees up within
+  ///         its next use), errc::pool_exhausted when no pooled connection frees up within
   ///         options().pool_wait.
   void ping() const;
 
@@ -239,7 +239,7 @@ class database {
 
   /// Borrows a connection from the pool, connecting it when needed (a connection found broken
   /// earlier is reopened here; one that broke unnoticed fails on its first statement).
-  /// @throws dblock::error errc::timeout when none frees up within options().pool_wait,
+  /// @throws dblock::error errc::pool_exhausted when none frees up within options().pool_wait,
   ///         errc::connection_failed when connecting fails.
   connection connect() const;
 

@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -16,7 +15,8 @@ namespace dblock {
  * @brief What went wrong, independent of the backend.
  *
  * Each code says how a caller should react (see retry_advice()):
- * - retry the call: `lock_not_available`, `timeout`, `connection_lost` (on a fresh connection);
+ * - retry the call: `lock_not_available`, `timeout`, `pool_exhausted`, `connection_lost` (on a
+ *   fresh connection);
  * - retry the whole read-modify-write transaction: `deadlock`, `serialization_failure`,
  *   `version_conflict`;
  * - do not retry blindly: `in_doubt` (resolve by reading the row by owner token), `lease_lost`,
@@ -25,8 +25,9 @@ namespace dblock {
  *
  * @anchor database_errors
  * **Database errors.** Besides the codes its own entry names, every call that talks to the
- * database may throw: `timeout` when no pooled connection frees up within
- * database_options::pool_wait, `connection_failed` when a connection cannot be opened,
+ * database may throw: `pool_exhausted` when no pooled connection frees up within
+ * database_options::pool_wait (`timeout` when the call's own wait or deadline ends first),
+ * `connection_failed` when a connection cannot be opened,
  * `connection_lost` when the connection breaks (where that leaves the outcome of a write
  * unknown, the entry says so: mostly `in_doubt`), `schema_missing` when dblock's tables do not
  * exist (run migrate()), and `backend_error` for anything else the server reports.
@@ -50,6 +51,7 @@ enum class errc : int {
   schema_missing,         ///< dblock's tables do not exist: run `dblock migrate`
   schema_mismatch,        ///< an applied migration differs from the one shipped
   backend_error,          ///< any other error reported by the database
+  pool_exhausted,         ///< no pooled connection freed up within database_options::pool_wait
 };
 
 /// How a caller should react to an error code.
@@ -67,8 +69,16 @@ const char* to_string(errc code) noexcept;
 /// Thread-safety: safe from any thread.
 retry_advice advice_for(errc code) noexcept;
 
-/// The std::error_category of dblock::errc ("dblock"); its message() is to_string().
-/// Thread-safety: safe from any thread (one static instance).
+/**
+ * @brief The std::error_category of dblock::errc ("dblock"); its message() is to_string().
+ *
+ * Codes with a standard equivalent compare equal to it: `e.code() == std::errc::timed_out` holds
+ * for errc::timeout, and likewise cancelled / `operation_canceled`, lock_not_available /
+ * `device_or_resource_busy`, deadlock / `resource_deadlock_would_occur`, connection_lost /
+ * `connection_aborted`, invalid_argument / `invalid_argument`, not_owner /
+ * `operation_not_permitted` (what std::unique_lock reports), pool_exhausted /
+ * `resource_unavailable_try_again`. Thread-safety: safe from any thread (one static instance).
+ */
 const std::error_category& error_category() noexcept;
 
 /// Makes errc usable as a std::error_code (found by argument-dependent lookup).
@@ -80,15 +90,18 @@ inline std::error_code make_error_code(errc e) noexcept {
 /**
  * @brief The one exception type of dblock.
  *
- * Carries a classified code, the backend that reported it ("postgresql", "mysql", "sqlite" or
- * empty), the SQLSTATE (PostgreSQL, and MySQL where known) and the backend's native error number.
- * Messages never contain passwords. Codes, attempts() and elapsed() are documented on errc and
+ * A std::system_error: code() is the std::error_code of a dblock::errc in the "dblock"
+ * category (compare it with `dblock::errc::timeout`, or with a `std::errc` equivalent, see
+ * error_category()); kind() is the errc itself, for a `switch`. It carries the backend that
+ * reported it ("postgresql", "mysql", "sqlite" or empty), the SQLSTATE (PostgreSQL, and MySQL
+ * where known) and the backend's native error number. what() is the message alone. Messages
+ * never contain passwords. Codes, attempts() and elapsed() are documented on errc and
  * retry_policy.
  *
  * Thread-safety: the const members may be called concurrently; with_retry_info() (used by retry
  * loops before they throw) is the one modifier. Copies are independent.
  */
-class error : public std::runtime_error {
+class error : public std::system_error {
  public:
   /// An error with no backend detail. Throws only std::bad_alloc.
   error(errc code, const std::string& message);
@@ -96,10 +109,13 @@ class error : public std::runtime_error {
   error(errc code, const std::string& message, std::string backend, std::string sqlstate,
         long long native_code);
 
-  /// The classified code.
-  errc code() const noexcept { return code_; }
-  /// The code as a std::error_code in dblock's category.
-  std::error_code error_code() const noexcept { return make_error_code(code_); }
+  /// The classified code, as an enum (code(), inherited from std::system_error, is the same as a
+  /// std::error_code).
+  errc kind() const noexcept { return kind_; }
+  /// The same as code(): the code as a std::error_code in dblock's category.
+  std::error_code error_code() const noexcept { return make_error_code(kind_); }
+  /// The message, without the ": <code>" that std::system_error would append.
+  const char* what() const noexcept override { return message_.c_str(); }
   /// Backend name ("postgresql", "mysql", "sqlite"), empty when not from a backend.
   const std::string& backend() const noexcept { return backend_; }
   /// Five-character SQLSTATE when the backend reported one, else empty.
@@ -107,7 +123,7 @@ class error : public std::runtime_error {
   /// Native error number (MySQL errno, SQLite extended result code), 0 when none.
   long long native_code() const noexcept { return native_code_; }
   /// How a caller should react (see errc).
-  retry_advice advice() const noexcept { return advice_for(code_); }
+  retry_advice advice() const noexcept { return advice_for(kind_); }
   /// Attempts made when a retry loop gave up (0 when the error is not from a retry loop).
   int attempts() const noexcept { return attempts_; }
   /// Time spent by the retry loop that gave up (zero when not from a retry loop).
@@ -120,7 +136,8 @@ class error : public std::runtime_error {
   }
 
  private:
-  errc code_;
+  errc kind_;
+  std::string message_;
   std::string backend_;
   std::string sqlstate_;
   long long native_code_ = 0;

@@ -64,7 +64,7 @@ class stderr_listener : public dblock::listener {
 }  // namespace
 
 int exit_status_for(const dblock::error& e) {
-  switch (e.code()) {
+  switch (e.kind()) {
     case dblock::errc::invalid_argument:
       return exit_usage;
     case dblock::errc::connection_failed:
@@ -75,6 +75,7 @@ int exit_status_for(const dblock::error& e) {
       return exit_schema;
     case dblock::errc::timeout:
     case dblock::errc::lock_not_available:
+    case dblock::errc::pool_exhausted:
       return exit_not_acquired;
     case dblock::errc::lease_lost:
       return exit_lease_lost;

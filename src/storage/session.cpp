@@ -82,9 +82,10 @@ std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<databa
     wait = std::max(std::chrono::milliseconds(0), std::min(wait, left));
   }
   auto wait_ms = static_cast<int>(std::min<long long>(wait.count(), 1LL << 30));
+  // The pool's own limit is pool_exhausted; the call's deadline coming first is its timeout.
   if (!pool.try_lease(pos, wait_ms))
     throw error(
-        errc::timeout,
+        wait < options.pool_wait ? errc::timeout : errc::pool_exhausted,
         "no pooled connection to " + redacted_url + " became free within " +
             std::to_string(wait.count()) + " ms (pool_size " + std::to_string(options.pool_size) +
             (wait < options.pool_wait ? "; the call's deadline: " + what : std::string()) + ")");
@@ -213,7 +214,7 @@ void database_impl::check_ttl(const std::string& name, std::chrono::milliseconds
 
 error database_impl::with_hints(error e) const {
   if (e.code() != errc::schema_missing) return e;
-  return error(e.code(),
+  return error(e.kind(),
                std::string(e.what()) + " (dblock's tables are missing in " + redacted_url +
                    ": run `dblock migrate --url URL`" +
                    (tables.prefix.empty() ? "" : " --table-prefix " + tables.prefix) + ")",
@@ -366,7 +367,7 @@ void write_scope::commit() {
     // only the statement): never commit half a transaction.
     std::optional<error> cause = failure_;
     rollback();
-    throw error(cause ? cause->code() : errc::backend_error,
+    throw error(cause ? cause->kind() : errc::backend_error,
                 what_ + ": the transaction had failed and was rolled back, nothing was written" +
                     (cause ? std::string(": ") + cause->what() : std::string()));
   }

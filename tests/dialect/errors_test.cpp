@@ -22,7 +22,7 @@ std::optional<errc> run(const dblock::database& db, dblock::database::connection
     }
   } catch (const dblock::error& e) {
     UNSCOPED_INFO("error: " << e.what());
-    return e.code();
+    return e.kind();
   }
   return std::nullopt;
 }

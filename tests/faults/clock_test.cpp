@@ -242,7 +242,7 @@ DBLOCK_WORKER(clock_probe_holder) {
       sql << "UPDATE " << prefix << "counter SET n = n + 1 WHERE id = 1";
     });
   } catch (const dblock::error& e) {
-    outcome = dblock::to_string(e.code());
+    outcome = dblock::to_string(e.kind());
   }
   write_file_atomic(dir + "/holder_done", std::string(valid ? "1 " : "0 ") + outcome + "\n");
   try {
@@ -270,7 +270,7 @@ DBLOCK_WORKER(clock_probe_waiter) {
     g.release();
   } catch (const dblock::error& e) {
     out = e.code() == errc::timeout ? "timeout " + std::to_string(wall_skew_ms())
-                                    : "error " + std::string(dblock::to_string(e.code()));
+                                    : "error " + std::string(dblock::to_string(e.kind()));
   }
   write_file_atomic(dir + "/waiter", out + "\n");
   return 0;
@@ -598,7 +598,7 @@ DBLOCK_TEST_ONLY("postgresql",
       });
       return std::string("ok");
     } catch (const dblock::error& e) {
-      return std::string(dblock::to_string(e.code()));
+      return std::string(dblock::to_string(e.kind()));
     }
   };
   const int rounds = count(1, 5);

@@ -63,7 +63,7 @@ outcome timed(F&& f) {
   } catch (const error& e) {
     o.threw = true;
     o.what = e.what();
-    o.code = e.code();
+    o.code = e.kind();
   } catch (const std::exception& e) {
     o.threw = true;
     o.what = e.what();

@@ -290,7 +290,7 @@ DBLOCK_WORKER(fault_counter_worker) {
         g = acquire();
       }
     } catch (const dblock::error& e) {
-      log.line(std::string("E acquire ") + dblock::to_string(e.code()) + ": " + e.what());
+      log.line(std::string("E acquire ") + dblock::to_string(e.kind()) + ": " + e.what());
       // The lease may be ours (nobody renews it; it expires): remember its fence. So after an
       // in_doubt, and after a leadership whose announcement failed on a cut connection once the
       // lease was granted: the guard releases it on the way out, and that release can fail too.
@@ -339,7 +339,7 @@ DBLOCK_WORKER(fault_counter_worker) {
           else
             log.line("E unresolved in_doubt for fence " + std::to_string(fence));
         } else {
-          log.line("X " + std::to_string(fence) + " " + dblock::to_string(e.code()));
+          log.line("X " + std::to_string(fence) + " " + dblock::to_string(e.kind()));
         }
       }
     } else {

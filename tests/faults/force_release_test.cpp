@@ -138,7 +138,7 @@ DBLOCK_TEST_SERVERS("force_release: a lost COMMIT reply is in_doubt, never conne
     try {
       (void)force_release(via, name, "trial " + std::to_string(i), "force_release_test");
     } catch (const error& e) {
-      code = e.code();
+      code = e.kind();
       message = e.what();
     }
     const bool hit = proxy.cuts() > cuts_before;
@@ -249,7 +249,7 @@ DBLOCK_TEST_ONLY("sqlite",
   try {
     (void)force_release(ctx.db, other, "audit table gone", "me");
   } catch (const error& e) {
-    code = e.code();
+    code = e.kind();
     message = e.what();
   }
   ctx.exec("ALTER TABLE " + audit_table + "_away RENAME TO " + audit_table);

@@ -159,7 +159,7 @@ void check_rejected(const invalid_name& bad, F&& f) {
     f();
   } catch (const dblock::error& e) {
     threw = true;
-    code = e.code();
+    code = e.kind();
     m = e.what();
   }
   CHECK(threw);

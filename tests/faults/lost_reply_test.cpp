@@ -72,7 +72,7 @@ DBLOCK_TEST_SERVERS(
   try {
     acquired = contender.try_acquire().has_value();
   } catch (const error& e) {
-    code = e.code();
+    code = e.kind();
   }
   cutter.join();
   holder.join();
@@ -133,7 +133,7 @@ DBLOCK_TEST_SERVERS("a lost reply of a release that hands the lease over loses n
   try {
     h->release();
   } catch (const error& e) {
-    code = e.code();
+    code = e.kind();
   }
   waiter.join();
   const long long cuts = proxy.cuts();
@@ -175,7 +175,7 @@ DBLOCK_TEST_SERVERS("a lost release reply whose read-back also breaks never repe
   try {
     inner->release();
   } catch (const error& e) {
-    code = e.code();
+    code = e.kind();
   }
   const long long cuts = proxy.cuts();
   proxy.cut_reply_to("");

@@ -134,7 +134,7 @@ DBLOCK_WORKER(orphan_worker) {
         if (e.code() == errc::cancelled) {
           log.line("C " + std::to_string(t));
         } else {
-          log.line(std::string("E acquire ") + dblock::to_string(e.code()) + ": " + e.what());
+          log.line(std::string("E acquire ") + dblock::to_string(e.kind()) + ": " + e.what());
           std::this_thread::sleep_for(milliseconds(rnd(5, 30)));
         }
         continue;

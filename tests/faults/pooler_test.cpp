@@ -65,7 +65,7 @@ DBLOCK_TEST_ONLY("postgresql",
     try {
       (void)force_release(via, name, "pooled trial", "pooler_test");
     } catch (const error& e) {
-      code = e.code();
+      code = e.kind();
       message = e.what();
     }
     const bool hit = proxy.cuts() > cuts_before;

@@ -613,7 +613,7 @@ struct timed_call {
     try {
       f();
     } catch (const dblock::error& e) {
-      code = e.code();
+      code = e.kind();
       message = e.what();
     } catch (const std::exception& e) {
       other = true;

@@ -178,7 +178,7 @@ std::optional<errc> code_of(F&& f) {
   try {
     f();
   } catch (const dblock::error& e) {
-    return e.code();
+    return e.kind();
   }
   return std::nullopt;
 }
