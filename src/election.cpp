@@ -10,6 +10,8 @@
 #include "identifier.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
+#include "no_throw.hpp"
+#include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/write_scope.hpp"
 
@@ -224,17 +226,19 @@ std::optional<leadership> election::try_campaign() {
   return impl_->won(std::move(*g));
 }
 
-leadership election::campaign(milliseconds wait, const cancellation& cancel) {
-  const auto deadline = steady::now() + wait;
+leadership election::campaign_until(steady_clock::time_point deadline, const cancellation& cancel) {
+  const auto start = steady::now();
   for (;;) {
-    const auto left = std::max(milliseconds(0),
-                               std::chrono::duration_cast<milliseconds>(deadline - steady::now()));
-    if (auto l = impl_->won(impl_->lock.acquire(left, cancel))) return std::move(*l);
+    if (auto l = impl_->won(impl_->lock.acquire_until(deadline, cancel))) return std::move(*l);
     if (steady::now() >= deadline)
       throw error(errc::timeout, "campaign in election '" + detail::printable(impl_->name) +
                                      "': won, but lost again before announcing, within " +
-                                     std::to_string(wait.count()) + " ms");
+                                     detail::wait_text(start, deadline));
   }
+}
+
+std::optional<leadership> election::try_campaign(std::error_code& ec) {
+  return detail::no_throw(ec, [&] { return try_campaign(); });
 }
 
 std::optional<leader_info> election::observe(const database& db, const std::string& name) {

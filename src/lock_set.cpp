@@ -7,6 +7,8 @@
 
 #include "identifier.hpp"
 #include "lease/state.hpp"
+#include "no_throw.hpp"
+#include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/write_scope.hpp"
 
@@ -199,17 +201,15 @@ std::optional<lock_set_guard> lock_set::try_acquire() {
   return impl_->complete(held);
 }
 
-lock_set_guard lock_set::acquire(milliseconds wait, const cancellation& cancel) {
-  const auto deadline = steady::now() + wait;
+lock_set_guard lock_set::acquire_until(steady_clock::time_point deadline,
+                                       const cancellation& cancel) {
+  const auto start = steady::now();
   for (;;) {
     std::vector<lease_guard> held;
     held.reserve(impl_->locks.size());
     try {
-      for (auto& l : impl_->locks) {
-        const auto left = std::max(
-            milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - steady::now()));
-        held.push_back(l.acquire(left, cancel));
-      }
+      for (auto& l : impl_->locks)
+        held.push_back(l.acquire_until(deadline, cancel));
     } catch (const error& e) {
       impl::drop(held);
       if (e.code() != errc::timeout) throw;
@@ -223,8 +223,12 @@ lock_set_guard lock_set::acquire(milliseconds wait, const cancellation& cancel) 
     if (auto g = impl_->complete(held)) return std::move(*g);
     if (steady::now() >= deadline)
       throw error(errc::timeout, "lock set: not every lease was valid at once within " +
-                                     std::to_string(wait.count()) + " ms");
+                                     detail::wait_text(start, deadline));
   }
+}
+
+std::optional<lock_set_guard> lock_set::try_acquire(std::error_code& ec) {
+  return detail::no_throw(ec, [&] { return try_acquire(); });
 }
 
 }  // namespace dblock

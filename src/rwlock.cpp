@@ -10,6 +10,8 @@
 #include "identifier.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
+#include "no_throw.hpp"
+#include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session.hpp"
 
@@ -131,7 +133,7 @@ std::string rwlock::reader_lease_name(const std::string& name, int slot) {
   return detail::permit_lease_name(readers_name(name), slot);
 }
 
-std::optional<lease_guard> rwlock::try_lock_shared() {
+std::optional<lease_guard> rwlock::try_acquire_shared() {
   // A writer already in: no reader row is taken at all.
   auto& rows = impl_->reader_rows();
   if (impl_->writer_expiry_us >= 0 && impl_->writer_in()) return std::nullopt;
@@ -145,21 +147,20 @@ std::optional<lease_guard> rwlock::try_lock_shared() {
   return g;
 }
 
-lease_guard rwlock::lock_shared(milliseconds wait, const cancellation& cancel) {
-  if (wait < milliseconds(0))
-    throw error(errc::invalid_argument, "read " + impl_->what() + ": negative wait");
-  const auto deadline = steady::now() + wait;
+lease_guard rwlock::acquire_shared_until(steady_clock::time_point deadline,
+                                         const cancellation& cancel) {
+  const auto start = steady::now();
   for (int attempt = 0;; ++attempt) {
     if (cancel.cancelled()) throw error(errc::cancelled, "read " + impl_->what() + ": cancelled");
-    if (auto g = try_lock_shared()) return std::move(*g);
+    if (auto g = try_acquire_shared()) return std::move(*g);
     if (steady::now() >= deadline)
       throw error(errc::timeout, "read " + impl_->what() + ": a writer held or waited on it for " +
-                                     std::to_string(wait.count()) + " ms");
+                                     detail::wait_text(start, deadline));
     cancel.sleep_for(backoff(impl_->options, attempt, impl_->writer_expiry_us, deadline));
   }
 }
 
-std::optional<lease_guard> rwlock::try_lock() {
+std::optional<lease_guard> rwlock::try_acquire() {
   auto g = impl_->writer.try_acquire();
   if (!g) return std::nullopt;
   if (g->hold_count() == 1 && impl_->readers_in().first > 0) {
@@ -169,15 +170,13 @@ std::optional<lease_guard> rwlock::try_lock() {
   return g;
 }
 
-lease_guard rwlock::lock(milliseconds wait, const cancellation& cancel) {
-  if (wait < milliseconds(0))
-    throw error(errc::invalid_argument, "write " + impl_->what() + ": negative wait");
-  const auto deadline = steady::now() + wait;
+lease_guard rwlock::acquire_until(steady_clock::time_point deadline, const cancellation& cancel) {
+  const auto start = steady::now();
   auto left = [&] {
-    return std::max(milliseconds(0),
-                    std::chrono::duration_cast<milliseconds>(deadline - steady::now()));
+    return std::max(nanoseconds(0),
+                    std::chrono::duration_cast<nanoseconds>(deadline - steady::now()));
   };
-  lease_guard g = impl_->writer.acquire(left(), cancel);
+  lease_guard g = impl_->writer.acquire_until(deadline, cancel);
   if (g.hold_count() > 1) return g;  // reentrant: the readers were drained the first time
   // Holding the writer row: new readers back off. Wait for those already in. The count is a
   // read: a connection lost or a node that failed over is read again until the deadline (the
@@ -191,7 +190,7 @@ lease_guard rwlock::lock(milliseconds wait, const cancellation& cancel) {
             e.code() == errc::connection_lost || e.code() == errc::connection_failed;
         if (!transient || steady::now() >= deadline) throw;
         if (cancel.sleep_for(
-                std::min<milliseconds>(left(), milliseconds(50) * (1 << std::min(failures, 4)))))
+                std::min<nanoseconds>(left(), milliseconds(50) * (1 << std::min(failures, 4)))))
           throw error(errc::cancelled, "write " + impl_->what() + ": cancelled");
       }
     }
@@ -200,16 +199,24 @@ lease_guard rwlock::lock(milliseconds wait, const cancellation& cancel) {
     const auto [held, next_expiry_us] = readers_in();
     if (held == 0) {
       if (g.valid()) return g;
-      g = impl_->writer.acquire(left(), cancel);  // it ran out while we waited: take it again
+      g = impl_->writer.acquire_until(deadline, cancel);  // it ran out while we waited: again
       continue;
     }
     if (cancel.cancelled()) throw error(errc::cancelled, "write " + impl_->what() + ": cancelled");
     if (steady::now() >= deadline)
       throw error(errc::timeout, "write " + impl_->what() + ": " + std::to_string(held) +
-                                     " reader(s) still in after " + std::to_string(wait.count()) +
-                                     " ms");
+                                     " reader(s) still in after " +
+                                     detail::wait_text(start, deadline));
     cancel.sleep_for(backoff(impl_->options, attempt, next_expiry_us, deadline));
   }
+}
+
+std::optional<lease_guard> rwlock::try_acquire_shared(std::error_code& ec) {
+  return detail::no_throw(ec, [&] { return try_acquire_shared(); });
+}
+
+std::optional<lease_guard> rwlock::try_acquire(std::error_code& ec) {
+  return detail::no_throw(ec, [&] { return try_acquire(); });
 }
 
 }  // namespace dblock

@@ -13,6 +13,8 @@
 #include "identifier.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
+#include "no_throw.hpp"
+#include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session.hpp"
 
@@ -203,10 +205,9 @@ std::optional<lease_guard> semaphore::try_acquire() {
   return std::nullopt;
 }
 
-lease_guard semaphore::acquire(milliseconds wait, const cancellation& cancel) {
-  if (wait < milliseconds(0))
-    throw error(errc::invalid_argument, "acquire " + impl_->what() + ": negative wait");
-  const auto deadline = steady::now() + wait;
+lease_guard semaphore::acquire_until(steady_clock::time_point deadline,
+                                     const cancellation& cancel) {
+  const auto start = steady::now();
   const auto& o = impl_->options;
   for (int attempt = 0;; ++attempt) {
     if (cancel.cancelled())
@@ -215,7 +216,7 @@ lease_guard semaphore::acquire(milliseconds wait, const cancellation& cancel) {
     const auto now = steady::now();
     if (now >= deadline)
       throw error(errc::timeout, "acquire a permit of " + impl_->what() + ": none within " +
-                                     std::to_string(wait.count()) + " ms");
+                                     detail::wait_text(start, deadline));
     // Full jitter, never past the first expiry of a held permit or the end of the wait.
     nanoseconds cap = o.poll_max;
     if (attempt < 30) cap = std::min<nanoseconds>(cap, o.poll_initial * (1LL << attempt));
@@ -225,6 +226,10 @@ lease_guard semaphore::acquire(milliseconds wait, const cancellation& cancel) {
     sleep = std::min<nanoseconds>(sleep, deadline - now);
     cancel.sleep_for(sleep);
   }
+}
+
+std::optional<lease_guard> semaphore::try_acquire(std::error_code& ec) {
+  return detail::no_throw(ec, [&] { return try_acquire(); });
 }
 
 }  // namespace dblock

@@ -397,7 +397,7 @@ DBLOCK_TEST("cli exec --shared: a writer in exits 75; status and release --reade
             "[cli][rwlock]") {
   const std::string name = lock_name();
   dblock::rwlock rw(ctx.db, name);
-  auto w = rw.try_lock();
+  auto w = rw.try_acquire();
   REQUIRE(w);
   auto busy = run_cli(exec_args(ctx, {"--shared", name, "--", "true"}));
   {
@@ -406,7 +406,7 @@ DBLOCK_TEST("cli exec --shared: a writer in exits 75; status and release --reade
     CHECK(contains(busy.output, "is held or awaited by a writer"));
   }
   w->release();
-  auto r = rw.try_lock_shared();
+  auto r = rw.try_acquire_shared();
   REQUIRE(r);
   auto writer = run_cli(exec_args(ctx, {"--lock", name, "--", "true"}));
   {

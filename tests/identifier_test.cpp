@@ -117,8 +117,8 @@ TEST_CASE("dblock::error is a std::system_error in the dblock category", "[unit]
   // Negative controls: no equivalent, and not to a generic code of the same number.
   CHECK(std::error_code(errc::in_doubt) != std::errc::timed_out);
   CHECK(std::error_code(errc::lease_lost) != std::errc::operation_not_permitted);
-  CHECK(std::error_code(errc::timeout) != std::error_code(static_cast<int>(errc::timeout),
-                                                         std::generic_category()));
+  CHECK(std::error_code(errc::timeout) !=
+        std::error_code(static_cast<int>(errc::timeout), std::generic_category()));
   CHECK(std::error_code(errc::pool_exhausted) != errc::timeout);
   CHECK(dblock::to_string(errc::pool_exhausted) == std::string("pool_exhausted"));
   CHECK(dblock::advice_for(errc::pool_exhausted) == dblock::retry_advice::retry_call);

@@ -167,10 +167,10 @@ DBLOCK_TEST_SERVERS("privileges: the documented grants are enough for the applic
   CHECK_FALSE(sem.try_acquire());
   dblock::rwlock rw(db, "priv/rw");
   {
-    auto r = rw.try_lock_shared();
+    auto r = rw.try_acquire_shared();
     CHECK(r);
   }
-  CHECK(rw.try_lock());
+  CHECK(rw.try_acquire());
   dblock::election el(db, "priv/election", "me");
   auto lead = el.try_campaign();
   REQUIRE(lead);

@@ -51,47 +51,47 @@ DBLOCK_TEST("rwlock: readers share, a writer excludes readers and writers, fence
             "[rwlock]") {
   const std::string name = rw_name("cache");
   rwlock a(ctx.db, name), b(ctx.db, name), w(ctx.db, name), w2(ctx.db, name);
-  auto r1 = a.try_lock_shared();
-  auto r2 = b.try_lock_shared();
+  auto r1 = a.try_acquire_shared();
+  auto r2 = b.try_acquire_shared();
   REQUIRE(r1);
   REQUIRE(r2);  // two readers at once
   CHECK(r1->name() != r2->name());
   CHECK(rwlock::reader_of(r1->name())->first == name);
-  CHECK_FALSE(w.try_lock());                // readers in: no writer
+  CHECK_FALSE(w.try_acquire());             // readers in: no writer
   CHECK_FALSE(writer_row_held(ctx, name));  // and the writer row was given back
   r1->release();
   r2->release();
-  auto wg = w.try_lock();
+  auto wg = w.try_acquire();
   REQUIRE(wg);
   CHECK(wg->name() == name);  // the writer's lease is the row of the name itself
   const std::int64_t first = wg->fence();
-  CHECK_FALSE(a.try_lock_shared());  // a writer in: no reader
-  CHECK_FALSE(w2.try_lock());        // nor another writer
+  CHECK_FALSE(a.try_acquire_shared());  // a writer in: no reader
+  CHECK_FALSE(w2.try_acquire());        // nor another writer
   wg->release();
-  auto wg2 = w2.try_lock();
+  auto wg2 = w2.try_acquire();
   REQUIRE(wg2);
   CHECK(wg2->fence() > first);  // every write acquisition a new fence
   wg2->release();
-  CHECK(a.try_lock_shared());
+  CHECK(a.try_acquire_shared());
 }
 
 DBLOCK_TEST("rwlock: a waiting writer holds back new readers and gets in when readers leave",
             "[rwlock]") {
   const std::string name = rw_name("prefer");
   rwlock reader(ctx.db, name), late(ctx.db, name), writer(ctx.db, name);
-  auto r = reader.try_lock_shared();
+  auto r = reader.try_acquire_shared();
   REQUIRE(r);
   std::optional<lease_guard> wg;
   long long got_ns = 0;
   std::thread t([&] {
-    wg.emplace(writer.lock(std::chrono::seconds(20)));
+    wg.emplace(writer.acquire(std::chrono::seconds(20)));
     got_ns = monotonic_ns();
   });
   const long long until = monotonic_ns() + 10000 * ns_per_ms;
   while (!writer_row_held(ctx, name) && monotonic_ns() < until)
     std::this_thread::sleep_for(milliseconds(5));
-  REQUIRE(writer_row_held(ctx, name));  // the writer waits, holding its row
-  CHECK_FALSE(late.try_lock_shared());  // a new reader is held back
+  REQUIRE(writer_row_held(ctx, name));     // the writer waits, holding its row
+  CHECK_FALSE(late.try_acquire_shared());  // a new reader is held back
   std::this_thread::sleep_for(milliseconds(200));
   CHECK(got_ns == 0);  // the writer still waits for the reader already in
   const long long released = monotonic_ns();
@@ -100,20 +100,20 @@ DBLOCK_TEST("rwlock: a waiting writer holds back new readers and gets in when re
   REQUIRE(wg);
   CHECK(got_ns >= released);
   CHECK((got_ns - released) / ns_per_ms < 3000);
-  CHECK_FALSE(late.try_lock_shared());
+  CHECK_FALSE(late.try_acquire_shared());
   wg->release();
-  CHECK(late.try_lock_shared());
+  CHECK(late.try_acquire_shared());
 }
 
 DBLOCK_TEST("rwlock: waits time out and are cancelled; a timed-out writer keeps nothing",
             "[rwlock]") {
   const std::string name = rw_name("wait");
   rwlock reader(ctx.db, name), writer(ctx.db, name), other(ctx.db, name);
-  auto r = reader.try_lock_shared();
+  auto r = reader.try_acquire_shared();
   REQUIRE(r);
   const long long t0 = monotonic_ns();
   try {
-    (void)writer.lock(milliseconds(300));
+    (void)writer.acquire(milliseconds(300));
     FAIL("a writer got in beside a reader");
   } catch (const dblock::error& e) {
     CHECK(e.code() == errc::timeout);
@@ -121,21 +121,22 @@ DBLOCK_TEST("rwlock: waits time out and are cancelled; a timed-out writer keeps 
   }
   CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
   CHECK_FALSE(writer_row_held(ctx, name));  // given back
-  CHECK(other.try_lock_shared());           // readers are admitted again
+  CHECK(other.try_acquire_shared());        // readers are admitted again
   dblock::cancellation cancel;
   std::thread canceller([&] {
     std::this_thread::sleep_for(milliseconds(200));
     cancel.cancel();
   });
-  CHECK(code_of([&] { (void)writer.lock(std::chrono::seconds(20), cancel); }) == errc::cancelled);
+  CHECK(code_of([&] { (void)writer.acquire(std::chrono::seconds(20), cancel); }) ==
+        errc::cancelled);
   canceller.join();
   r->release();
-  auto wg = writer.try_lock();
+  auto wg = writer.try_acquire();
   REQUIRE(wg);
-  CHECK(code_of([&] { (void)reader.lock_shared(milliseconds(200)); }) == errc::timeout);
+  CHECK(code_of([&] { (void)reader.acquire_shared(milliseconds(200)); }) == errc::timeout);
   dblock::cancellation c2;
   c2.cancel();
-  CHECK(code_of([&] { (void)reader.lock_shared(std::chrono::seconds(20), c2); }) ==
+  CHECK(code_of([&] { (void)reader.acquire_shared(std::chrono::seconds(20), c2); }) ==
         errc::cancelled);
 }
 
@@ -145,8 +146,8 @@ DBLOCK_TEST("rwlock: bad names are refused clearly", "[rwlock]") {
   CHECK(bad(std::string(256, 'n')) == errc::invalid_argument);
   // Over 245 bytes: a writer-only lock (no room for reader rows), like any lock name.
   rwlock writer_only(ctx.db, std::string(255, 'w'));
-  CHECK(code_of([&] { (void)writer_only.try_lock_shared(); }) == errc::invalid_argument);
-  CHECK(writer_only.try_lock());
+  CHECK(code_of([&] { (void)writer_only.try_acquire_shared(); }) == errc::invalid_argument);
+  CHECK(writer_only.try_acquire());
   CHECK(bad("a\xEF\xBF\xBF"
             "R") == errc::invalid_argument);
   CHECK(bad(std::string("a\0b", 3)) == errc::invalid_argument);
@@ -154,11 +155,11 @@ DBLOCK_TEST("rwlock: bad names are refused clearly", "[rwlock]") {
         errc::invalid_argument);
   const std::string longest(245, 'L');
   rwlock l(ctx.db, longest);
-  auto g = l.try_lock_shared();
+  auto g = l.try_acquire_shared();
   REQUIRE(g);
   CHECK(rwlock::reader_of(g->name())->first == longest);
   g->release();
-  CHECK(l.try_lock());
+  CHECK(l.try_acquire());
 }
 
 // ---- processes ---------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ DBLOCK_WORKER(rwlock_worker) {
   if (role == "reader") {
     for (int i = 0; i < iterations; ++i) {
       const long long asked = monotonic_ns();
-      auto g = l.lock_shared(std::chrono::seconds(60));
+      auto g = l.acquire_shared(std::chrono::seconds(60));
       const long long enter = monotonic_ns();
       std::this_thread::sleep_for(milliseconds(10 + (i * 7) % 21));
       const long long exit = monotonic_ns();
@@ -200,11 +201,11 @@ DBLOCK_WORKER(rwlock_worker) {
     return 0;
   }
   auto write_lock = [&]() -> lease_guard {
-    if (role == "writer") return l.lock(std::chrono::seconds(60));
+    if (role == "writer") return l.acquire(std::chrono::seconds(60));
     if (role == "plain-writer") return plain.acquire(std::chrono::seconds(60));
     const long long until = monotonic_ns() + 60000 * ns_per_ms;  // polling-writer
     for (;;) {
-      if (auto g = l.try_lock()) return std::move(*g);
+      if (auto g = l.try_acquire()) return std::move(*g);
       if (monotonic_ns() > until) throw std::runtime_error("polling writer: no turn in 60 s");
       std::this_thread::sleep_for(milliseconds(20));
     }

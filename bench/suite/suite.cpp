@@ -431,7 +431,7 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
       st->lock = std::make_unique<dblock::rwlock>(b.db, name, lo);
       for (int k = 0; k < others; ++k) {
         st->other_locks.emplace_back(b.db, name, lo);
-        auto g = st->other_locks.back().try_lock_shared();
+        auto g = st->other_locks.back().try_acquire_shared();
         if (!g)
           throw std::runtime_error("read-write lock '" + name +
                                    "': cannot admit the other readers (left over from a crash? "
@@ -439,7 +439,7 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
         st->held.push_back(std::move(*g));
       }
       return cycle_fn([st, write] {
-        auto g = write ? st->lock->try_lock() : st->lock->try_lock_shared();
+        auto g = write ? st->lock->try_acquire() : st->lock->try_acquire_shared();
         if (!g) return false;
         g->release();
         return true;

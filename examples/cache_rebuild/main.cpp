@@ -102,7 +102,7 @@ report run_reader(const settings& s) {
   for (int i = 0; i < s.reads; ++i) {
     std::optional<dblock::lease_guard> g;
     const long long asked = mono_ms();
-    if (!s.no_lock) g.emplace(cache.lock_shared(std::chrono::seconds(60)));
+    if (!s.no_lock) g.emplace(cache.acquire_shared(std::chrono::seconds(60)));
     r.longest_wait_ms = std::max(r.longest_wait_ms, mono_ms() - asked);
     if (!read_consistent(db, s)) ++r.mixed;
     std::this_thread::sleep_for(milliseconds(10));  // serve from what was read
@@ -119,7 +119,7 @@ report run_rebuilder(const settings& s) {
     std::this_thread::sleep_for(milliseconds(60));
     std::optional<dblock::lease_guard> w;
     const long long asked = mono_ms();
-    if (!s.no_lock) w.emplace(cache.lock(std::chrono::seconds(60)));
+    if (!s.no_lock) w.emplace(cache.acquire(std::chrono::seconds(60)));
     r.longest_wait_ms = std::max(r.longest_wait_ms, mono_ms() - asked);
     rebuild(db, s, g);
     ++r.rebuilds;

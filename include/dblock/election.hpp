@@ -148,16 +148,30 @@ class election {
    *         fenced write (the lease is released first).
    */
   [[nodiscard]] std::optional<leadership> try_campaign();
+  /// try_campaign() without exceptions: on a failure it returns nothing and sets `ec` to the
+  /// error's code (docs/errors.md); otherwise it clears `ec`. Only std::bad_alloc escapes.
+  [[nodiscard]] std::optional<leadership> try_campaign(std::error_code& ec);
 
   /**
-   * @brief Waits up to `wait` to become the leader (woken when the leader resigns, otherwise
-   *        when its lease expires).
-   * @param wait how long to campaign.
+   * @brief Waits up to `wait` (any std::chrono duration; `max()` for ever, zero or negative:
+   *        one try) to become the leader: campaign_until(deadline_after(wait), cancel).
+   * @throws dblock::error as campaign_until().
+   */
+  template <class Rep, class Period>
+  [[nodiscard]] leadership campaign(const std::chrono::duration<Rep, Period>& wait,
+                                    const cancellation& cancel = cancellation()) {
+    return campaign_until(deadline_after(wait), cancel);
+  }
+
+  /**
+   * @brief Waits until `deadline` to become the leader (woken when the leader resigns,
+   *        otherwise when its lease expires).
+   * @param deadline when to give up (in the past: one try; `time_point::max()`: never).
    * @param cancel stops the campaign (errc::cancelled).
    * @throws dblock::error errc::timeout, errc::cancelled, and the errors of try_campaign().
    */
-  [[nodiscard]] leadership campaign(std::chrono::milliseconds wait,
-                                    const cancellation& cancel = cancellation());
+  [[nodiscard]] leadership campaign_until(steady_clock::time_point deadline,
+                                          const cancellation& cancel = cancellation());
 
   /**
    * @brief The current leader of election `name`, or nothing when there is none (no lease, or

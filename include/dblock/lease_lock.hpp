@@ -10,6 +10,7 @@
 
 #include "dblock/cancellation.hpp"
 #include "dblock/database.hpp"
+#include "dblock/deadline.hpp"
 #include "dblock/error.hpp"
 
 /// @file
@@ -20,6 +21,7 @@ namespace dblock {
 namespace detail {
 struct lease_state;
 class waiting_acquire;
+class thread_check;
 struct internal_name_t;
 }  // namespace detail
 
@@ -97,8 +99,12 @@ class lease_guard;
  * Resource names are 1..255 bytes of UTF-8, compared byte for byte; longer names are rejected.
  *
  * Thread-safety: one lease_lock object is for one thread at a time (like a reentrant mutex
- * handle); use separate objects, even with the same name, from different threads. Guards may be
- * released from any thread.
+ * handle): reentrancy is per object. Use separate objects, even with the same name, from
+ * different threads, or share one dblock::lockable<lease_lock> (lockable.hpp), which threads
+ * may share like a std::timed_mutex. A lease_lock used by two threads at once, or re-entered by
+ * a thread other than the one holding its current acquisition, is refused with
+ * errc::invalid_argument. Handing it from one thread to another between uses is fine, and
+ * guards may be released from any thread.
  */
 class lease_lock {
  public:
@@ -134,12 +140,30 @@ class lease_lock {
    *         upsert was sent, the row is read back by owner token to resolve the outcome;
    *         errc::in_doubt only when even that read fails (the lease then expires on its own,
    *         nobody renews it).
+   *         errc::invalid_argument when two threads use this object at once (see the class).
    * @throws std::system_error when the watchdog's threads cannot be started.
    */
   [[nodiscard]] std::optional<lease_guard> try_acquire();
 
+  /// try_acquire() without exceptions: on a failure it returns nothing and sets `ec` to the
+  /// error's code (docs/errors.md); otherwise it clears `ec`. Only std::bad_alloc escapes.
+  [[nodiscard]] std::optional<lease_guard> try_acquire(std::error_code& ec);
+
   /**
-   * @brief Waits up to `wait` for the lease: woken when it is released, polling as a safety net.
+   * @brief Waits up to `wait` (any std::chrono duration) for the lease: woken when it is
+   *        released, polling as a safety net.
+   *
+   * The same as acquire_until(deadline_after(wait), cancel): `max()` waits for ever, zero or a
+   * negative wait tries once.
+   * @throws dblock::error as acquire_until().
+   */
+  template <class Rep, class Period>
+  [[nodiscard]] lease_guard acquire(const std::chrono::duration<Rep, Period>& wait,
+                                    const cancellation& cancel = cancellation());
+
+  /**
+   * @brief Waits until `deadline` for the lease: woken when it is released, polling as a safety
+   *        net.
    *
    * Tries once; when the lease is held, the call enters the waiter queue (one row, deleted when
    * it acquires or gives up) and sleeps until a release wakes it (see docs/waiting.md: the
@@ -149,13 +173,14 @@ class lease_lock {
    * wake-up channel it polls with jittered exponential backoff (poll_initial .. poll_max),
    * reading the row (no write), never sleeping past the holder's expiry. A lost wake-up costs
    * latency only. With lease_options::fair the grants follow the queue order.
-   * @throws dblock::error errc::timeout when `wait` runs out (a pool wait past
-   *         database_options::pool_wait is errc::timeout too), errc::cancelled when `cancel`
-   *         fires, the errors of try_acquire(), and the @ref database_errors "database errors"
-   *         of the polling reads.
+   * A deadline already past (or `steady_clock::now()`) tries once; `time_point::max()` waits
+   * for ever. Other clocks' deadlines: deadline_from().
+   * @throws dblock::error errc::timeout when the deadline passes (also when no pooled
+   *         connection freed up before it), errc::cancelled when `cancel` fires, the errors of
+   *         try_acquire(), and the @ref database_errors "database errors" of the polling reads.
    */
-  [[nodiscard]] lease_guard acquire(std::chrono::milliseconds wait,
-                                    const cancellation& cancel = cancellation());
+  [[nodiscard]] lease_guard acquire_until(steady_clock::time_point deadline,
+                                          const cancellation& cancel = cancellation());
 
   /// The resource name.
   const std::string& name() const noexcept;
@@ -166,6 +191,7 @@ class lease_lock {
 
  private:
   friend class detail::waiting_acquire;
+  friend class detail::thread_check;
   friend class semaphore;
   friend class election;
   /// A lock on one of dblock's internal lease names (a semaphore permit's, which users cannot
@@ -266,5 +292,11 @@ class lease_guard {
   explicit lease_guard(std::shared_ptr<detail::lease_state> s);
   std::shared_ptr<detail::lease_state> state_;
 };
+
+template <class Rep, class Period>
+lease_guard lease_lock::acquire(const std::chrono::duration<Rep, Period>& wait,
+                                const cancellation& cancel) {
+  return acquire_until(deadline_after(wait), cancel);
+}
 
 }  // namespace dblock

@@ -138,18 +138,32 @@ class lock_set {
    *         released first).
    */
   [[nodiscard]] std::optional<lock_set_guard> try_acquire();
+  /// try_acquire() without exceptions: on a failure it returns nothing and sets `ec` to the error's
+  /// code (docs/errors.md); otherwise it clears `ec`. Only std::bad_alloc escapes.
+  [[nodiscard]] std::optional<lock_set_guard> try_acquire(std::error_code& ec);
 
   /**
-   * @brief Waits up to `wait` in all for every lease, taking them in order
-   *        (lease_lock::acquire() for each, with the time left).
-   * @param wait the time the whole set may take.
-   * @param cancel stops the wait (errc::cancelled).
-   * @throws dblock::error errc::timeout (naming the name that stayed held) when `wait` runs out,
-   *         errc::cancelled when `cancel` fires, and lease_lock::acquire()'s errors; the leases
-   *         already taken are released first.
+   * @brief Waits up to `wait` in all (any std::chrono duration; `max()` for ever, zero or
+   *        negative: one try) for every lease: acquire_until(deadline_after(wait), cancel).
+   * @throws dblock::error as acquire_until().
    */
-  [[nodiscard]] lock_set_guard acquire(std::chrono::milliseconds wait,
-                                       const cancellation& cancel = cancellation());
+  template <class Rep, class Period>
+  [[nodiscard]] lock_set_guard acquire(const std::chrono::duration<Rep, Period>& wait,
+                                       const cancellation& cancel = cancellation()) {
+    return acquire_until(deadline_after(wait), cancel);
+  }
+
+  /**
+   * @brief Waits until `deadline` for every lease, taking them in order
+   *        (lease_lock::acquire_until() for each).
+   * @param deadline when the whole set gives up (in the past: one try of each name).
+   * @param cancel stops the wait (errc::cancelled).
+   * @throws dblock::error errc::timeout (naming the name that stayed held) when the deadline
+   *         passes, errc::cancelled when `cancel` fires, and lease_lock::acquire_until()'s
+   *         errors; the leases already taken are released first.
+   */
+  [[nodiscard]] lock_set_guard acquire_until(steady_clock::time_point deadline,
+                                             const cancellation& cancel = cancellation());
 
   /// The names, deduplicated and in acquisition order (sorted by their bytes).
   const std::vector<std::string>& names() const noexcept;

@@ -41,7 +41,7 @@ inline constexpr int max_rwlock_readers = 128;
  * already in (their hold, or their TTL if they died).
  *
  * A plain lease_lock on `name` takes the same writer row and so holds back new readers, but it
- * does not wait for readers already in: writers should use lock() or try_lock(). There is no
+ * does not wait for readers already in: writers should use acquire() or try_acquire(). There is no
  * upgrade: a thread holding a read lock that asks for the write lock waits for itself until its
  * wait runs out. Reader and writer guards are lease_guards (watchdog, fenced(), release()).
  *
@@ -75,16 +75,30 @@ class rwlock {
    *         semaphore::try_acquire()'s errors and the @ref database_errors "database errors" of
    *         the read of the writer row.
    */
-  [[nodiscard]] std::optional<lease_guard> try_lock_shared();
+  [[nodiscard]] std::optional<lease_guard> try_acquire_shared();
+  /// try_acquire_shared() without exceptions: on a failure it returns nothing and sets `ec` to the
+  /// error's code (docs/errors.md); otherwise it clears `ec`. Only std::bad_alloc escapes.
+  [[nodiscard]] std::optional<lease_guard> try_acquire_shared(std::error_code& ec);
   /**
-   * @brief Waits up to `wait` to read, polling with full-jitter backoff (never past the writer's
-   *        expiry).
-   * @param wait how long to wait.
-   * @param cancel stops the wait (errc::cancelled).
-   * @throws dblock::error errc::timeout, errc::cancelled, and the errors of try_lock_shared().
+   * @brief Waits up to `wait` (any std::chrono duration; `max()` for ever, zero or negative:
+   *        one try) to read: acquire_shared_until(deadline_after(wait), cancel).
+   * @throws dblock::error as acquire_shared_until().
    */
-  [[nodiscard]] lease_guard lock_shared(std::chrono::milliseconds wait,
-                                        const cancellation& cancel = cancellation());
+  template <class Rep, class Period>
+  [[nodiscard]] lease_guard acquire_shared(const std::chrono::duration<Rep, Period>& wait,
+                                           const cancellation& cancel = cancellation()) {
+    return acquire_shared_until(deadline_after(wait), cancel);
+  }
+  /**
+   * @brief Waits until `deadline` to read, polling with full-jitter backoff (never past the
+   *        writer's expiry).
+   * @param deadline when to give up (in the past: one try).
+   * @param cancel stops the wait (errc::cancelled).
+   * @throws dblock::error errc::timeout, errc::cancelled, and the errors of
+   *         try_acquire_shared().
+   */
+  [[nodiscard]] lease_guard acquire_shared_until(steady_clock::time_point deadline,
+                                                 const cancellation& cancel = cancellation());
 
   /**
    * @brief One attempt to write: the writer lease, or nothing when another writer holds it or
@@ -92,17 +106,30 @@ class rwlock {
    * @throws dblock::error lease_lock::try_acquire()'s errors and the @ref database_errors
    *         "database errors" of the read of reader rows.
    */
-  [[nodiscard]] std::optional<lease_guard> try_lock();
+  [[nodiscard]] std::optional<lease_guard> try_acquire();
+  /// try_acquire() without exceptions: on a failure it returns nothing and sets `ec` to the error's
+  /// code (docs/errors.md); otherwise it clears `ec`. Only std::bad_alloc escapes.
+  [[nodiscard]] std::optional<lease_guard> try_acquire(std::error_code& ec);
   /**
-   * @brief Waits up to `wait` to write: takes the writer row (holding back new readers), then
-   *        waits for the readers already in to leave.
-   * @param wait how long the whole acquisition may take.
+   * @brief Waits up to `wait` (any std::chrono duration; `max()` for ever, zero or negative:
+   *        one try) to write: acquire_until(deadline_after(wait), cancel).
+   * @throws dblock::error as acquire_until().
+   */
+  template <class Rep, class Period>
+  [[nodiscard]] lease_guard acquire(const std::chrono::duration<Rep, Period>& wait,
+                                    const cancellation& cancel = cancellation()) {
+    return acquire_until(deadline_after(wait), cancel);
+  }
+  /**
+   * @brief Waits until `deadline` to write: takes the writer row (holding back new readers),
+   *        then waits for the readers already in to leave.
+   * @param deadline when the whole acquisition gives up (in the past: one try).
    * @param cancel stops the wait (errc::cancelled).
    * @throws dblock::error errc::timeout (saying whether readers were still in), errc::cancelled,
-   *         and lease_lock::acquire()'s errors; the writer row is given back first.
+   *         and lease_lock::acquire_until()'s errors; the writer row is given back first.
    */
-  [[nodiscard]] lease_guard lock(std::chrono::milliseconds wait,
-                                 const cancellation& cancel = cancellation());
+  [[nodiscard]] lease_guard acquire_until(steady_clock::time_point deadline,
+                                          const cancellation& cancel = cancellation());
 
   /// The lock's name.
   const std::string& name() const noexcept;

@@ -80,14 +80,28 @@ class semaphore {
    *         permits.
    */
   [[nodiscard]] std::optional<lease_guard> try_acquire();
+  /// try_acquire() without exceptions: on a failure it returns nothing and sets `ec` to the error's
+  /// code (docs/errors.md); otherwise it clears `ec`. Only std::bad_alloc escapes.
+  [[nodiscard]] std::optional<lease_guard> try_acquire(std::error_code& ec);
 
   /**
-   * @brief Waits up to `wait` for a permit, polling (see the class comment).
-   * @throws dblock::error errc::timeout when `wait` runs out, errc::cancelled when `cancel`
+   * @brief Waits up to `wait` (any std::chrono duration; `max()` for ever, zero or negative:
+   *        one try) for a permit: acquire_until(deadline_after(wait), cancel).
+   * @throws dblock::error as acquire_until().
+   */
+  template <class Rep, class Period>
+  [[nodiscard]] lease_guard acquire(const std::chrono::duration<Rep, Period>& wait,
+                                    const cancellation& cancel = cancellation()) {
+    return acquire_until(deadline_after(wait), cancel);
+  }
+
+  /**
+   * @brief Waits until `deadline` for a permit, polling (see the class comment).
+   * @throws dblock::error errc::timeout when the deadline passes, errc::cancelled when `cancel`
    *         fires, and the errors of try_acquire().
    */
-  [[nodiscard]] lease_guard acquire(std::chrono::milliseconds wait,
-                                    const cancellation& cancel = cancellation());
+  [[nodiscard]] lease_guard acquire_until(steady_clock::time_point deadline,
+                                          const cancellation& cancel = cancellation());
 
   /// The semaphore's name.
   const std::string& name() const noexcept;

@@ -97,11 +97,11 @@ holding take(const dblock::database& db, const exec_options& x, const dblock::le
     dblock::rwlock rw(db, x.use_shared ? x.shared : x.locks.front(), lo);
     try {
       if (x.use_shared)
-        h.one = wait.count() > 0 ? std::optional<dblock::lease_guard>(rw.lock_shared(wait))
-                                 : rw.try_lock_shared();
+        h.one = wait.count() > 0 ? std::optional<dblock::lease_guard>(rw.acquire_shared(wait))
+                                 : rw.try_acquire_shared();
       else
-        h.one =
-            wait.count() > 0 ? std::optional<dblock::lease_guard>(rw.lock(wait)) : rw.try_lock();
+        h.one = wait.count() > 0 ? std::optional<dblock::lease_guard>(rw.acquire(wait))
+                                 : rw.try_acquire();
     } catch (const dblock::error& e) {
       if (e.code() != dblock::errc::timeout) throw;
     }

@@ -14,6 +14,7 @@
 #include "identifier.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
+#include "no_throw.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/wait_queue.hpp"
 
@@ -84,8 +85,7 @@ lease_lock::lease_lock(database db, std::string name, lease_options options)
 
 lease_lock::lease_lock(database db, std::string name, lease_options options,
                        const detail::internal_name_t&)
-    : impl_(std::make_unique<impl>(
-          impl{std::move(db), std::move(name), std::move(options), {}, {}})) {
+    : impl_(std::make_unique<impl>(std::move(db), std::move(name), std::move(options))) {
   impl_->transient = detail::transient_conflict_policy(9, milliseconds(256));
   impl_->transient.on_retry = [dbi = detail::access::impl(impl_->db)](const retry_event& ev) {
     dbi->notify([&](listener& l) { l.retried("acquire lease", ev.cause); });
@@ -235,11 +235,37 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
   s->acquired_at = steady::now();
   if (options.watchdog) s->start_watchdog();
   current = s;
+  holder = std::this_thread::get_id();
   s->db->check_ttl(name, options.ttl, options.safety_margin);
   return lease_guard(s);
 }
 
+detail::thread_check::thread_check(lease_lock::impl& lk) : lk_(lk) {
+  const auto self = std::this_thread::get_id();
+  std::thread::id nobody;
+  const std::string advice =
+      ": a lease_lock is for one thread at a time (reentrancy is per object); give each thread "
+      "its own lease_lock, even of the same name, or share a dblock::lockable<lease_lock> "
+      "(docs/idioms.md)";
+  if (!lk.in_call.compare_exchange_strong(nobody, self))
+    throw error(
+        errc::invalid_argument,
+        "lease '" + lk.name + "': two threads acquire through one lease_lock at once" + advice);
+  const auto& cur = lk.current;
+  if (cur && cur->holds.load() > 0 && cur->valid() && lk.holder != self) {
+    lk.in_call.store(std::thread::id());
+    throw error(errc::invalid_argument,
+                "lease '" + lk.name +
+                    "': acquired again through the lease_lock another thread holds it by" + advice);
+  }
+}
+
+detail::thread_check::~thread_check() {
+  lk_.in_call.store(std::thread::id());
+}
+
 std::optional<lease_guard> lease_lock::try_acquire() {
+  detail::thread_check entered(*impl_);
   // A grant whose reply came later than this would be invalid on arrival.
   const auto& o = impl_->options;
   const detail::call_deadline bound(
@@ -254,6 +280,10 @@ std::optional<lease_guard> lease_lock::try_acquire() {
   if (impl_->options.fair && !reentry)
     return impl_->attempt(std::string(), detail::wait_queue::behind_everyone);
   return impl_->attempt();
+}
+
+std::optional<lease_guard> lease_lock::try_acquire(std::error_code& ec) {
+  return detail::no_throw(ec, [&] { return try_acquire(); });
 }
 
 }  // namespace dblock

@@ -2,8 +2,10 @@
 // waiting acquire (wait.cpp).
 #pragma once
 
+#include <atomic>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "dblock/lease_lock.hpp"
 #include "dblock/retry.hpp"
@@ -32,10 +34,14 @@ std::string thread_label();
 }  // namespace detail
 
 struct lease_lock::impl {
+  impl(database d, std::string n, lease_options o)
+      : db(std::move(d)), name(std::move(n)), options(std::move(o)) {}
   database db;
   std::string name;
   lease_options options;
   std::shared_ptr<detail::lease_state> current;  // the acquisition reentry extends
+  std::thread::id holder;                        // the thread that made `current`
+  std::atomic<std::thread::id> in_call{};        // the thread inside try_acquire/acquire
   retry_policy transient;  // deadlocks and busy errors of the upsert itself, built once
 
   /// One try. A waiting acquire passes its own owner token and its queue ticket (the entry is
@@ -51,5 +57,26 @@ struct lease_lock::impl {
   lease_guard granted(const detail::acquire_params& p, std::int64_t fence,
                       detail::steady::time_point sent, bool reentry);
 };
+
+namespace detail {
+
+/**
+ * Refuses, loudly (errc::invalid_argument), a lease_lock used by two threads at once, or
+ * re-entered by a thread other than the one that holds its current acquisition: reentrancy is per
+ * object, so a handle shared by threads would let a second thread "re-enter" the first one's
+ * lease. Sequential use by several threads, and guards released on other threads, are fine.
+ */
+class thread_check {
+ public:
+  explicit thread_check(lease_lock::impl& lk);
+  ~thread_check();
+  thread_check(const thread_check&) = delete;
+  thread_check& operator=(const thread_check&) = delete;
+
+ private:
+  lease_lock::impl& lk_;
+};
+
+}  // namespace detail
 
 }  // namespace dblock

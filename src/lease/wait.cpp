@@ -20,21 +20,21 @@ using std::chrono::nanoseconds;
 /// One call of lease_lock::acquire(wait).
 class waiting_acquire {
  public:
-  waiting_acquire(lease_lock::impl& lk, milliseconds wait, const cancellation& cancel)
+  waiting_acquire(lease_lock::impl& lk, steady::time_point deadline, const cancellation& cancel)
       : lk_(lk),
         dbi_(access::impl(lk.db)),
         cancel_(cancel),
         what_("acquire lease '" + lk.name + "'"),
-        wait_(wait),
-        deadline_(steady::now() + std::max(wait, milliseconds(0))),
+        wait_(wait_text(steady::now(), deadline)),
+        deadline_(deadline),
         // A short wait still makes its one try: its statements get at least a second (or the
-        // lease's TTL less its margin, when shorter). A wait past a century has none.
-        call_deadline_(wait >= std::chrono::hours(24 * 365 * 100)
+        // lease's TTL less its margin, when shorter). A wait for ever has no bound.
+        call_deadline_(deadline == steady::time_point::max()
                            ? steady::time_point::max()
-                           : steady::now() +
-                                 std::max(wait, std::min<milliseconds>(
-                                                    std::chrono::seconds(1),
-                                                    lk.options.ttl - lk.options.safety_margin))),
+                           : std::max(deadline, steady::now() + std::min<milliseconds>(
+                                                                    std::chrono::seconds(1),
+                                                                    lk.options.ttl -
+                                                                        lk.options.safety_margin))),
         token_(new_owner_token()),
         grants_(lk.options.fair && dbi_->statements.grants()) {}
   ~waiting_acquire() {
@@ -149,10 +149,7 @@ class waiting_acquire {
     if (cancel_.cancelled()) throw error(errc::cancelled, what_ + ": cancelled");
     if (steady::now() >= deadline_) throw timed_out();
   }
-  error timed_out() const {
-    return error(errc::timeout,
-                 what_ + ": not acquired within " + std::to_string(wait_.count()) + " ms");
-  }
+  error timed_out() const { return error(errc::timeout, what_ + ": not acquired within " + wait_); }
   lease_guard done(lease_guard g) {
     if (entry_) entry_->acquired();
     // Came through the queue, fair: its release may hand the lease to the next in line.
@@ -317,7 +314,7 @@ class waiting_acquire {
   const std::shared_ptr<database_impl>& dbi_;
   const cancellation& cancel_;
   const std::string what_;
-  const milliseconds wait_;
+  const std::string wait_;  // "250 ms", for messages
   const steady::time_point deadline_;
   const steady::time_point call_deadline_;
   // Every statement of the wait (and of leaving the queue) ends by it, whatever the server does.
@@ -335,8 +332,10 @@ class waiting_acquire {
 
 }  // namespace detail
 
-lease_guard lease_lock::acquire(std::chrono::milliseconds wait, const cancellation& cancel) {
-  return detail::waiting_acquire(*impl_, wait, cancel).run();
+lease_guard lease_lock::acquire_until(steady_clock::time_point deadline,
+                                      const cancellation& cancel) {
+  detail::thread_check entered(*impl_);
+  return detail::waiting_acquire(*impl_, deadline, cancel).run();
 }
 
 }  // namespace dblock

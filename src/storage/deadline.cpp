@@ -132,6 +132,13 @@ call_deadline::call_deadline(deadline_clock::time_point until, std::string what)
   }
 }
 
+std::string wait_text(deadline_clock::time_point start, deadline_clock::time_point deadline) {
+  if (deadline == deadline_clock::time_point::max()) return "no end";
+  if (deadline <= start) return "0 ms";
+  return std::to_string(std::chrono::ceil<std::chrono::milliseconds>(deadline - start).count()) +
+         " ms";
+}
+
 call_deadline::call_deadline(std::chrono::milliseconds d, std::string what)
     : prev_{tl.set, tl.until, tl.what, tl.extended} {
   const auto now = deadline_clock::now();

@@ -69,6 +69,9 @@ class resolution_time {
   std::optional<call_deadline> inner_;
 };
 
+/// A public wait from `start` to `deadline` for messages: "250 ms" (at least 0), or "no end".
+std::string wait_text(deadline_clock::time_point start, deadline_clock::time_point deadline);
+
 /// How long after its deadline a statement that has not returned is cut off.
 constexpr std::chrono::milliseconds cut_grace{250};
 /// How long after a passed deadline an outcome may still be resolved (resolution_time).
