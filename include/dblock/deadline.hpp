@@ -45,7 +45,8 @@ steady_clock::time_point deadline_after(const std::chrono::duration<Rep, Period>
  * A steady_clock time point is taken as it is (saturating when its duration type is coarser or
  * finer than the clock's); another clock's (`system_clock`, ...) is measured from that clock's
  * now, so a later change of the wall clock does not move it. A point in the past gives now (the
- * call tries once). Thread-safety: safe from any thread. Never throws.
+ * call tries once); the clock's `time_point::max()` gives steady_clock's: for ever. Thread-safety:
+ * safe from any thread. Never throws.
  */
 template <class Clock, class Duration>
 steady_clock::time_point deadline_from(
@@ -61,6 +62,8 @@ steady_clock::time_point deadline_from(
     if (!(at > bottom)) return steady_clock::time_point::min();
     return steady_clock::time_point(std::chrono::ceil<tick>(at));
   } else {
+    if (until == std::chrono::time_point<Clock, Duration>::max())
+      return steady_clock::time_point::max();
     // The distance in long double: `until - now` in a common integer type could wrap (a
     // time_point of hours::max() in nanoseconds).
     using ld = std::chrono::duration<long double, std::nano>;
