@@ -73,17 +73,20 @@ inline dblock::lease_guard acquire_through_queue(const dblock::test::context& ct
                                                  dblock::lease_lock& holder) {
   auto x = first.try_acquire();
   REQUIRE(x);
+  // `holder` waits on this thread (a lease_lock's acquisition belongs to the thread that made
+  // it: the tests re-enter it here); another one releases `first` once it is queued.
+  bool queued = false;
+  std::thread t([&] {
+    queued = wait_for_waiters(ctx, name, 1, std::chrono::milliseconds(10000));
+    x->release();
+  });
   std::optional<dblock::lease_guard> got;
   std::string failure;
-  std::thread t([&] {
-    try {
-      got.emplace(holder.acquire(std::chrono::seconds(30)));
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  });
-  const bool queued = wait_for_waiters(ctx, name, 1, std::chrono::milliseconds(10000));
-  x->release();
+  try {
+    got.emplace(holder.acquire(std::chrono::seconds(30)));
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
   t.join();
   INFO("holder: " << failure);
   REQUIRE(queued);
