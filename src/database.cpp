@@ -1,5 +1,6 @@
 #include "dblock/database.hpp"
 
+#include "dblock/migrate.hpp"
 #include "dblock/version.hpp"
 
 #include <soci/soci.h>
@@ -43,7 +44,10 @@ database::database(const std::string& url, database_options options) {
   impl->statements = detail::build_lock_statements(dia, impl->tables);
   impl->hub = std::make_unique<detail::wake_hub>(dia, dia.bell.target(parsed, options),
                                                  impl->tables, options.events);
+  impl->keeper = dia.conn.keep_open(impl->connect_strings);
   impl_ = std::move(impl);
+  // Nothing but this handle can reach an in-memory database: it gets its tables now.
+  if (parsed.memory) migrate(*this);
 }
 
 database::~database() = default;

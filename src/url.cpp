@@ -77,9 +77,12 @@ void check_raw(const std::string& url, const std::string& redacted) {
   // uriparser's query list, so that another database, user or option than written is used.
   if (url.find("%00") != std::string::npos)
     bad(redacted, "contains a percent-encoded NUL byte (%00)");
-  if (url.rfind("sqlite", 0) == 0 && url.find(":memory:") != std::string::npos)
+  if (url.rfind("sqlite", 0) == 0 && url.find(":memory:") != std::string::npos &&
+      url.rfind("sqlite::memory:", 0) != 0 && url.rfind("sqlite3::memory:", 0) != 0)
     bad(redacted,
-        "in-memory databases are not supported (each connection would see its own database)");
+        "an in-memory database is written sqlite::memory: (one database shared by the "
+        "connections of one dblock::database; SQLite's own :memory: would give each connection "
+        "a database of its own)");
 }
 
 std::string canonical_scheme(const UriUriA& uri, const std::string& redacted) {
@@ -142,9 +145,11 @@ void finish_sqlite(parsed_url& out) {
     bad(out.redacted, "a sqlite URL takes no user, password or port");
   std::string file = out.host.empty() ? out.path : out.host + out.path;
   if (file.empty() || file == "/") bad(out.redacted, "missing database file path");
-  if (file.find(":memory:") != std::string::npos || file.rfind("file:", 0) == 0)
+  out.memory = out.host.empty() && file == ":memory:";
+  if (!out.memory && (file.find(":memory:") != std::string::npos || file.rfind("file:", 0) == 0))
     bad(out.redacted,
-        "in-memory databases are not supported (each connection would see its own database)");
+        "SQLite URI file names are not supported; an in-memory database is written "
+        "sqlite::memory:");
   out.host.clear();
   out.path = file;
 }

@@ -27,6 +27,7 @@ struct parsed_url {
   std::optional<int> port;      // the first host's port
   std::vector<url_host> hosts;  // every host in the order given (one for a plain URL)
   std::string path;             // database name (postgresql, mysql) or file path (sqlite)
+  bool memory = false;          // sqlite::memory: (path ":memory:"), an in-memory database
   std::map<std::string, std::string> query;
   std::string redacted;  // the URL with the password replaced by ***
 };

@@ -174,6 +174,12 @@ class connector {
   /// a cancel from another connection, then the socket cut.
   virtual std::unique_ptr<interrupter> interrupter_for(soci::session&,
                                                        const connection_state&) const = 0;
+  /// What keeps the database of `connect_strings` alive while the dblock::database lives, when
+  /// it would vanish with its last connection (SQLite's in-memory database); else nothing.
+  virtual std::shared_ptr<void> keep_open(
+      const std::vector<std::string>& /*connect_strings*/) const {
+    return nullptr;
+  }
   /// Lets URL parameters override options (for example SQLite's busy_timeout).
   virtual void adjust_options(const parsed_url&, database_options&) const {}
   /// True when the backend can run behind a connection pooler (database_options::pooler).

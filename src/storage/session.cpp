@@ -242,6 +242,8 @@ session_scope::~session_scope() {
   auto& sl = db_->slots[pos_];
   // A cancel sent at the deadline may still arrive: never hand this connection on.
   if (armed_.fired()) broken_ = true;
+  // The caller closed the connection it borrowed (database::connection): reopen it next time.
+  if (sl.opened && sql().get_backend() == nullptr) broken_ = true;
   if (!broken_ && sl.opened) {
     // Never hand the next user a connection inside someone else's transaction (a caller's own
     // database::connection returned mid-transaction): roll it back, or drop the connection.

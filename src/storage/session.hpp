@@ -29,7 +29,8 @@ struct database_impl {
   std::string backend;
   std::string redacted_url;
   std::vector<std::string> connect_strings;  // hold the password: never printed
-  std::atomic<std::size_t> preferred{0};     // the connect string that worked last
+  std::shared_ptr<void> keeper;  // keeps an in-memory database alive (connector::keep_open)
+  std::atomic<std::size_t> preferred{0};  // the connect string that worked last
   database_options options;
   const dialect* dia = nullptr;
   table_names tables;

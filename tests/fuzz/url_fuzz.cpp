@@ -256,10 +256,16 @@ void check_sqlite(const std::string& url, const parsed_url& u, const std::string
   }
   FUZZ_CHECK(seen_sqlite.file,
              "SOCI refused the SQLite connection string of " + url + ": " + refused);
-  // The same file: the path itself, or ./path for a relative one.
+  // The same file: the path itself, or ./path for a relative one; sqlite::memory: a memdb
+  // name of its own (never a file).
   const std::string& f = *seen_sqlite.file;
-  FUZZ_CHECK(f == u.path || (!u.path.empty() && u.path[0] != '/' && f == "./" + u.path),
-             "SOCI opened another file than the path of " + url);
+  if (u.memory)
+    FUZZ_CHECK(f.rfind("file:/dblock-memory-", 0) == 0 && f.size() > 10 &&
+                   f.compare(f.size() - 10, 10, "?vfs=memdb") == 0,
+               "sqlite::memory: opened " + f + " for " + url);
+  else
+    FUZZ_CHECK(f == u.path || (!u.path.empty() && u.path[0] != '/' && f == "./" + u.path),
+               "SOCI opened another file than the path of " + url);
   std::string ran;
   for (const auto& st : seen_sqlite.statements)
     ran += st + ";";

@@ -58,6 +58,7 @@ class connector final : public detail::connector {
   const soci::backend_factory& factory() const override { return *soci::factory_sqlite3(); }
   std::string connect_string(const parsed_url& u, const database_options& o) const override;
   void adjust_options(const parsed_url& u, database_options& o) const override;
+  std::shared_ptr<void> keep_open(const std::vector<std::string>& connect_strings) const override;
   std::unique_ptr<connection_state> on_connect(soci::session&,
                                                const database_options&) const override;
   /// One writer at a time: every transaction is serializable.

@@ -1,3 +1,6 @@
+#include <unistd.h>
+
+#include <atomic>
 #include <cctype>
 #include <chrono>
 
@@ -27,6 +30,18 @@ std::string connector::connect_string(const parsed_url& u, const database_option
   if (u.path.find('"') != std::string::npos)
     throw error(errc::invalid_argument,
                 "invalid database URL '" + u.redacted + "': the path contains '\"'");
+  // sqlite::memory: is one database for every connection of this dblock::database: SQLite's
+  // memdb VFS shares a name that begins with '/' among the connections of a process, with the
+  // usual locking (busy waits, BEGIN IMMEDIATE), unlike ":memory:" (a database per connection)
+  // or a shared cache (table locks that ignore the busy timeout). The name is new for every
+  // handle, and keep_open() keeps it alive while the handle lives. (Debian's SQLite takes URI
+  // file names: SQLITE_USE_URI.)
+  if (u.memory) {
+    static std::atomic<unsigned long long> handles{0};
+    return "db=\"file:/dblock-memory-" + std::to_string(::getpid()) + "-" +
+           std::to_string(++handles) + "?vfs=memdb\"" +
+           (u.query.count("synchronous") ? " synchronous=" + u.query.at("synchronous") : "");
+  }
   // A relative path that begins with white space: SOCI's parser would
   // index an empty string (out of bounds); "./" in front names the same file.
   const bool lead = !u.path.empty() && std::isspace(static_cast<unsigned char>(u.path[0]));
@@ -43,6 +58,23 @@ void connector::adjust_options(const parsed_url& u, database_options& o) const {
   }
   if (u.query.count("busy_timeout"))
     o.sqlite_busy_timeout = std::chrono::milliseconds(std::stoll(u.query.at("busy_timeout")));
+}
+
+std::shared_ptr<void> connector::keep_open(const std::vector<std::string>& connect_strings) const {
+  const std::string& cs = connect_strings.at(0);
+  const std::string head = "db=\"file:/dblock-memory-";
+  if (cs.rfind(head, 0) != 0) return nullptr;
+  const std::string name = cs.substr(4, cs.find('"', 4) - 4);
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(
+      name.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI, nullptr);
+  if (rc != SQLITE_OK) {
+    const std::string why = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close(db);
+    throw error(errc::connection_failed, "could not open the in-memory database: " + why, "sqlite",
+                "", rc);
+  }
+  return std::shared_ptr<void>(db, [](void* p) { sqlite3_close(static_cast<sqlite3*>(p)); });
 }
 
 // SQLite's own busy timeout, with one difference: a wait ends at once when the call's deadline
