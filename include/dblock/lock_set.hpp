@@ -109,8 +109,8 @@ class lock_set_guard {
  * has become invalid by the time the last one is taken (no watchdog and a long wait), all are
  * released and the set starts again (acquire) or reports nothing (try_acquire).
  *
- * Thread-safety: like lease_lock, one lock_set object is for one thread at a time; guards may be
- * released from any thread.
+ * Thread-safety: like lease_lock, one lock_set object is for one thread at a time (threads may
+ * share a dblock::lockable over it, lockable.hpp); guards may be released from any thread.
  */
 class lock_set {
  public:

@@ -47,8 +47,8 @@ inline constexpr int max_rwlock_readers = 128;
  *
  * Names are 1..255 bytes of valid UTF-8 without NUL or U+FFFF, as for lease_lock; readers need
  * a name of at most 245 bytes (their rows add a suffix), so a longer name is a writer-only lock.
- * Thread-safety: like lease_lock, one rwlock object is for one thread at a time; guards may be
- * released from any thread.
+ * Thread-safety: like lease_lock, one rwlock object is for one thread at a time (threads may share
+ * a dblock::shared_lockable over it, lockable.hpp); guards may be released from any thread.
  */
 class rwlock {
  public:

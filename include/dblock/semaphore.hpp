@@ -46,9 +46,9 @@ inline constexpr int max_semaphore_permits = 1000;
  * Names are 1..249 bytes of valid UTF-8 without NUL or U+FFFF (the permit's suffix takes the
  * rest of the lock table's 255 bytes).
  *
- * Thread-safety: like lease_lock, one semaphore object is for one thread at a time; use one
- * object per thread (all may share the name and the database handle). Guards may be released
- * from any thread.
+ * Thread-safety: like lease_lock, one semaphore object is for one thread at a time (threads may
+ * share a dblock::lockable over it, lockable.hpp); use one object per thread (all may share the
+ * name and the database handle). Guards may be released from any thread.
  */
 class semaphore {
  public:
