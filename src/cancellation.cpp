@@ -1,5 +1,7 @@
 #include "dblock/cancellation.hpp"
 
+#include "dblock/deadline.hpp"
+
 #include "wake/cancel_access.hpp"
 
 #include <algorithm>
@@ -30,8 +32,11 @@ bool cancel_access::wait(const cancellation& c, std::chrono::nanoseconds d,
   bool woken = false;
   {
     std::unique_lock<std::mutex> lk(slot.mu);
-    woken =
-        slot.cv.wait_for(lk, d, [&] { return flag.load() || st.cancelled.load(); }) && flag.load();
+    // wait_until a saturated deadline: wait_for(d) computes now + d, which overflows for the
+    // time left of a wait for ever (UBSan).
+    woken = slot.cv.wait_until(lk, deadline_after(d),
+                               [&] { return flag.load() || st.cancelled.load(); }) &&
+            flag.load();
   }
   std::lock_guard<std::mutex> l(st.mu);
   st.slots.erase(std::find(st.slots.begin(), st.slots.end(), &slot));
@@ -61,7 +66,7 @@ bool cancellation::cancelled() const noexcept {
 
 bool cancellation::sleep_for(std::chrono::nanoseconds d) const {
   std::unique_lock<std::mutex> lk(state_->mu);
-  return state_->cv.wait_for(lk, d, [this] { return state_->cancelled.load(); });
+  return state_->cv.wait_until(lk, deadline_after(d), [this] { return state_->cancelled.load(); });
 }
 
 }  // namespace dblock

@@ -149,6 +149,7 @@ std::optional<lease_guard> rwlock::try_acquire_shared() {
 
 lease_guard rwlock::acquire_shared_until(steady_clock::time_point deadline,
                                          const cancellation& cancel) {
+  deadline = std::max(deadline, steady_clock::now());  // time_point::min(): no overflow below
   const auto start = steady::now();
   for (int attempt = 0;; ++attempt) {
     if (cancel.cancelled()) throw error(errc::cancelled, "read " + impl_->what() + ": cancelled");
@@ -171,6 +172,7 @@ std::optional<lease_guard> rwlock::try_acquire() {
 }
 
 lease_guard rwlock::acquire_until(steady_clock::time_point deadline, const cancellation& cancel) {
+  deadline = std::max(deadline, steady_clock::now());  // time_point::min(): no overflow below
   const auto start = steady::now();
   auto left = [&] {
     return std::max(nanoseconds(0),

@@ -207,6 +207,7 @@ std::optional<lease_guard> semaphore::try_acquire() {
 
 lease_guard semaphore::acquire_until(steady_clock::time_point deadline,
                                      const cancellation& cancel) {
+  deadline = std::max(deadline, steady_clock::now());  // time_point::min(): no overflow below
   const auto start = steady::now();
   const auto& o = impl_->options;
   for (int attempt = 0;; ++attempt) {

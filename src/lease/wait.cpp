@@ -334,6 +334,8 @@ class waiting_acquire {
 
 lease_guard lease_lock::acquire_until(steady_clock::time_point deadline,
                                       const cancellation& cancel) {
+  // A deadline in the past is now (time_point::min() would overflow `deadline - now`).
+  deadline = std::max(deadline, steady_clock::now());
   detail::thread_check entered(*impl_);
   return detail::waiting_acquire(*impl_, deadline, cancel).run();
 }
