@@ -6,7 +6,8 @@
 #         out: they are clients of the library the suite already runs under ASan (the watchdog
 #         tests renew a thousand leases in batches from two threads, as the bench's watchdog row
 #         does), and building them instrumented costs CI minutes;
-#   tsan: the threaded tests (watchdog, reaper, pools, row locks, admin, the election's monitor
+#   tsan: the threaded tests (the standard-lock adapters and the in-memory backend, watchdog,
+#         reaper, pools, row locks, admin, the election's monitor
 #         thread, semaphores, read-write locks, lock sets) built with
 #         ThreadSanitizer (-DDBLOCK_TSAN=ON), third-party frames suppressed by
 #         tests/tsan.supp (never dblock's own code).
@@ -31,7 +32,7 @@ JOBS=${JOBS:-$(nproc)}
 # Tests whose bodies run dblock code on several threads (watchdog and reaper threads, pools shared
 # by threads, concurrent acquirers); the multi-process variants add nothing for TSan.
 # The coordination primitives' CLI and example tests run other processes only.
-TSAN_TAGS=${TSAN_TAGS:-"[lease]~[process],[waiting]~[process],[id_generator]~[process],[reaper]~[process],[rowlock]~[process],[optimistic]~[process],[admin],[database],[election]~[processes]~[cli],[lock_set]~[processes]~[cli],[rwlock]~[processes]~[cli]~[examples],[semaphore]~[process]~[cli]~[examples],[watchdog]"}
+TSAN_TAGS=${TSAN_TAGS:-"[idioms],[memory],[lease]~[process],[waiting]~[process],[id_generator]~[process],[reaper]~[process],[rowlock]~[process],[optimistic]~[process],[admin],[database],[election]~[processes]~[cli],[lock_set]~[processes]~[cli],[rwlock]~[processes]~[cli]~[examples],[semaphore]~[process]~[cli]~[examples],[watchdog]"}
 
 msg() { printf '\n==> %s\n' "$*" >&2; }
 T0=$SECONDS

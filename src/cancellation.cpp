@@ -34,9 +34,9 @@ bool cancel_access::wait(const cancellation& c, std::chrono::nanoseconds d,
     std::unique_lock<std::mutex> lk(slot.mu);
     // wait_until a saturated deadline: wait_for(d) computes now + d, which overflows for the
     // time left of a wait for ever (UBSan).
-    woken = slot.cv.wait_until(lk, deadline_after(d),
-                               [&] { return flag.load() || st.cancelled.load(); }) &&
-            flag.load();
+    woken = slot.cv.wait_until(lk, deadline_after(d), [&] {
+      return flag.load() || st.cancelled.load();
+    }) && flag.load();
   }
   std::lock_guard<std::mutex> l(st.mu);
   st.slots.erase(std::find(st.slots.begin(), st.slots.end(), &slot));

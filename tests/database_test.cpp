@@ -55,6 +55,27 @@ DBLOCK_TEST("the pool hands out at most pool_size connections", "[database]") {
   CHECK_NOTHROW(db.connect());
 }
 
+// The caller closes the session it borrowed: given back, the slot is reopened on its next use
+// (it crashed the library). Not on SQLite, where closing a connection that dblock's cached
+// statements still use fails (SQLITE_BUSY) and leaks it.
+DBLOCK_TEST_ON_TWO("postgresql", "mysql",
+                   "a connection whose session the caller closed is reopened, not handed on",
+                   "[database]") {
+  dblock::database_options o = ctx.options();
+  o.pool_size = 1;
+  dblock::database db = ctx.open(o);
+  {
+    auto c = db.connect();
+    c.session().close();
+  }
+  dblock::lease_lock lock(db, "closed-" + dblock::test::random_suffix());
+  auto g = lock.try_acquire();
+  CHECK(g);
+  int one = 0;
+  db.connect().session() << "SELECT 1", soci::into(one);
+  CHECK(one == 1);
+}
+
 DBLOCK_TEST("a call's deadline that ends before pool_wait is its timeout, not pool_exhausted",
             "[database]") {
   dblock::database_options o = ctx.options();
