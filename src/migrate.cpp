@@ -138,10 +138,7 @@ std::string migration_sql(const database& db, bool all) {
     // runs it: a file that fails half-way leaves nothing behind.
     body += "\n-- " + f.name + " (checksum " + sum + ")\n" + impl.dia->sql.script_begin() +
             statements(f.text);
-    // Names are [0-9a-z_.] and checksums hex digits: nothing to escape.
-    body += "INSERT INTO " + impl.tables.migrations +
-            " (version, name, checksum, applied_at) VALUES (" + std::to_string(f.version) + ", '" +
-            f.name + "', '" + sum + "', " + impl.dia->sql.client_now() + ");\n" +
+    body += detail::migration_record_script(impl.dia->sql, impl.tables, f.version, f.name, sum) +
             impl.dia->sql.script_commit();
     ++count;
   }

@@ -318,6 +318,13 @@ void migration_statements(lock_statements& s, const vocabulary& v, const table_n
 
 }  // namespace
 
+std::string migration_record_script(const vocabulary& v, const table_names& t, int version,
+                                    const std::string& name, const std::string& checksum) {
+  return "INSERT INTO " + t.migrations + " (version, name, checksum, applied_at) VALUES (" +
+         std::to_string(version) + ", '" + name + "', '" + checksum + "', " + v.client_now() +
+         ");\n";
+}
+
 lock_statements build_lock_statements(const dialect& d, const table_names& t) {
   lock_statements s;
   lease_statements(s, d.sql, t);

@@ -140,4 +140,10 @@ struct lock_statements {
 /// Builds the statements of one dialect for one set of tables.
 lock_statements build_lock_statements(const dialect& d, const table_names& t);
 
+/// The record of one applied migration as a literal statement, for a printed script (`dblock
+/// migrate --print-sql`); the time is the client's clock expression of the script's backend.
+/// `name` is [0-9a-z_.] and `checksum` hex digits: nothing to escape.
+std::string migration_record_script(const vocabulary& v, const table_names& t, int version,
+                                    const std::string& name, const std::string& checksum);
+
 }  // namespace dblock::detail

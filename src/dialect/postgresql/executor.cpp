@@ -153,6 +153,26 @@ sql_result executor::run_routine(PGconn* c, state& cs, const statement& st,
   return collect(result_ptr(r, PQclear).get());
 }
 
+namespace {
+
+// The name `st` is prepared under on a connection of state `cs`, or empty: not prepared. A name
+// carries a hash of the statement's text (table prefix included): two connections that meet one
+// server session (a transaction-mode pooler the URL does not declare) can only collide on the
+// same SQL, never run each other's statement on other tables. A caller statement is named so
+// too, while its connection has room for more.
+std::string name_on(const state& cs, const statement& st) {
+  if (st.caller) {
+    const auto it = cs.caller_names.find(st.text);
+    if (it != cs.caller_names.end()) return it->second;
+    if (cs.caller_names.size() < caller_statement_cache)
+      return "dblock_caller_" + hash_hex(st.text);
+    return {};
+  }
+  return st.key.empty() ? std::string() : prepared_name(st);
+}
+
+}  // namespace
+
 sql_result executor::run(session_scope& s, const statement& st,
                          const std::vector<sql_param>& values) const {
   PGconn* c = raw(s.sql());
@@ -172,20 +192,7 @@ sql_result executor::run(session_scope& s, const statement& st,
   if (cs.transaction_pooler && st.routine && !cs.routines_refused &&
       PQtransactionStatus(c) == PQTRANS_IDLE)
     return run_routine(c, cs, st, values, ptrs);
-  // A name carries a hash of the statement's text (table prefix included): two connections
-  // that meet one server session (a transaction-mode pooler the URL does not declare) can only
-  // collide on the same SQL, never run each other's statement on other tables. A caller
-  // statement is named so too, while its connection has room for more.
-  std::string name;
-  if (st.caller) {
-    const auto it = cs.caller_names.find(st.text);
-    if (it != cs.caller_names.end())
-      name = it->second;
-    else if (cs.caller_names.size() < caller_statement_cache)
-      name = "dblock_caller_" + hash_hex(st.text);
-  } else if (!st.key.empty()) {
-    name = prepared_name(st);
-  }
+  const std::string name = name_on(cs, st);
   if (name.empty() || cs.transaction_pooler) {
     const std::string positional = to_positional(st.text, st.params);
     PGresult* r = PQexecParams(c, positional.c_str(), n, nullptr, ptrs.data(), nullptr, nullptr, 0);
