@@ -109,11 +109,7 @@ class lockable {
   /// @throws dblock::error the lock's try_acquire() errors; errc::invalid_argument when this
   ///         thread holds it already.
   bool try_lock() {
-    auto [lock, hold] = mine();
-    auto g = lock->try_acquire();
-    if (!g) return false;
-    hold->emplace(std::move(*g));
-    return true;
+    return take_once([](Lock& l) { return l.try_acquire(); });
   }
 
   /// Waits up to `wait`: true when this thread now holds it, false when the wait ran out.
@@ -126,33 +122,16 @@ class lockable {
   /// holds it, false when the deadline passed.
   template <class Clock, class Duration>
   bool try_lock_until(const std::chrono::time_point<Clock, Duration>& deadline) {
-    auto [lock, hold] = mine();
-    try {
-      hold->emplace(lock->acquire_until(deadline_from(deadline)));
-      return true;
-    } catch (const error& e) {
-      if (e.kind() == errc::timeout) return false;
-      throw;
-    }
+    return take_until([&](Lock& l) { return l.acquire_until(deadline_from(deadline)); });
   }
 
   /// Releases this thread's hold (a failure goes to the lock's error handler, as a guard's
   /// destructor does). @throws dblock::error errc::not_owner when this thread holds nothing.
-  void unlock() {
-    auto* hold = holds_.held();
-    if (!hold || !*hold)
-      detail::refuse(errc::not_owner, "unlock: this thread does not hold the lock");
-    hold->reset();
-  }
+  void unlock() { held("unlock").reset(); }
 
   /// This thread's current hold: its fence(), valid(), fenced(), renew().
   /// @throws dblock::error errc::not_owner when this thread holds nothing.
-  guard_type& guard() {
-    auto* hold = holds_.held();
-    if (!hold || !*hold)
-      detail::refuse(errc::not_owner, "guard(): this thread does not hold the lock");
-    return **hold;
-  }
+  guard_type& guard() { return *held("guard()"); }
 
  protected:
   /// This thread's lock object and (empty) hold; refused when this thread holds it already.
@@ -163,6 +142,34 @@ class lockable {
                      "lock: this thread holds the lock already (dblock's lockables are not "
                      "recursive, like the standard mutexes)");
     return m;
+  }
+  /// One attempt through `attempt` (returning an optional guard): true when it took the lock.
+  template <class F>
+  bool take_once(F&& attempt) {
+    auto [lock, hold] = mine();
+    auto g = attempt(*lock);
+    if (!g) return false;
+    hold->emplace(std::move(*g));
+    return true;
+  }
+  /// A wait through `wait` (returning a guard): false when it ended with errc::timeout.
+  template <class F>
+  bool take_until(F&& wait) {
+    auto [lock, hold] = mine();
+    try {
+      hold->emplace(wait(*lock));
+      return true;
+    } catch (const error& e) {
+      if (e.kind() == errc::timeout) return false;
+      throw;
+    }
+  }
+  /// This thread's hold; errc::not_owner (naming `what`) when it holds nothing.
+  std::optional<guard_type>& held(const char* what) {
+    auto* hold = holds_.held();
+    if (!hold || !*hold)
+      detail::refuse(errc::not_owner, std::string(what) + ": this thread does not hold the lock");
+    return *hold;
   }
   /// Each thread's lock object and hold.
   detail::per_thread_holds<Lock, std::optional<guard_type>> holds_;
@@ -195,11 +202,7 @@ class shared_lockable : public lockable<Lock> {
   }
   /// One attempt to read. @throws dblock::error as lockable::try_lock().
   bool try_lock_shared() {
-    auto [lock, hold] = this->mine();
-    auto g = lock->try_acquire_shared();
-    if (!g) return false;
-    hold->emplace(std::move(*g));
-    return true;
+    return this->take_once([](Lock& l) { return l.try_acquire_shared(); });
   }
   /// Waits up to `wait` to read; false when it ran out.
   template <class Rep, class Period>
@@ -209,14 +212,8 @@ class shared_lockable : public lockable<Lock> {
   /// Waits until `deadline` (any clock; in the past: one attempt) to read; false when it passed.
   template <class Clock, class Duration>
   bool try_lock_shared_until(const std::chrono::time_point<Clock, Duration>& deadline) {
-    auto [lock, hold] = this->mine();
-    try {
-      hold->emplace(lock->acquire_shared_until(deadline_from(deadline)));
-      return true;
-    } catch (const error& e) {
-      if (e.kind() == errc::timeout) return false;
-      throw;
-    }
+    return this->take_until(
+        [&](Lock& l) { return l.acquire_shared_until(deadline_from(deadline)); });
   }
   /// Releases this thread's shared hold, as unlock() does. @throws dblock::error
   /// errc::not_owner when this thread holds nothing.
