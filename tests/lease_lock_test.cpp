@@ -229,20 +229,22 @@ DBLOCK_TEST("the watchdog keeps a lease alive and reports its loss", "[lease]") 
   const std::string name = "watchdog/" + dblock::test::random_suffix();
   std::promise<std::string> lost;
   auto lost_future = lost.get_future();
-  lease_options o = ttl_of(milliseconds(300));
+  // Renewed every 333 ms, so a renewal may be up to 600 ms late on a loaded CI machine (a 300 ms
+  // TTL, renewed every 100 ms, was once lost behind PgBouncer under CI's parallel load).
+  lease_options o = ttl_of(milliseconds(1000));
   o.watchdog = true;
   o.on_lost = [&lost](const dblock::error& e) { lost.set_value(e.what()); };
   lease_lock a(ctx.db, name, o), b(ctx.db, name);
   auto ga = a.try_acquire();
   REQUIRE(ga);
-  std::this_thread::sleep_for(milliseconds(1000));  // over three TTLs
+  std::this_thread::sleep_for(milliseconds(1600));  // past the TTL: only renewals keep it
   CHECK(ga->valid());
   CHECK_FALSE(b.try_acquire());
   // Someone takes the row (as after a pause): the next renewal fails and says so.
   expire_row(ctx, name);
   auto gb = b.try_acquire();
   REQUIRE(gb);
-  REQUIRE(lost_future.wait_for(milliseconds(1000)) == std::future_status::ready);
+  REQUIRE(lost_future.wait_for(milliseconds(3000)) == std::future_status::ready);
   CHECK(lost_future.get().find("expired or was taken over") != std::string::npos);
   CHECK_FALSE(ga->valid());
   CHECK(code_of([&] { ga->release(); }) == errc::lease_lost);
