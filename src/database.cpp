@@ -46,6 +46,7 @@ database::database(const std::string& url, database_options options) {
                                                  impl->tables, options.events);
   impl->keeper = dia.conn.keep_open(impl->connect_strings);
   impl_ = std::move(impl);
+  impl_->notify([&](listener& l) { l.attached(impl_->backend); });
   // Nothing but this handle can reach an in-memory database: it gets its tables now.
   if (parsed.memory) migrate(*this);
 }

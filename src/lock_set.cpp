@@ -111,19 +111,25 @@ void lock_set_guard::fenced(const std::function<void(soci::session&)>& write) {
       "fenced write under a lock set of " + std::to_string(leases_.size()) + " leases";
   // One write transaction: every lock row locked and checked in the set's order (the order
   // every set takes), then the caller's statements; COMMIT lands only while all are ours.
-  detail::write_transaction(db, what, std::nullopt, [&](detail::session_scope& s) {
-    for (const auto& g : leases_) {
-      auto& st = *g.state_;
-      auto fence = detail::lock_table::fenced_check(s, st.name, st.token);
-      if (!fence || *fence != st.fence) {
-        error e(errc::lease_lost, what + ": the lease on '" + detail::printable(st.name) +
-                                      "' is no longer ours; nothing was written");
-        st.mark_lost(e);
-        throw e;
+  detail::lease_state* lost = nullptr;
+  try {
+    detail::write_transaction(db, what, std::nullopt, [&](detail::session_scope& s) {
+      for (const auto& g : leases_) {
+        auto& st = *g.state_;
+        auto fence = detail::lock_table::fenced_check(s, st.name, st.token);
+        if (!fence || *fence != st.fence) {
+          lost = &st;
+          throw error(errc::lease_lost, what + ": the lease on '" + detail::printable(st.name) +
+                                            "' is no longer ours; nothing was written");
+        }
       }
-    }
-    write(s.sql());
-  });
+      write(s.sql());
+    });
+  } catch (const error& e) {
+    // Reported once the transaction is over (the reason is read on another connection).
+    if (lost) lost->mark_lost(e, lost->read_loss());
+    throw;
+  }
 }
 
 // ---- lock_set ----------------------------------------------------------------------------------

@@ -181,6 +181,16 @@ std::optional<std::pair<std::string, int>> semaphore::permit_of(const std::strin
 }
 
 std::optional<lease_guard> semaphore::try_acquire() {
+  // One call for the listener: contended once, however many slots it tried.
+  detail::acquire_call call(detail::access::impl(impl_->db), impl_->name);
+  return call.run([&] {
+    auto g = try_slots();
+    if (!g) call.refused();
+    return g;
+  });
+}
+
+std::optional<lease_guard> semaphore::try_slots() {
   impl_->declare();
   const int n = impl_->permits;
   int probed = -1;
@@ -208,12 +218,19 @@ std::optional<lease_guard> semaphore::try_acquire() {
 lease_guard semaphore::acquire_until(steady_clock::time_point deadline,
                                      const cancellation& cancel) {
   deadline = std::max(deadline, steady_clock::now());  // time_point::min(): no overflow below
+  detail::acquire_call call(detail::access::impl(impl_->db), impl_->name);
+  return call.run([&] { return wait_until(call, deadline, cancel); });
+}
+
+lease_guard semaphore::wait_until(detail::acquire_call& call, steady_clock::time_point deadline,
+                                  const cancellation& cancel) {
   const auto start = steady::now();
   const auto& o = impl_->options;
   for (int attempt = 0;; ++attempt) {
     if (cancel.cancelled())
       throw error(errc::cancelled, "acquire a permit of " + impl_->what() + ": cancelled");
-    if (auto g = try_acquire()) return std::move(*g);
+    if (auto g = try_slots()) return std::move(*g);
+    call.waits();
     const auto now = steady::now();
     if (now >= deadline)
       throw error(errc::timeout, "acquire a permit of " + impl_->what() + ": none within " +

@@ -122,10 +122,31 @@ class recorder : public dblock::listener {
     e.code = cause.kind();
     push(e);
   }
-  void lease_lost(std::string_view name, const dblock::error& cause) override {
+  void lost(std::string_view name, dblock::loss_reason why, const dblock::error& cause) override {
     event e{"lease_lost", std::string(name)};
     e.code = cause.kind();
-    push(e);
+    push(e, std::string(dblock::to_string(why)));
+  }
+  // The hooks added for metrics: in trace() only (events() and lines() keep the older ones).
+  void attached(std::string_view backend) override { note("attached " + std::string(backend)); }
+  void acquire_failed(std::string_view name, dblock::acquire_failure why,
+                      std::chrono::microseconds waited) override {
+    note("acquire_failed " + std::string(name) + " " + std::string(dblock::to_string(why)) +
+         (waited.count() < 0 ? " (negative wait)" : ""));
+  }
+  void waiting(std::string_view name, bool on) override {
+    note("waiting " + std::string(name) + (on ? " 1" : " 0"));
+  }
+  void holding(std::string_view name, bool held) override {
+    note("holding " + std::string(name) + (held ? " 1" : " 0"));
+  }
+  void leadership(std::string_view election, bool leader) override {
+    note("leader " + std::string(election) + (leader ? " 1" : " 0"));
+  }
+  void renew_latency(std::chrono::microseconds latency) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++renew_latencies_;
+    if (latency.count() < 0) trace_.push_back("renew_latency (negative)");
   }
   void rows_reaped(std::uint64_t rows, std::uint64_t batches) override {
     event e{"rows_reaped", ""};
@@ -137,6 +158,16 @@ class recorder : public dblock::listener {
   std::vector<event> events() const {
     std::lock_guard<std::mutex> lk(mu_);
     return events_;
+  }
+  // Every event but retries, renewals and renew latencies, in order: the older hooks as
+  // lines() shows them (a loss with its reason: "lease_lost NAME REASON"), then the newer ones.
+  std::vector<std::string> trace() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return trace_;
+  }
+  std::size_t renew_latencies() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return renew_latencies_;
   }
 
   // One line per event, retries left out (transient noise a scenario cannot script):
@@ -158,13 +189,25 @@ class recorder : public dblock::listener {
   }
 
  private:
-  void push(event e) {
+  void push(event e, const std::string& reason = std::string()) {
     e.thread = std::this_thread::get_id();
     std::lock_guard<std::mutex> lk(mu_);
+    if (e.kind == "acquired")
+      trace_.push_back("acquired " + e.name + " fence=" + std::to_string(e.fence));
+    else if (e.kind == "rows_reaped")
+      trace_.push_back("rows_reaped=" + std::to_string(e.rows));
+    else if (e.kind != "retried" && e.kind != "renew_failed")
+      trace_.push_back(e.kind + " " + e.name + (reason.empty() ? "" : " " + reason));
     events_.push_back(std::move(e));
+  }
+  void note(std::string line) {
+    std::lock_guard<std::mutex> lk(mu_);
+    trace_.push_back(std::move(line));
   }
   mutable std::mutex mu_;
   std::vector<event> events_;
+  std::vector<std::string> trace_;
+  std::size_t renew_latencies_ = 0;
 };
 
 dblock::database open_with(const dblock::test::context& ctx,
@@ -581,6 +624,148 @@ DBLOCK_TEST("listener: the watchdog reports a forced release as lease_lost", "[a
   CHECK_FALSE(g->valid());
 }
 
+DBLOCK_TEST("listener: one contended per call, waits paired, failures and holds", "[admin]") {
+  auto rec = std::make_shared<recorder>();
+  auto db = open_with(ctx, rec);
+  const std::string x = "metrics/x";
+  lease_options fast;
+  fast.poll_initial = milliseconds(1);
+  fast.poll_max = milliseconds(10);  // dozens of polls in 300 ms: each must not count
+  lease_lock a(db, x), b(db, x, fast);
+  auto ga = a.try_acquire();
+  REQUIRE(ga);
+  const std::string f1 = std::to_string(ga->fence());
+  CHECK(code_of([&] { (void)b.acquire(milliseconds(300)); }) == errc::timeout);
+  dblock::cancellation cancel;
+  auto waiter = std::async(std::launch::async, [&] {
+    return code_of([&] { (void)b.acquire(std::chrono::seconds(30), cancel); });
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  cancel.cancel();
+  CHECK(waiter.get() == errc::cancelled);
+  CHECK_FALSE(b.try_acquire());
+  ga->release();
+  auto gb = b.acquire(milliseconds(1000));  // free: no contention, no wait
+  const std::string f2 = std::to_string(gb.fence());
+  gb.release();
+  CHECK(rec->trace() == std::vector<std::string>{
+                            "attached " + ctx.backend,
+                            "acquired " + x + " fence=" + f1,
+                            "holding " + x + " 1",
+                            "contended " + x,
+                            "waiting " + x + " 1",
+                            "acquire_failed " + x + " timeout",
+                            "waiting " + x + " 0",
+                            "contended " + x,
+                            "waiting " + x + " 1",
+                            "acquire_failed " + x + " cancelled",
+                            "waiting " + x + " 0",
+                            "contended " + x,
+                            "released " + x,
+                            "holding " + x + " 0",
+                            "acquired " + x + " fence=" + f2,
+                            "holding " + x + " 1",
+                            "released " + x,
+                            "holding " + x + " 0",
+                        });
+}
+
+DBLOCK_TEST("listener: a semaphore's call is contended once, however many permits it tried",
+            "[admin]") {
+  auto rec = std::make_shared<recorder>();
+  auto db = open_with(ctx, rec);
+  dblock::semaphore s1(db, "metrics/sem", 3), s2(db, "metrics/sem", 3);
+  std::vector<dblock::lease_guard> held;
+  for (int k = 0; k < 3; ++k) {
+    auto g = s1.try_acquire();
+    REQUIRE(g);
+    held.push_back(std::move(*g));
+  }
+  const auto before = rec->trace().size();
+  CHECK_FALSE(s2.try_acquire());  // every permit tried or read: one call
+  CHECK(code_of([&] { (void)s2.acquire(milliseconds(200)); }) == errc::timeout);
+  const auto t = rec->trace();
+  CHECK(std::vector<std::string>(t.begin() + static_cast<long>(before), t.end()) ==
+        std::vector<std::string>{"contended metrics/sem", "contended metrics/sem",
+                                 "waiting metrics/sem 1", "acquire_failed metrics/sem timeout",
+                                 "waiting metrics/sem 0"});
+  held.clear();
+  long holds = 0;
+  for (const auto& line : rec->trace())
+    holds += line.rfind("holding ", 0) == 0 ? (line.back() == '1' ? 1 : -1) : 0;
+  CHECK(holds == 0);  // three permits held and released: the gauge is back at zero
+}
+
+DBLOCK_TEST("listener: a lost lease says why: forced, taken over, expired, connection", "[admin]") {
+  auto rec = std::make_shared<recorder>();
+  auto db = open_with(ctx, rec);
+  auto lost_of = [&](const std::string& name) {
+    std::vector<std::string> out;
+    for (const auto& line : rec->trace())
+      if (line.rfind("lease_lost " + name + " ", 0) == 0) out.push_back(line);
+    return out;
+  };
+  // Forced: an operator took it.
+  lease_lock fl(db, "why/forced");
+  auto gf = fl.try_acquire();
+  REQUIRE(gf);
+  (void)dblock::force_release(db, "why/forced", "test", "admin_test");
+  CHECK(code_of([&] { gf->renew(); }) == errc::lease_lost);
+  CHECK(lost_of("why/forced") == std::vector<std::string>{"lease_lost why/forced forced"});
+  // Taken over: it expired and another owner holds it now.
+  lease_lock t1(db, "why/taken"), t2(db, "why/taken");
+  auto gt = t1.try_acquire();
+  REQUIRE(gt);
+  expire_row(ctx, "why/taken");
+  auto gt2 = t2.try_acquire();
+  REQUIRE(gt2);
+  CHECK(code_of([&] { gt->fenced([](soci::session&) {}); }) == errc::lease_lost);
+  CHECK(lost_of("why/taken") == std::vector<std::string>{"lease_lost why/taken taken_over"});
+  // Expired: still its row, past its expiry.
+  lease_lock el(db, "why/expired");
+  auto ge = el.try_acquire();
+  REQUIRE(ge);
+  expire_row(ctx, "why/expired");
+  CHECK(code_of([&] { ge->release(); }) == errc::lease_lost);
+  CHECK(lost_of("why/expired") == std::vector<std::string>{"lease_lost why/expired expired"});
+  // Connection: the watchdog's renewal hangs (another transaction locks the row; SQLite: the
+  // database) until the local validity runs out.
+  lease_options o = ttl_of(milliseconds(1000));
+  o.watchdog = true;
+  std::promise<void> gone;
+  o.on_lost = [&](const dblock::error&) { gone.set_value(); };
+  lease_lock cl(db, "why/connection", o);
+  auto gc = cl.try_acquire();
+  REQUIRE(gc);
+  {
+    dblock::transaction blocker(ctx.db);
+    REQUIRE(blocker.lock_resource("why/connection"));
+    REQUIRE(gone.get_future().wait_for(milliseconds(3000)) == std::future_status::ready);
+  }
+  CHECK(lost_of("why/connection") ==
+        std::vector<std::string>{"lease_lost why/connection connection"});
+  // Every hold ended: each loss closed its hold once.
+  long holds = 0;
+  for (const auto& line : rec->trace())
+    holds += line.rfind("holding ", 0) == 0 ? (line.back() == '1' ? 1 : -1) : 0;
+  CHECK(holds == 1);  // gt2 only
+  gt2->release();
+}
+
+DBLOCK_TEST("listener: leadership is reported when won and when resigned", "[admin]") {
+  auto rec = std::make_shared<recorder>();
+  auto db = open_with(ctx, rec);
+  dblock::election e(db, "metrics/election", "me");
+  auto l = e.try_campaign();
+  REQUIRE(l);
+  l->resign();
+  std::vector<std::string> leader;
+  for (const auto& line : rec->trace())
+    if (line.rfind("leader ", 0) == 0) leader.push_back(line);
+  CHECK(leader ==
+        std::vector<std::string>{"leader metrics/election 1", "leader metrics/election 0"});
+}
+
 DBLOCK_TEST("listener: reap_once reports rows_reaped per batch with the right counts", "[admin]") {
   auto rec = std::make_shared<recorder>();
   auto db = open_with(ctx, rec);
@@ -629,35 +814,67 @@ double sample(const std::string& text, const std::string& metric, const std::str
 
 }  // namespace
 
-DBLOCK_TEST("prometheus_listener: counters and histogram of the scripted scenario", "[admin]") {
+DBLOCK_TEST("prometheus_listener: exact values of a scripted run, backend label filled in",
+            "[admin]") {
   auto registry = std::make_shared<prometheus::Registry>();
-  auto metrics = std::make_shared<dblock::prometheus_listener>(registry, ctx.backend);
+  auto metrics = std::make_shared<dblock::prometheus_listener>(registry);  // no label given
   auto db = open_with(ctx, metrics);
-  // B's lost guard stays armed until the end: what releasing a lost lease reports is checked by
-  // the listener test above, not here.
+  CHECK(metrics->backend_label() == ctx.backend);
+  // Acquired 2, contended 1, released 1 (held ~0 s), lost 1 (forced: its renew fails, one
+  // renewal timed). B's lost guard stays armed until the end.
   auto s = run_scenario(db, "prom/x");
   dblock::reaper_options o;
   o.retention = milliseconds(0);
   o.floor_grace = milliseconds(0);
   CHECK(dblock::reap_once(db, o).rows_reaped == 1);  // the force-released row
+  // Held on: acquired 3; a wait for it times out (contended 2, one timeout); one renewal more.
+  lease_lock c(db, "prom/y"), d(db, "prom/y");
+  auto gc = c.try_acquire();
+  REQUIRE(gc);
+  CHECK(code_of([&] { (void)d.acquire(milliseconds(100)); }) == errc::timeout);
+  gc->renew();
+  // A leadership: acquired 4, held 2, the leader gauge 1.
+  dblock::election e(db, "prom/e", "me");
+  auto leader = e.try_campaign();
+  REQUIRE(leader);
 
-  const std::string text = metrics->text();
+  std::string text = metrics->text();
   INFO(text);
   const std::string b = "backend=\"" + ctx.backend + "\"";
   CHECK(text.find("# TYPE dblock_acquired_total counter") != std::string::npos);
-  CHECK(sample(text, "dblock_acquired_total", b) == 2);
-  CHECK(sample(text, "dblock_contended_total", b) == 1);
-  CHECK(sample(text, "dblock_leases_lost_total", b) == 1);
+  CHECK(sample(text, "dblock_acquired_total", b) == 4);
+  CHECK(sample(text, "dblock_contended_total", b) == 2);
+  CHECK(sample(text, "dblock_acquire_failures_total", b + ",reason=\"timeout\"") == 1);
+  CHECK(sample(text, "dblock_acquire_failures_total", b + ",reason=\"cancelled\"") == 0);
+  CHECK(sample(text, "dblock_acquire_failures_total", b + ",reason=\"error\"") == 0);
   CHECK(sample(text, "dblock_released_total", b) == 1);
+  CHECK(sample(text, "dblock_hold_seconds_count", b) == 1);
+  CHECK(sample(text, "dblock_hold_seconds_bucket", b + ",le=\"600\"") == 1);
+  CHECK(sample(text, "dblock_leases_lost_total", b + ",reason=\"forced\"") == 1);
+  CHECK(sample(text, "dblock_leases_lost_total", b + ",reason=\"expired\"") == 0);
+  CHECK(sample(text, "dblock_leases_lost_total", b + ",reason=\"taken_over\"") == 0);
+  CHECK(sample(text, "dblock_leases_lost_total", b + ",reason=\"connection\"") == 0);
   CHECK(sample(text, "dblock_retries_total", b) >= 0);
   CHECK(sample(text, "dblock_renew_failures_total", b) == 0);
+  CHECK(sample(text, "dblock_renew_seconds_count", b) == 2);
   CHECK(sample(text, "dblock_rows_reaped_total", b) == 1);
+  CHECK(sample(text, "dblock_leases_held", b) == 2);
+  CHECK(sample(text, "dblock_acquires_waiting", b) == 0);
+  CHECK(sample(text, "dblock_leader", b + ",election=\"prom/e\"") == 1);
   CHECK(text.find("# TYPE dblock_acquire_seconds histogram") != std::string::npos);
-  CHECK(sample(text, "dblock_acquire_seconds_count", b) == 2);
-  CHECK(sample(text, "dblock_acquire_seconds_bucket", b + ",le=\"+Inf\"") == 2);
-  CHECK(sample(text, "dblock_acquire_seconds_bucket", b + ",le=\"10\"") == 2);
+  CHECK(sample(text, "dblock_acquire_seconds_count", b) == 4);
+  CHECK(sample(text, "dblock_acquire_seconds_bucket", b + ",le=\"+Inf\"") == 4);
+  CHECK(sample(text, "dblock_acquire_seconds_bucket", b + ",le=\"600\"") == 4);
   const double sum = sample(text, "dblock_acquire_seconds_sum", b);
   CHECK(sum > 0);
   CHECK(sum < 10);
+
+  // Resigned and released: the gauges go back.
+  leader->resign();
+  gc->release();
+  text = metrics->text();
+  CHECK(sample(text, "dblock_leader", b + ",election=\"prom/e\"") == 0);
+  CHECK(sample(text, "dblock_leases_held", b) == 0);
+  CHECK(sample(text, "dblock_released_total", b) == 3);
 }
 #endif

@@ -12,6 +12,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -398,4 +401,116 @@ DBLOCK_TEST("election: kill -9 of the leader, repeatedly: one leader at a time, 
                                             std::to_string(leader_fences.front()) +
                                             " committed counter value " + std::to_string(n2) +
                                             " after fence " + std::to_string(writes.back().second));
+}
+
+// ---- following the leadership (await_change, watch) ---------------------------------------------
+
+namespace {
+
+using dblock::leader_info;
+using steady = std::chrono::steady_clock;
+
+// A candidate in another process: wins within 10 s, holds `hold_ms`, resigns.
+DBLOCK_WORKER(resigning_leader) {
+  auto db = open_db(args.at(0), args.at(1), 2);
+  election e(db, args.at(2), args.at(3));
+  auto l = e.campaign(std::chrono::seconds(10));
+  std::this_thread::sleep_for(milliseconds(std::stoll(args.at(4))));
+  l.resign();
+  return 0;
+}
+
+std::string shown(const std::optional<leader_info>& l) {
+  return l ? l->identity + "@" + std::to_string(l->fence) : std::string("none");
+}
+
+}  // namespace
+
+DBLOCK_TEST("election: await_change is woken at once by changes in this process; nothing else",
+            "[election]") {
+  const std::string name = election_name("await");
+  const auto hour = std::chrono::hours(1);  // the poll: only a wake-up can end these waits early
+  // Control: with no change the wait runs to its deadline.
+  auto t0 = steady::now();
+  CHECK(code_of([&] {
+          (void)election::await_change(ctx.db, name, std::nullopt,
+                                       steady::now() + milliseconds(300), {}, hour);
+        }) == errc::timeout);
+  const auto quiet = steady::now() - t0;
+  CHECK(quiet >= milliseconds(300));
+  // A win through another handle of this process.
+  auto other = ctx.open();
+  election a(other, name, "here-a");
+  auto won = std::async(std::launch::async, [&] {
+    return election::await_change(ctx.db, name, std::nullopt,
+                                  steady::now() + std::chrono::seconds(20), {}, hour);
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  t0 = steady::now();
+  auto l = a.try_campaign();
+  REQUIRE(l);
+  const auto seen = won.get();
+  const auto after_win = steady::now() - t0;
+  INFO("seen " << shown(seen));
+  REQUIRE(seen);
+  CHECK(seen->fence == l->fence());
+  CHECK(seen->identity == "here-a");
+  CHECK(after_win < std::chrono::seconds(2));
+  // The resignation, likewise.
+  auto gone = std::async(std::launch::async, [&] {
+    return election::await_change(ctx.db, name, seen, steady::now() + std::chrono::seconds(20), {},
+                                  hour);
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  t0 = steady::now();
+  l->resign();
+  CHECK_FALSE(gone.get());
+  const auto after_resign = steady::now() - t0;
+  CHECK(after_resign < std::chrono::seconds(2));
+  // Cancelled.
+  dblock::cancellation cancel;
+  auto waiting = std::async(std::launch::async, [&] {
+    return code_of([&] {
+      (void)election::await_change(ctx.db, name, std::nullopt, steady::time_point::max(), cancel,
+                                   hour);
+    });
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  cancel.cancel();
+  CHECK(waiting.get() == errc::cancelled);
+  // Bad arguments.
+  CHECK(code_of([&] {
+          (void)election::await_change(ctx.db, name, std::nullopt, steady::now(), {},
+                                       milliseconds(1));
+        }) == errc::invalid_argument);
+  CHECK(code_of([&] { (void)election::watch(ctx.db, name, nullptr); }) == errc::invalid_argument);
+}
+
+DBLOCK_TEST("election: watch follows a leader of another process: none, won, resigned",
+            "[election][processes]") {
+  const std::string name = election_name("watched");
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> seen;
+  auto w = election::watch(
+      ctx.db, name,
+      [&](const std::optional<leader_info>& l) {
+        if (l && l->identity.empty()) return;  // won, not announced yet: a moment
+        std::lock_guard<std::mutex> g(mu);
+        seen.push_back(l ? l->identity : std::string("none"));
+        cv.notify_all();
+      },
+      milliseconds(100));
+  auto wait_for = [&](std::size_t n) {
+    std::unique_lock<std::mutex> g(mu);
+    return cv.wait_for(g, std::chrono::seconds(15), [&] { return seen.size() >= n; });
+  };
+  REQUIRE(wait_for(1));  // the state at the start
+  process_set ps;
+  const int pid = ps.spawn("resigning_leader", {ctx.url, ctx.prefix, name, "far-away", "600"});
+  CHECK(wait_for(3));
+  CHECK(ps.wait(pid, std::chrono::seconds(20)) == 0);
+  w.stop();
+  std::lock_guard<std::mutex> g(mu);
+  CHECK(seen == std::vector<std::string>{"none", "far-away", "none"});
 }

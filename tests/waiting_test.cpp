@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "internals.hpp"
 #include "waiting_support.hpp"
 
 using dblock::errc;
@@ -956,20 +957,13 @@ DBLOCK_TEST("a forced release wakes a waiter of another handle at once", "[waiti
 
 namespace {
 
-struct contended_listener : dblock::listener {
-  std::atomic<std::uint64_t> contended_n{0};
-  void contended(std::string_view) override { contended_n.fetch_add(1); }
-};
-
 // `threads` threads spread over `handles` handles, each with its own lease_lock of one name, take
-// it `cycles` times each (hold 1 ms); returns the failed tries the handles reported. Checks
-// exclusion (an in-memory section flag) and the exact count.
+// it `cycles` times each (hold 1 ms); returns the tries the database refused over the handles.
+// Checks exclusion (an in-memory section flag) and the exact count.
 std::uint64_t gate_run(const dblock::test::context& ctx, int handles, int threads, int cycles) {
-  auto events = std::make_shared<contended_listener>();
   std::vector<dblock::database> dbs;
   for (int h = 0; h < handles; ++h) {
     auto o = ctx.options();
-    o.events = events;
     o.pool_size = threads + 2;
     dbs.push_back(ctx.open(o));
   }
@@ -994,7 +988,10 @@ std::uint64_t gate_run(const dblock::test::context& ctx, int handles, int thread
   REQUIRE(errors.empty());
   CHECK(overlaps.load() == 0);
   CHECK(count.load() == threads * cycles);
-  return events->contended_n.load();
+  std::uint64_t refused = 0;
+  for (const auto& db : dbs)
+    refused += dblock::test::refused_tries_of(db);
+  return refused;
 }
 
 }  // namespace

@@ -108,6 +108,35 @@ class leadership {
 };
 
 /**
+ * @brief Follows the leadership of one election (election::watch()): its callback runs on a
+ *        thread of its own until the watch is stopped or destroyed.
+ *
+ * Move-only; a moved-from watch is inert. Thread-safety: stop() may be called from any thread
+ * but the callback's own.
+ */
+class leader_watch {
+ public:
+  /// Takes over `other`'s watch; `other` is inert afterwards.
+  leader_watch(leader_watch&&) noexcept;
+  /// Stops this watch (as stop()), then takes over `other`'s.
+  leader_watch& operator=(leader_watch&&) noexcept;
+  leader_watch(const leader_watch&) = delete;
+  leader_watch& operator=(const leader_watch&) = delete;
+  /// Stops the watch as stop() does. Never throws.
+  ~leader_watch();
+  /// Stops the thread: a callback in progress finishes first, none follows. Idempotent. Must not
+  /// be called from the callback itself (it returns at once there, and the thread ends after
+  /// the callback). Never throws.
+  void stop() noexcept;
+
+ private:
+  friend class election;
+  struct impl;
+  explicit leader_watch(std::unique_ptr<impl> i);
+  std::unique_ptr<impl> impl_;
+};
+
+/**
  * @brief One candidate in the leader election `name`.
  *
  * The leadership is a lease on an internal name of the lock table ("name" U+FFFF "L", shown by
@@ -180,6 +209,45 @@ class election {
    *         "database errors".
    */
   static std::optional<leader_info> observe(const database& db, const std::string& name);
+
+  /**
+   * @brief Waits until the leadership of election `name` differs from `last` (another fence, a
+   *        leader where `last` had none or none where it had one, or the identity announced
+   *        since) and returns it: the new leader, or nothing when there is none.
+   *
+   * A change made by this process (a candidate of this process won, resigned or lost its
+   * leadership, through any database handle with the same URL and table prefix) wakes the wait
+   * at once. A change made elsewhere is seen at the leader's expiry (a leader that died) or at
+   * the next read, `poll` after the last one (a resignation, a new leader). A connection that
+   * fails is tried again until the deadline (failovers are ridden out).
+   * @param db the database of the election.
+   * @param name the election.
+   * @param last what the caller knows (observe()'s value, or the last change returned).
+   * @param deadline when to give up (in the past: one read; `time_point::max()`: never).
+   * @param cancel stops the wait (errc::cancelled).
+   * @param poll how often the leadership is read when nothing woke the wait (10 ms..1 h).
+   * @throws dblock::error errc::timeout when nothing changed by the deadline,
+   *         errc::cancelled, errc::invalid_argument for a bad name or poll, and the
+   *         @ref database_errors "database errors" other than lost connections.
+   */
+  static std::optional<leader_info> await_change(
+      const database& db, const std::string& name, const std::optional<leader_info>& last,
+      steady_clock::time_point deadline, const cancellation& cancel = cancellation(),
+      std::chrono::milliseconds poll = std::chrono::seconds(1));
+
+  /**
+   * @brief Follows election `name`: calls `on_change` with the current leader (nothing when
+   *        there is none) at once, then after each change (await_change()), on a thread of its
+   *        own, until the returned watch is stopped or destroyed.
+   *
+   * Calls never overlap and come in order. An exception thrown by `on_change`, and a database
+   * error (the watch goes on, reading again after `poll`), are reported to the database's
+   * listener (listener::log()). The callback must not destroy or stop its own watch.
+   * @throws dblock::error errc::invalid_argument for a bad name, poll or an empty callback.
+   */
+  static leader_watch watch(const database& db, const std::string& name,
+                            std::function<void(const std::optional<leader_info>&)> on_change,
+                            std::chrono::milliseconds poll = std::chrono::seconds(1));
 
   /// The election's name.
   const std::string& name() const noexcept;

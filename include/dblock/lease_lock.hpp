@@ -22,6 +22,7 @@ namespace detail {
 struct lease_state;
 class waiting_acquire;
 class thread_check;
+class acquire_call;
 struct internal_name_t;
 }  // namespace detail
 

@@ -21,6 +21,32 @@ enum class log_level {
   error     ///< something failed
 };
 
+/// Why a lease was found lost (listener::lost()).
+enum class loss_reason {
+  /// Its TTL ran out without a renewal (the row was still this lease's, past its expiry, or
+  /// already reaped).
+  expired,
+  /// Another owner holds the row now (it had expired first).
+  taken_over,
+  /// An operator force-released it (force_release(), `dblock release --force`).
+  forced,
+  /// No renewal was confirmed before the local validity ran out: the database could not be
+  /// reached or answered too late (frozen server, lost connection, failover).
+  connection
+};
+
+/// Why an acquire call gave up without the lease (listener::acquire_failed()).
+enum class acquire_failure {
+  timeout,    ///< its wait ran out (errc::timeout)
+  cancelled,  ///< its cancellation fired (errc::cancelled)
+  error       ///< any other error (the exception the caller receives says which)
+};
+
+/// "expired", "taken_over", "forced" or "connection" (the Prometheus `reason` label).
+std::string_view to_string(loss_reason r) noexcept;
+/// "timeout", "cancelled" or "error" (the Prometheus `reason` label).
+std::string_view to_string(acquire_failure f) noexcept;
+
 /**
  * @brief Receives what dblock does, for metrics and logs. dblock itself never prints.
  *
@@ -37,15 +63,38 @@ class listener {
  public:
   /// Destroyed with the last database_options (and database copy) holding it. Must not throw.
   virtual ~listener() = default;
-  /// A lease was acquired (or re-entered); `latency` covers the whole call, retries included.
-  /// Default: nothing. Must not throw (as every hook).
+  /// A database handle was opened with this listener; `backend` is "postgresql", "mysql" or
+  /// "sqlite". Called once per handle, before any other hook of it. Default: nothing. Must not
+  /// throw (as every hook).
+  virtual void attached(std::string_view backend) { (void)backend; }
+  /// A lease was acquired (or re-entered); `latency` covers the whole call, its wait and
+  /// retries included. Default: nothing.
   virtual void acquired(std::string_view name, std::int64_t fence,
                         std::chrono::microseconds latency) {
     (void)name, (void)fence, (void)latency;
   }
-  /// A try found the lease held by another owner (one per failed try or poll). Default:
-  /// nothing. Must not throw.
+  /// An acquire call found the lease held by another owner: once per call (a try that is
+  /// refused, a waiting acquire whose first try was refused), never per poll. Default: nothing.
+  /// Must not throw.
   virtual void contended(std::string_view name) { (void)name; }
+  /// An acquire call gave up without the lease: its wait ran out, it was cancelled, or it
+  /// failed (a try that is merely refused is contended(), not this). `waited` covers the whole
+  /// call. Default: nothing. Must not throw.
+  virtual void acquire_failed(std::string_view name, acquire_failure why,
+                              std::chrono::microseconds waited) {
+    (void)name, (void)why, (void)waited;
+  }
+  /// A waiting acquire of `name` started to wait (`waiting` true: its first try was refused)
+  /// or stopped waiting (false: it got the lease or gave up); the calls pair up. Default:
+  /// nothing. Must not throw.
+  virtual void waiting(std::string_view name, bool waiting) { (void)name, (void)waiting; }
+  /// This process started (`held` true) or stopped (false: released, or found lost) holding
+  /// the lease `name`, a semaphore permit's or a leadership's included; reentrant holds of one
+  /// acquisition count once. The calls pair up. Default: nothing. Must not throw.
+  virtual void holding(std::string_view name, bool held) { (void)name, (void)held; }
+  /// This process became (`leader` true) or stopped being (false) the leader of `election`.
+  /// The calls pair up. Default: nothing. Must not throw.
+  virtual void leadership(std::string_view election, bool leader) { (void)election, (void)leader; }
   /// An operation hit a transient error (deadlock, busy) and is retried; `operation` names it
   /// ("acquire lease"). Default: nothing. Must not throw.
   virtual void retried(std::string_view operation, const error& cause) {
@@ -63,12 +112,21 @@ class listener {
   virtual void renewed(std::size_t leases, std::size_t round_trips) {
     (void)leases, (void)round_trips;
   }
+  /// One renewal round trip took `latency`: a watchdog's batch (as one renewed() reports) or
+  /// a lease_guard::renew() call, failed ones included. Default: nothing. Must not throw.
+  virtual void renew_latency(std::chrono::microseconds latency) { (void)latency; }
   /// A renewal failed with a transient error; the watchdog tries again while the lease is valid.
   /// Default: nothing. Must not throw.
   virtual void renew_failed(std::string_view name, const error& cause) { (void)name, (void)cause; }
   /// A lease was found lost (expired, taken over, or force-released). Default: nothing. Must
-  /// not throw.
+  /// not throw. (dblock calls lost(), whose default calls this.)
   virtual void lease_lost(std::string_view name, const error& cause) { (void)name, (void)cause; }
+  /// A lease was found lost, and why (once per acquisition). Default: lease_lost(name, cause).
+  /// Must not throw.
+  virtual void lost(std::string_view name, loss_reason reason, const error& cause) {
+    (void)reason;
+    lease_lost(name, cause);
+  }
   /// The reaper deleted `rows` expired rows in `batches` delete transactions. Default: nothing.
   /// Must not throw.
   virtual void rows_reaped(std::uint64_t rows, std::uint64_t batches) { (void)rows, (void)batches; }

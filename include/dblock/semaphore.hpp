@@ -125,6 +125,11 @@ class semaphore {
   /// How many permits are held now (one read), and microseconds until the first of them
   /// expires (-1: none held).
   std::pair<int, long long> held_now();
+  /// One try of the permits (try_acquire() without its report to the listener).
+  std::optional<lease_guard> try_slots();
+  /// acquire_until()'s wait, reported through `call`.
+  lease_guard wait_until(detail::acquire_call& call, steady_clock::time_point deadline,
+                         const cancellation& cancel);
   struct impl;
   std::unique_ptr<impl> impl_;
 };

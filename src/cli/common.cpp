@@ -42,8 +42,10 @@ class stderr_listener : public dblock::listener {
   void renew_failed(std::string_view name, const dblock::error& e) override {
     if (verbose_) say("renewing '" + std::string(name) + "' failed: " + e.what());
   }
-  void lease_lost(std::string_view name, const dblock::error& e) override {
-    if (verbose_) say("lease '" + std::string(name) + "' lost: " + e.what());
+  void lost(std::string_view name, dblock::loss_reason why, const dblock::error& e) override {
+    if (verbose_)
+      say("lease '" + std::string(name) + "' lost (" + std::string(dblock::to_string(why)) +
+          "): " + e.what());
   }
   void rows_reaped(std::uint64_t rows, std::uint64_t) override {
     if (verbose_) say("reaped " + std::to_string(rows) + " rows");

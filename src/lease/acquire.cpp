@@ -175,6 +175,44 @@ detail::sent_acquire lease_lock::impl::send(const detail::acquire_params& p, std
   }
 }
 
+namespace detail {
+namespace {
+// The start of the outermost acquire_call on this thread (nullopt: none runs).
+thread_local std::optional<steady::time_point> call_started;
+}  // namespace
+
+acquire_call::acquire_call(const std::shared_ptr<database_impl>& db, std::string name)
+    : db_(db), name_(std::move(name)), outer_(!call_started) {
+  if (outer_) call_started = started_;
+}
+acquire_call::~acquire_call() {
+  if (!outer_) return;
+  call_started.reset();
+  if (waiting_) db_->notify([&](listener& l) { l.waiting(name_, false); });
+}
+std::optional<steady::time_point> acquire_call::started_here() {
+  return call_started;
+}
+void acquire_call::refused() {
+  if (!outer_ || std::exchange(refused_, true)) return;
+  db_->notify([&](listener& l) { l.contended(name_); });
+}
+void acquire_call::waits() {
+  refused();
+  if (!outer_ || std::exchange(waiting_, true)) return;
+  db_->notify([&](listener& l) { l.waiting(name_, true); });
+}
+void acquire_call::failed(acquire_failure why) {
+  if (!outer_) return;
+  db_->notify([&](listener& l) {
+    l.acquire_failed(
+        name_, why,
+        std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - started_));
+  });
+}
+
+}  // namespace detail
+
 std::optional<lease_guard> lease_lock::impl::attempt(const std::string& token,
                                                      std::int64_t ticket) {
   const auto& dbi = detail::access::impl(db);
@@ -188,7 +226,8 @@ std::optional<lease_guard> lease_lock::impl::attempt(const std::string& token,
   p.holder_pid = static_cast<std::int64_t>(::getpid());
   p.holder_thread = detail::thread_label();
   const int expected = reentry ? cur->holds.load() + 1 : 1;
-  const auto started = steady::now();
+  // Timed from the start of the acquire call it belongs to (a waiting acquire's, a semaphore's).
+  const auto started = detail::acquire_call::started_here().value_or(steady::now());
   steady::time_point sent;
   if (reentry) ticket = 0;  // a reentrant hold passes no queue
   const bool in_order = options.fair && ticket != 0;
@@ -198,8 +237,9 @@ std::optional<lease_guard> lease_lock::impl::attempt(const std::string& token,
       r = send(p, ticket, in_order, expected, sent);
     return r;
   });
+  // A refusal is reported by the acquire call (acquire_call::refused(): once per call).
   if (out.kind != detail::sent_acquire::acquired) {
-    dbi->notify([&](listener& l) { l.contended(name); });
+    dbi->refused_tries.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
   }
   dbi->notify([&](listener& l) {
@@ -219,7 +259,8 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
   }
   if (reentry) {
     // The row was taken over between our holds (it had expired): the old acquisition is lost.
-    cur->mark_lost(error(errc::lease_lost, "lease '" + name + "' expired between reentrant holds"));
+    cur->mark_lost(error(errc::lease_lost, "lease '" + name + "' expired between reentrant holds"),
+                   loss_reason::expired);
   }
   auto s = std::make_shared<detail::lease_state>();
   s->db = detail::access::impl(db);
@@ -233,6 +274,7 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
   s->holds.store(1);
   s->set_deadline(sent, options.ttl);
   s->acquired_at = steady::now();
+  s->start_hold();
   if (options.watchdog) s->start_watchdog();
   current = s;
   holder = std::this_thread::get_id();
@@ -277,9 +319,14 @@ std::optional<lease_guard> lease_lock::try_acquire() {
   const bool reentry = cur && cur->holds.load() > 0 && cur->valid();
   // Fair: a free lease is taken only when nobody is queued for it (the acquire statement
   // checks, in queue order behind everyone).
-  if (impl_->options.fair && !reentry)
-    return impl_->attempt(std::string(), detail::wait_queue::behind_everyone);
-  return impl_->attempt();
+  detail::acquire_call call(detail::access::impl(impl_->db), impl_->name);
+  return call.run([&] {
+    auto g = impl_->options.fair && !reentry
+                 ? impl_->attempt(std::string(), detail::wait_queue::behind_everyone)
+                 : impl_->attempt();
+    if (!g) call.refused();
+    return g;
+  });
 }
 
 std::optional<lease_guard> lease_lock::try_acquire(std::error_code& ec) {

@@ -30,6 +30,7 @@ std::function<void(const error&)>& default_handler() {
 }  // namespace
 
 lease_state::~lease_state() {
+  end_hold();
   open_gate();
 }
 
@@ -87,6 +88,7 @@ void lease_state::report_released(int left, const lock_table::release_wake& wake
     l.released(name,
                std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - acquired_at));
   });
+  if (left == 0) end_hold();
 }
 
 // Sends the release (transient conflicts retried). A lost reply: the server session is ended,
@@ -209,7 +211,8 @@ void lease_state::release_one() {
     return;
   }
   const std::string now = row_after_loss(row, token);
-  mark_lost(error(errc::lease_lost, "lease '" + name + "' was lost before release (" + now + ")"));
+  mark_lost(error(errc::lease_lost, "lease '" + name + "' was lost before release (" + now + ")"),
+            loss_from(row));
   throw error(errc::lease_lost, "lease '" + name + "' (fence " + std::to_string(fence) +
                                     ") had expired or been taken over before release; " + now +
                                     "; the successor's row was left untouched");
@@ -288,7 +291,7 @@ void lease_guard::renew(std::optional<milliseconds> ttl) {
     error e(errc::lease_lost, "renew lease '" + state_->name +
                                   "': it had expired or been taken over; the successor's row "
                                   "was left untouched");
-    state_->mark_lost(e);
+    state_->mark_lost(e, state_->read_loss());
     throw e;
   }
 }
@@ -306,15 +309,21 @@ void lease_guard::fenced(const std::function<void(soci::session&)>& write) {
   const detail::call_deadline bound(st.call_bound(), st.call_bound_what());
   // One write transaction: the lock row is locked and checked, the caller's statements run,
   // and COMMIT lands only while the lease is ours (a lost COMMIT reply is in_doubt).
-  detail::write_transaction(st.db, what, std::nullopt, [&](detail::session_scope& s) {
-    auto fence = detail::lock_table::fenced_check(s, st.name, st.token);
-    if (!fence || *fence != st.fence) {
-      error e(errc::lease_lost, what + ": the lease is no longer ours; nothing was written");
-      st.mark_lost(e);
-      throw e;
-    }
-    write(s.sql());  // the caller's statements: classified like dblock's (by with_session)
-  });
+  bool lost = false;
+  try {
+    detail::write_transaction(st.db, what, std::nullopt, [&](detail::session_scope& s) {
+      auto fence = detail::lock_table::fenced_check(s, st.name, st.token);
+      if (!fence || *fence != st.fence) {
+        lost = true;
+        throw error(errc::lease_lost, what + ": the lease is no longer ours; nothing was written");
+      }
+      write(s.sql());  // the caller's statements: classified like dblock's (by with_session)
+    });
+  } catch (const error& e) {
+    // Reported once the transaction is over (the reason is read on another connection).
+    if (lost) st.mark_lost(e, st.read_loss());
+    throw;
+  }
 }
 
 }  // namespace dblock

@@ -31,6 +31,50 @@ std::string new_owner_token();
 const std::string& host_name();
 std::string thread_label();
 
+/**
+ * One acquire call as the listener sees it (listener.hpp): contended() once per call,
+ * waiting() paired, acquire_failed() when it gives up, acquired() with the whole call's
+ * latency. The outermost call on a thread reports; the lease tries made inside it (a
+ * semaphore's tries of its slots, a waiting acquire's tries) report only their grant, timed
+ * from the outer call's start.
+ */
+class acquire_call {
+ public:
+  acquire_call(const std::shared_ptr<database_impl>& db, std::string name);
+  ~acquire_call();
+  acquire_call(const acquire_call&) = delete;
+  acquire_call& operator=(const acquire_call&) = delete;
+  /// The start of the outermost acquire call running on this thread, if any.
+  static std::optional<steady::time_point> started_here();
+  /// The call found the lease held (reported once, by the outermost call).
+  void refused();
+  /// The call waits (its first try was refused); waiting(false) follows at its end.
+  void waits();
+  /// Runs `f`, reporting its error (acquire_failed) before passing it on.
+  template <class F>
+  auto run(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const error& e) {
+      failed(e.code() == errc::timeout     ? acquire_failure::timeout
+             : e.code() == errc::cancelled ? acquire_failure::cancelled
+                                           : acquire_failure::error);
+      throw;
+    } catch (...) {
+      failed(acquire_failure::error);
+      throw;
+    }
+  }
+
+ private:
+  void failed(acquire_failure why);
+  const std::shared_ptr<database_impl>& db_;
+  const std::string name_;
+  const bool outer_;
+  const steady::time_point started_ = steady::now();
+  bool refused_ = false, waiting_ = false;
+};
+
 }  // namespace detail
 
 struct lease_lock::impl {

@@ -63,7 +63,13 @@ struct lease_renewer::core {
   void run();
   void watch_deadlines();
   void renew(std::vector<state_ptr>& batch);
-  void report(std::vector<std::pair<state_ptr, error>>& lost);
+  /// A lease found lost, why, and (unknown: read the row to tell) the reason.
+  struct loss {
+    state_ptr state;
+    error why;
+    std::optional<loss_reason> reason;
+  };
+  void report(std::vector<loss>& lost);
   // Sleeps until `until` (max: until notified); `wake` records it for watch().
   void sleep(std::unique_lock<std::mutex>& lk, std::condition_variable& cv,
              steady::time_point& wake, steady::time_point until) {
@@ -77,8 +83,8 @@ struct lease_renewer::core {
 };
 
 // Reports each loss once, for leases still watched (dropping them first).
-void lease_renewer::core::report(std::vector<std::pair<state_ptr, error>>& lost) {
-  for (auto& [s, why] : lost) {
+void lease_renewer::core::report(std::vector<loss>& lost) {
+  for (auto& [s, why, reason] : lost) {
     {
       std::lock_guard<std::mutex> lk(mu);
       auto it = entries.find(s.get());
@@ -86,7 +92,7 @@ void lease_renewer::core::report(std::vector<std::pair<state_ptr, error>>& lost)
       entries.erase(it);
       reporting[s.get()] = std::this_thread::get_id();
     }
-    s->mark_lost(why);
+    s->mark_lost(why, reason ? *reason : s->read_loss());
     {
       std::lock_guard<std::mutex> lk(mu);
       reporting.erase(s.get());
@@ -94,6 +100,17 @@ void lease_renewer::core::report(std::vector<std::pair<state_ptr, error>>& lost)
     reported_cv.notify_all();
   }
   lost.clear();  // the last references may go here, outside the lock
+}
+
+// A batch's round trip (failed ones included) and, when it failed, each lease's failure.
+static void report_round(database_impl& dbi, steady::time_point sent,
+                         const std::optional<error>& failure, const std::vector<state_ptr>& batch) {
+  dbi.notify([&](listener& l) {
+    l.renew_latency(std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - sent));
+  });
+  if (failure)
+    for (const auto& s : batch)
+      dbi.notify([&](listener& l) { l.renew_failed(s->name, *failure); });
 }
 
 // One batch of leases with the same TTL.
@@ -121,13 +138,11 @@ void lease_renewer::core::renew(std::vector<state_ptr>& batch) {
     } catch (const std::exception& e) {
       failure = error(errc::backend_error, std::string("renew leases: ") + e.what());
     }
-    if (failure)
-      for (const auto& s : batch)
-        dbi->notify([&](listener& l) { l.renew_failed(s->name, *failure); });
+    report_round(*dbi, sent, failure, batch);
   } else {
     failure = error(errc::backend_error, "renew leases: the database handle is gone");
   }
-  std::vector<std::pair<state_ptr, error>> lost;
+  std::vector<loss> lost;
   {
     std::lock_guard<std::mutex> lk(mu);
     const auto now = steady::now();
@@ -143,9 +158,10 @@ void lease_renewer::core::renew(std::vector<state_ptr>& batch) {
         batch[k]->set_deadline(sent, ttl);
         e.due = sent + interval_of(s);
       } else {
-        lost.emplace_back(batch[k], error(errc::lease_lost, "lease '" + s.name +
-                                                                "' expired or was taken over;"
-                                                                " watchdog stopped"));
+        lost.push_back({batch[k],
+                        error(errc::lease_lost,
+                              "lease '" + s.name + "' expired or was taken over; watchdog stopped"),
+                        std::nullopt});
       }
     }
   }
@@ -211,14 +227,15 @@ void lease_renewer::core::watch_deadlines() {
   while (!stop) {
     const auto now = steady::now();
     auto next = steady::time_point::max();
-    std::vector<std::pair<state_ptr, error>> lost;
+    std::vector<loss> lost;
     for (const auto& [k, e] : entries) {
       const auto deadline = e.state->deadline_tp();
       if (deadline <= now || e.state->lost.load())
-        lost.emplace_back(e.state,
-                          error(errc::lease_lost, "lease '" + e.state->name +
-                                                      "': a renewal did not complete before the "
-                                                      "local validity ran out; watchdog stopped"));
+        lost.push_back({e.state,
+                        error(errc::lease_lost, "lease '" + e.state->name +
+                                                    "': a renewal did not complete before the "
+                                                    "local validity ran out; watchdog stopped"),
+                        loss_reason::connection});
       else
         next = std::min(next, deadline);
     }

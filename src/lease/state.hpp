@@ -77,8 +77,16 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   /// that frees the lease makes sure it is gone first.
   void leave_queue_later(std::int64_t ticket, const std::string& queue_token);
 
-  /// Reports the loss once (listener, on_lost).
-  void mark_lost(const error& why);
+  /// Reports the loss once (listener, on_lost), and the end of the hold.
+  void mark_lost(const error& why, loss_reason reason);
+  /// Why a lease whose row now reads `row` (nullopt: gone) is no longer ours.
+  loss_reason loss_from(const std::optional<lease_row>& row) const;
+  /// loss_from() of the row as it is now (one read); `connection` when it cannot be read.
+  loss_reason read_loss() const noexcept;
+  /// Reports that this process holds the lease now (listener::holding(); once).
+  void start_hold();
+  /// Reports that it holds it no longer (released, lost, or gone; once, after start_hold()).
+  void end_hold() noexcept;
   /// One renewal statement; true when renewed, false when the lease is gone.
   bool renew_sql(std::chrono::milliseconds lease);
 
@@ -115,6 +123,7 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   void finish_queue_exit() noexcept;
   std::optional<lease_row> read_back(const std::string& what) const;
 
+  std::atomic<bool> holding_{false};  // start_hold() reported, end_hold() not yet
   std::mutex gate_mu_;
   std::shared_ptr<gate_pass> gate_;
   std::shared_ptr<wait_queue::deferred_exit> queue_exit_;  // guarded by gate_mu_

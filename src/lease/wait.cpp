@@ -43,10 +43,15 @@ class waiting_acquire {
   }
 
   lease_guard run() {
+    return call_.run([&] { return run_reported(); });
+  }
+
+ private:
+  lease_guard run_reported() {
     if (cancel_.cancelled()) throw error(errc::cancelled, what_ + ": cancelled");
     if (!lk_.options.fair && !reentry()) {
       // Behind this process's other contenders for the name first (wake/gate.hpp).
-      pass_ = dbi_->hub->gates().enter(lk_.name, cancel_, deadline_);
+      pass_ = dbi_->hub->gates().enter(lk_.name, cancel_, deadline_, [&] { call_.waits(); });
       if (!pass_) {  // its deadline passed, or it was cancelled
         check();
         throw timed_out();
@@ -81,7 +86,6 @@ class waiting_acquire {
     }
   }
 
- private:
   static bool rides_out(const error& e) {
     // in_doubt: an acquire whose reply was lost when the server went away, and whose outcome
     // could not be read back: trying again with the same owner token takes the lease, or
@@ -96,6 +100,7 @@ class waiting_acquire {
   }
   lease_guard wait_once() {
     if (auto g = first_try()) return done(std::move(*g));  // even with a zero wait
+    call_.waits();
     // Enlisted only now, so an acquire that needs no wait never subscribes to wake-ups, and
     // still before the first read below: a release after that read rings this waiter.
     entry_.emplace(*dbi_->hub, lk_.name, token_, cancel_);
@@ -320,8 +325,9 @@ class waiting_acquire {
   // Every statement of the wait (and of leaving the queue) ends by it, whatever the server does.
   const call_deadline bound_{call_deadline_, what_deadline()};
   const std::string token_;
-  std::shared_ptr<gate_pass> pass_;  // the local gate (not fair, not reentrant)
-  std::optional<hub_entry> entry_;   // enlisted once the first try failed
+  acquire_call call_{dbi_, lk_.name};  // what the listener hears of this call
+  std::shared_ptr<gate_pass> pass_;    // the local gate (not fair, not reentrant)
+  std::optional<hub_entry> entry_;     // enlisted once the first try failed
   std::int64_t ticket_ = 0;
   const bool grants_;               // fair, where a release may hand the lease to its queue's head
   steady::time_point enqueued_at_;  // when the last enqueue was sent

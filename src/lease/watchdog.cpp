@@ -11,9 +11,10 @@ namespace dblock::detail {
 
 using std::chrono::milliseconds;
 
-void lease_state::mark_lost(const error& why) {
+void lease_state::mark_lost(const error& why, loss_reason reason) {
   if (lost.exchange(true)) return;
-  db->notify([&](listener& l) { l.lease_lost(name, why); });
+  db->notify([&](listener& l) { l.lost(name, reason, why); });
+  end_hold();
   if (on_lost) {
     try {
       on_lost(why);
@@ -22,9 +23,43 @@ void lease_state::mark_lost(const error& why) {
   }
 }
 
+loss_reason lease_state::loss_from(const std::optional<lease_row>& row) const {
+  if (!row || row->owner_token == token) return loss_reason::expired;  // gone: reaped
+  if (row->owner_token.compare(0, 6, "forced") == 0) return loss_reason::forced;
+  return loss_reason::taken_over;
+}
+
+loss_reason lease_state::read_loss() const noexcept {
+  try {
+    const call_deadline bound(call_bound(), call_bound_what());
+    return loss_from(with_session(db, "read lease '" + name + "' after its loss",
+                                  [&](session_scope& s) { return lock_table::read(s, name); }));
+  } catch (...) {
+    return loss_reason::connection;
+  }
+}
+
+void lease_state::start_hold() {
+  if (!holding_.exchange(true)) db->notify([&](listener& l) { l.holding(name, true); });
+}
+
+void lease_state::end_hold() noexcept {
+  if (holding_.exchange(false)) db->notify([&](listener& l) { l.holding(name, false); });
+}
+
 bool lease_state::renew_sql(milliseconds lease) {
   const call_deadline bound(call_bound(), call_bound_what());
   auto sent = steady::now();
+  struct timed {  // listener::renew_latency(), failed renewals included
+    const lease_state& s;
+    steady::time_point sent;
+    ~timed() {
+      s.db->notify([&](listener& l) {
+        l.renew_latency(
+            std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - sent));
+      });
+    }
+  } timer{*this, sent};
   const std::string what = "renew lease '" + name + "'";
   // A lost reply leaves the extension unknown: in_doubt (the watchdog retries it like any
   // failure; renewing again is harmless).

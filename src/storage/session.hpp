@@ -31,6 +31,9 @@ struct database_impl {
   std::vector<std::string> connect_strings;  // hold the password: never printed
   std::shared_ptr<void> keeper;  // keeps an in-memory database alive (connector::keep_open)
   std::atomic<std::size_t> preferred{0};  // the connect string that worked last
+  /// Lease tries the database refused (the lease was held): every try, where
+  /// listener::contended() counts calls. Read by tests (tests/support/internals.hpp).
+  std::atomic<std::uint64_t> refused_tries{0};
   database_options options;
   const dialect* dia = nullptr;
   table_names tables;

@@ -15,7 +15,8 @@ void gate_pass::leave() {
 }
 
 std::shared_ptr<gate_pass> local_gates::enter(const std::string& name, const cancellation& cancel,
-                                              steady::time_point deadline) {
+                                              steady::time_point deadline,
+                                              const std::function<void()>& queued) {
   std::unique_lock<std::mutex> l(mu_);
   // The gate stays in the map while it is held or w waits in its queue: `g` stays valid.
   gate& g = gates_[name];
@@ -26,6 +27,11 @@ std::shared_ptr<gate_pass> local_gates::enter(const std::string& name, const can
   auto w = std::make_shared<waiter>();
   w->cancel = cancel;
   g.queue.push_back(w);
+  if (queued) {  // `g` stays: w is in its queue
+    l.unlock();
+    queued();
+    l.lock();
+  }
   for (;;) {
     if (w->gen != 0) return std::make_shared<gate_pass>(*this, name, w->gen);
     const auto now = steady::now();

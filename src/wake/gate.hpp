@@ -53,9 +53,11 @@ class local_gates {
  public:
   using steady = std::chrono::steady_clock;
   /// Waits until the gate of `name` is the caller's; null when `deadline` passed or `cancel`
-  /// fired first.
+  /// fired first. `queued`, if set, is called (without the gates' lock) when the caller has to
+  /// line up behind another.
   std::shared_ptr<gate_pass> enter(const std::string& name, const cancellation& cancel,
-                                   steady::time_point deadline);
+                                   steady::time_point deadline,
+                                   const std::function<void()>& queued = {});
 
  private:
   friend class gate_pass;

@@ -12,7 +12,8 @@
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   auto registry = std::make_shared<prometheus::Registry>();
-  auto metrics = std::make_shared<dblock::prometheus_listener>(registry, "sqlite");
+  auto metrics =
+      std::make_shared<dblock::prometheus_listener>(registry);  // backend="sqlite", from the URL
   dblock::database_options options;
   options.events = metrics;
   dblock::database db(argv[1], options);

@@ -14,6 +14,11 @@ namespace dblock::test {
 inline const detail::dialect& dialect_of(const database& db) {
   return *detail::access::impl(db)->dia;
 }
+/// Lease tries of `db` that the database refused (every try; listener::contended() counts
+/// calls).
+inline std::uint64_t refused_tries_of(const database& db) {
+  return detail::access::impl(db)->refused_tries.load();
+}
 inline const detail::table_names& tables_of(const database& db) {
   return detail::access::impl(db)->tables;
 }

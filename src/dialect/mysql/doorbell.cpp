@@ -5,7 +5,8 @@
 // The release statement returns the session id holding the lock of the mark of the head of the
 // freed lease's queue (IS_USED_LOCK); the releasing process then interrupts it (KILL QUERY;
 // storage/wait_queue ring()). The interrupted sleeper reads which of its handle's
-// waiters now head their queue and delivers one ring to each; then it sleeps again. A sleep is
+// waiters now head their queue and delivers one ring to each; then it sleeps again, unless a
+// lease whose queue it heads is free already (a ring that came between two sleeps). A sleep is
 // only in flight while the handle has waiters and lasts at most 2 s, so a closed handle leaves
 // no long sleep behind on the server. A lost ring costs latency only (waiters still poll,
 // bounded by the holder's expiry).
@@ -66,7 +67,10 @@ class channel final : public bell_channel {
         waiters_(std::move(waiters)),
         locks_(std::move(locks)),
         cb_(std::move(cb)),
-        mark_(random_hex32()) {
+        mark_(random_hex32()),
+        heads_(heads_of(waiters_, locks_, mark_)),
+        sleep_(sleep_sql(waiters_, locks_, mark_)),
+        plain_sleep_(bell_sleep_prefix + mark_ + bell_sleep_suffix) {
     thread_ = std::thread([this] { run(); });
   }
   ~channel() override {
@@ -178,20 +182,7 @@ class channel final : public bell_channel {
       cb_.deliver(ev);
       return true;
     }
-    const std::string now = "UTC_TIMESTAMP(6)";
-    // Entries of the lease's holder are not waiting (a new holder's entry is deleted during its
-    // hold, wait_queue::deferred_exit), as in every other read of the queue.
-    auto waiting = [&](const std::string& e) {
-      return e + ".expires_at > " + now + " AND NOT EXISTS (SELECT 1 FROM " + locks_ +
-             " l WHERE l.resource_name = " + e + ".resource_name AND l.owner_token = " + e +
-             ".owner_token)";
-    };
-    const std::string sql = "SELECT w.resource_name, w.owner_token FROM " + waiters_ +
-                            " w WHERE w.bell = '" + mark_ + "' AND " + waiting("w") +
-                            " AND NOT EXISTS (SELECT 1 FROM " + waiters_ +
-                            " h WHERE h.resource_name = w.resource_name AND h.ticket < w.ticket"
-                            " AND " +
-                            waiting("h") + ")";
+    const std::string sql = "SELECT w.resource_name, w.owner_token" + heads_;
     std::vector<std::pair<std::string, std::string>> rows;
     // A KILL QUERY that arrived just after a sleep ended can interrupt this read: once more.
     if (!query(m, sql, rows) && (mysql_errno(m) != er_query_interrupted || !query(m, sql, rows)))
@@ -207,9 +198,42 @@ class channel final : public bell_channel {
   /// Tells the hub that the waiters watched so far are reachable (a sleep is in flight).
   void confirm() { watched_.confirm(cb_.confirmed); }
   bool wanted() const { return watched_.any(); }
+  /// " FROM ... WHERE ...": this handle's waiters that head their queue (oldest live entry).
+  /// Entries of the lease's holder are not waiting (a new holder's entry is deleted during its
+  /// hold, wait_queue::deferred_exit), as in every other read of the queue.
+  static std::string heads_of(const std::string& waiters, const std::string& locks,
+                              const std::string& mark) {
+    const std::string now = "UTC_TIMESTAMP(6)";
+    auto waiting = [&](const std::string& e) {
+      return e + ".expires_at > " + now + " AND NOT EXISTS (SELECT 1 FROM " + locks +
+             " l WHERE l.resource_name = " + e + ".resource_name AND l.owner_token = " + e +
+             ".owner_token)";
+    };
+    return " FROM " + waiters + " w WHERE w.bell = '" + mark + "' AND " + waiting("w") +
+           " AND NOT EXISTS (SELECT 1 FROM " + waiters +
+           " h WHERE h.resource_name = w.resource_name AND h.ticket < w.ticket AND " +
+           waiting("h") + ")";
+  }
+  /// The sleep, unless a lease whose queue this handle's waiter heads is free already: a
+  /// release whose KILL QUERY came while this connection was between sleeps (reading heads,
+  /// or just woken from the last sleep) interrupted nothing, and its ring would be lost. Then
+  /// the statement returns no row and the heads are rung as after an interrupt.
+  static std::string sleep_sql(const std::string& waiters, const std::string& locks,
+                               const std::string& mark) {
+    return bell_sleep_prefix + mark + bell_sleep_suffix + " FROM DUAL WHERE NOT EXISTS (SELECT 1" +
+           heads_of(waiters, locks, mark) + " AND NOT EXISTS (SELECT 1 FROM " + locks +
+           " f WHERE f.resource_name = w.resource_name AND f.hold_count > 0 AND f.expires_at > "
+           "UTC_TIMESTAMP(6)))";
+  }
   /// One sleep: true when it ended normally or by a ring, false when the connection broke.
   bool sleep_once(MYSQL* m) {
-    const std::string q = bell_sleep_prefix + mark_ + bell_sleep_suffix;
+    // A free lease that a waiter here heads, found at the statement's start, ends it at once
+    // (below). Such a lease may stay free for a moment while the waiter rung for it gets to
+    // its try: after a few quick rounds one plain sleep follows, so a waiter that cannot take
+    // it (whatever the reason) makes this connection neither spin nor hammer the server.
+    const bool check = quick_rounds_ < 20;
+    if (quick_rounds_ > 0) wait(-1, 2);
+    const std::string& q = check ? sleep_ : plain_sleep_;
     if (mysql_send_query(m, q.c_str(), q.size()) != 0) return false;
     confirm();
     while (!wait(static_cast<int>(mysql_get_socket(m)), -1)) {
@@ -218,13 +242,21 @@ class channel final : public bell_channel {
     }
     // Interrupted: an error instead of the result, or in the middle of it (MariaDB sends the
     // column and then the error), or SLEEP's own 1 where the server returns that.
-    if (mysql_read_query_result(m) != 0) return mysql_errno(m) == er_query_interrupted && ring(m);
+    if (mysql_read_query_result(m) != 0) {
+      quick_rounds_ = 0;
+      return mysql_errno(m) == er_query_interrupted && ring(m);
+    }
     MYSQL_RES* res = mysql_store_result(m);
-    if (!res) return mysql_errno(m) == er_query_interrupted && ring(m);
+    if (!res) {
+      quick_rounds_ = 0;
+      return mysql_errno(m) == er_query_interrupted && ring(m);
+    }
     MYSQL_ROW row = mysql_fetch_row(res);
+    const bool pending = !row;  // no row: a free lease waits for a waiter here (no sleep)
     const bool interrupted = row && row[0] && std::string(row[0]) == "1";
     mysql_free_result(res);
-    return !interrupted || ring(m);
+    quick_rounds_ = pending ? quick_rounds_ + 1 : 0;
+    return !(pending || interrupted) || ring(m);
   }
   /// One connection's life: sleep while the handle has waiters, until the connection breaks.
   /// While the bell's lock is busy, no sleep: it is tried again with a growing pause (the
@@ -295,6 +327,8 @@ class channel final : public bell_channel {
   const std::string waiters_, locks_;
   bell_callbacks cb_;
   const std::string mark_;
+  const std::string heads_, sleep_, plain_sleep_;  // statements built once
+  int quick_rounds_ = 0;  // sleeps in a row that ended at once on a free lease (the thread's)
   poke_fd poke_;
   std::atomic<bool> stop_{false}, live_{false};
   std::atomic<std::int64_t> session_{0};  // the server session id of the connection
