@@ -379,10 +379,9 @@ std::optional<leader_info> election::await_change(const database& db, const std:
       // Each read ends by the deadline (a wait that has run out still gets its one read a
       // second), and a wait for ever reads for 30 s at most (a frozen server), then again.
       const auto t = steady::now();
-      const detail::call_deadline bound(deadline == steady::time_point::max()
-                                            ? t + std::chrono::seconds(30)
-                                            : std::max(deadline, t + std::chrono::seconds(1)),
-                                        what);
+      const detail::call_deadline bound(
+          std::min(std::max(deadline, t + std::chrono::seconds(1)), t + std::chrono::seconds(30)),
+          what);
       std::optional<leader_info> now = observe(db, name);
       if (!same_leadership(now, last)) return now;
       // A leader that dies is replaced only after its lease expires: read again then.
@@ -404,6 +403,17 @@ std::optional<leader_info> election::await_change(const database& db, const std:
 }
 
 // ---- leader_watch ------------------------------------------------------------------------------
+
+namespace {
+// A watch's first read, bounded as await_change()'s reads are (a frozen server keeps stop()
+// waiting 30 s at most).
+std::optional<leader_info> first_read(const database& db, const std::string& name) {
+  const detail::call_deadline bound(
+      std::chrono::seconds(30),
+      "the first read of a watch of election '" + detail::printable(name) + "'");
+  return election::observe(db, name);
+}
+}  // namespace
 
 struct leader_watch::impl {
   cancellation stop;
@@ -450,7 +460,7 @@ leader_watch election::watch(const database& db, const std::string& name,
       try {
         std::optional<leader_info> now =
             last ? await_change(db, name, *last, steady::time_point::max(), stop, poll)
-                 : observe(db, name);
+                 : first_read(db, name);
         last = now;
         try {
           on_change(now);

@@ -124,7 +124,8 @@ class leader_watch {
   leader_watch& operator=(const leader_watch&) = delete;
   /// Stops the watch as stop() does. Never throws.
   ~leader_watch();
-  /// Stops the thread: a callback in progress finishes first, none follows. Idempotent. Must not
+  /// Stops the thread: a callback in progress finishes first, none follows; a read in progress
+  /// too (30 s at most, against a frozen server). Idempotent. Must not
   /// be called from the callback itself (it returns at once there, and the thread ends after
   /// the callback). Never throws.
   void stop() noexcept;

@@ -179,11 +179,15 @@ void lease_state::release_one() {
     stop_watchdog();
     finish_queue_exit();  // the queue entry goes before the lease is freed
   }
-  // The last hold: whatever the outcome, the next local waiter goes to the database after it.
+  // The last hold: whatever the outcome, the next local waiter goes to the database after it,
+  // and this process holds the lease no longer (listener::holding(), also when the release
+  // failed: the guard is spent, and the row runs out at its TTL).
   struct gate_opener {
     lease_state* s;
     ~gate_opener() {
-      if (s) s->open_gate();
+      if (!s) return;
+      s->open_gate();
+      s->end_hold();
     }
   } opener{left == 0 ? this : nullptr};
   release_outcome sent = release_sent(left);

@@ -184,7 +184,10 @@ void prometheus_listener::holding(std::string_view, bool held) {
 }
 void prometheus_listener::leadership(std::string_view election, bool leader) {
   auto& m = impl_->m();
-  m.leader->Add({{"backend", m.backend}, {"election", std::string(election)}}).Set(leader ? 1 : 0);
+  // Counted, not set: two candidates of this process may overlap for a moment (one wins
+  // while the other's loss is not found yet), and the calls pair up.
+  auto& g = m.leader->Add({{"backend", m.backend}, {"election", std::string(election)}});
+  leader ? g.Increment() : g.Decrement();
 }
 void prometheus_listener::retried(std::string_view, const error&) {
   impl_->m().retries->Increment();

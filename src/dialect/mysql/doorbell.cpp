@@ -11,8 +11,10 @@
 // no long sleep behind on the server. A lost ring costs latency only (waiters still poll,
 // bounded by the holder's expiry).
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -69,6 +71,7 @@ class channel final : public bell_channel {
         cb_(std::move(cb)),
         mark_(random_hex32()),
         heads_(heads_of(waiters_, locks_, mark_)),
+        free_(free_of(locks_)),
         sleep_(sleep_sql(waiters_, locks_, mark_)),
         plain_sleep_(bell_sleep_prefix + mark_ + bell_sleep_suffix) {
     thread_ = std::thread([this] { run(); });
@@ -170,19 +173,22 @@ class channel final : public bell_channel {
     return rows[0].first == "1" ? bell_lock_state::taken : bell_lock_state::busy;
   }
   /// Rung: delivers one ring to each waiter of this handle that heads its queue.
-  bool ring(MYSQL* m) {
+  /// `free_only`: only the heads of leases that are free (a sleep that found one at its start:
+  /// nothing was interrupted, and waiters on leases still held need no ring).
+  bool ring(MYSQL* m, bool free_only = false) {
     // One waiter in this handle: the ring is for it, no read here. The interrupt carries
     // nothing, and one sent for an earlier waiter of this handle can land late, on this one
     // (the releaser is descheduled between its release and the KILL QUERY, while the earlier
     // waiter took the lease by polling and this one queued anew): a fair waiter's acquire
     // statement checks the queue order itself, so such a ring costs a refused try only.
-    if (auto only = watched_.only()) {
+    if (auto only = free_only ? std::nullopt : watched_.only()) {
       ring_event ev;
       ev.head = *only;
       cb_.deliver(ev);
       return true;
     }
-    const std::string sql = "SELECT w.resource_name, w.owner_token" + heads_;
+    const std::string sql =
+        "SELECT w.resource_name, w.owner_token" + heads_ + (free_only ? free_ : std::string());
     std::vector<std::pair<std::string, std::string>> rows;
     // A KILL QUERY that arrived just after a sleep ended can interrupt this read: once more.
     if (!query(m, sql, rows) && (mysql_errno(m) != er_query_interrupted || !query(m, sql, rows)))
@@ -221,18 +227,24 @@ class channel final : public bell_channel {
   static std::string sleep_sql(const std::string& waiters, const std::string& locks,
                                const std::string& mark) {
     return bell_sleep_prefix + mark + bell_sleep_suffix + " FROM DUAL WHERE NOT EXISTS (SELECT 1" +
-           heads_of(waiters, locks, mark) + " AND NOT EXISTS (SELECT 1 FROM " + locks +
+           heads_of(waiters, locks, mark) + free_of(locks) + ")";
+  }
+  /// " AND ...": the lease of head entry w is free (no row held and unexpired).
+  static std::string free_of(const std::string& locks) {
+    return " AND NOT EXISTS (SELECT 1 FROM " + locks +
            " f WHERE f.resource_name = w.resource_name AND f.hold_count > 0 AND f.expires_at > "
-           "UTC_TIMESTAMP(6)))";
+           "UTC_TIMESTAMP(6))";
   }
   /// One sleep: true when it ended normally or by a ring, false when the connection broke.
   bool sleep_once(MYSQL* m) {
     // A free lease that a waiter here heads, found at the statement's start, ends it at once
-    // (below). Such a lease may stay free for a moment while the waiter rung for it gets to
-    // its try: after a few quick rounds one plain sleep follows, so a waiter that cannot take
-    // it (whatever the reason) makes this connection neither spin nor hammer the server.
+    // (below), and only the heads of free leases are rung. Such a lease may stay free for a
+    // moment while the waiter rung for it gets to its try: the quick rounds back off (2 ms
+    // doubling to 256 ms), and after 20 of them one plain sleep follows, so an entry that
+    // cannot take it (a waiter gone without deleting it: it expires at its TTL) makes this
+    // connection neither spin nor hammer the server.
     const bool check = quick_rounds_ < 20;
-    if (quick_rounds_ > 0) wait(-1, 2);
+    if (quick_rounds_ > 0) wait(-1, 2 << std::min(quick_rounds_ - 1, 7));  // 2 .. 256 ms
     const std::string& q = check ? sleep_ : plain_sleep_;
     if (mysql_send_query(m, q.c_str(), q.size()) != 0) return false;
     confirm();
@@ -256,7 +268,8 @@ class channel final : public bell_channel {
     const bool interrupted = row && row[0] && std::string(row[0]) == "1";
     mysql_free_result(res);
     quick_rounds_ = pending ? quick_rounds_ + 1 : 0;
-    return !(pending || interrupted) || ring(m);
+    if (pending) return ring(m, true);
+    return !interrupted || ring(m);
   }
   /// One connection's life: sleep while the handle has waiters, until the connection breaks.
   /// While the bell's lock is busy, no sleep: it is tried again with a growing pause (the
@@ -327,7 +340,7 @@ class channel final : public bell_channel {
   const std::string waiters_, locks_;
   bell_callbacks cb_;
   const std::string mark_;
-  const std::string heads_, sleep_, plain_sleep_;  // statements built once
+  const std::string heads_, free_, sleep_, plain_sleep_;  // statements built once
   int quick_rounds_ = 0;  // sleeps in a row that ended at once on a free lease (the thread's)
   poke_fd poke_;
   std::atomic<bool> stop_{false}, live_{false};
