@@ -181,8 +181,8 @@ namespace {
 thread_local std::optional<steady::time_point> call_started;
 }  // namespace
 
-acquire_call::acquire_call(const std::shared_ptr<database_impl>& db, std::string name)
-    : db_(db), name_(std::move(name)), outer_(!call_started) {
+acquire_call::acquire_call(const std::shared_ptr<database_impl>& db, const std::string& name)
+    : db_(db), name_(name), outer_(!call_started) {
   if (outer_) call_started = started_;
 }
 acquire_call::~acquire_call() {

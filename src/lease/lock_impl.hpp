@@ -40,7 +40,8 @@ std::string thread_label();
  */
 class acquire_call {
  public:
-  acquire_call(const std::shared_ptr<database_impl>& db, std::string name);
+  /// `db` and `name` must outlive the call (they are the lock's own: no copy on the try's path).
+  acquire_call(const std::shared_ptr<database_impl>& db, const std::string& name);
   ~acquire_call();
   acquire_call(const acquire_call&) = delete;
   acquire_call& operator=(const acquire_call&) = delete;
@@ -69,7 +70,7 @@ class acquire_call {
  private:
   void failed(acquire_failure why);
   const std::shared_ptr<database_impl>& db_;
-  const std::string name_;
+  const std::string& name_;
   const bool outer_;
   const steady::time_point started_ = steady::now();
   bool refused_ = false, waiting_ = false;
