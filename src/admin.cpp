@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "dblock/election.hpp"
+#include "followers.hpp"
 #include "identifier.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/wait_queue.hpp"
@@ -54,6 +56,8 @@ forced_release force_release(const database& db, const std::string& name, const 
   if (f.was_held) {  // the lease is free: wake a waiter now rather than at its next poll
     detail::wait_queue::ring_freed(access::impl(db), name, f.new_fence, std::string(),
                                    detail::lock_table::release_wake::look_up());
+    // A leadership released so: its followers read at once (the next leader rings them too).
+    if (auto e = election::election_of(name)) detail::ring_followers(access::impl(db), *e);
   }
   return f;
 }

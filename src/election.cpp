@@ -6,8 +6,8 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
-#include <unordered_map>
 
+#include "followers.hpp"
 #include "identifier.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
@@ -15,7 +15,6 @@
 #include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/write_scope.hpp"
-#include "wake/cancel_access.hpp"
 
 namespace dblock {
 
@@ -35,67 +34,6 @@ void validate_election_name(const std::string& name) {
     throw error(errc::invalid_argument, "election name '" + detail::printable(name) + "' is " +
                                             std::to_string(name.size()) + " bytes, at most " +
                                             std::to_string(max_election_name_bytes) + " allowed");
-}
-
-// ---- changes of leadership within this process (await_change()) ------------------------------
-
-// One await_change() call: woken when a candidate of this process changes the leadership.
-struct change_waiter {
-  std::atomic<bool> flag{false};
-  detail::wake_slot slot;
-};
-
-// The waits of await_change() in this process, by election: a candidate of this process that
-// wins, resigns or loses a leadership wakes them (changed()). Thread-safe.
-class change_board {
- public:
-  void join(const std::string& key, change_waiter* w) {
-    std::lock_guard<std::mutex> l(mu_);
-    waiters_.emplace(key, w);
-  }
-  void leave(const std::string& key, change_waiter* w) {
-    std::lock_guard<std::mutex> l(mu_);
-    auto [from, to] = waiters_.equal_range(key);
-    for (auto it = from; it != to; ++it)
-      if (it->second == w) {
-        waiters_.erase(it);
-        return;
-      }
-  }
-  void changed(const std::string& key) {
-    std::lock_guard<std::mutex> l(mu_);
-    auto [from, to] = waiters_.equal_range(key);
-    for (auto it = from; it != to; ++it) {
-      it->second->flag.store(true);
-      detail::cancel_access::poke(it->second->slot);
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_multimap<std::string, change_waiter*> waiters_;
-};
-
-// Never destroyed: a leadership may end while statics are destroyed.
-change_board& board() {
-  static auto* b = new change_board;
-  return *b;
-}
-
-// Elections are told apart by URL, lock table and name: two handles of one database meet.
-std::string change_key(const detail::database_impl& d, const std::string& election) {
-  return d.redacted_url + '\n' + d.tables.lock + '\n' + election;
-}
-
-bool same_leadership(const std::optional<leader_info>& a, const std::optional<leader_info>& b) {
-  if (!a || !b) return !a && !b;
-  return a->fence == b->fence && a->identity == b->identity;
-}
-
-void check_poll(std::chrono::milliseconds poll) {
-  if (poll < milliseconds(10) || poll > std::chrono::hours(1))
-    throw error(errc::invalid_argument, "election watch: poll must be 10 ms .. 1 h, not " +
-                                            std::to_string(poll.count()) + " ms");
 }
 
 }  // namespace
@@ -142,19 +80,17 @@ struct leadership::impl {
                             "' ended: the lease was lost or no renewal was confirmed in time"),
                   loss_reason::connection);  // (a loss the watchdog found is reported already)
     ended();
-    board().changed(key);
+    detail::ring_followers(lease->state_->db, name);
     lost.cancel();
   }
 
-  // listener::leadership(): true once made, false once ended (each once); the waits of
-  // await_change() in this process hear of both (after the release, for an end).
+  // listener::leadership(): true once made, false once ended (each once); the followers
+  // (await_change(), watch()) hear of both (after the release, for an end).
   std::atomic<bool> leading{false};
-  std::string key;  // change_key()
   void began() {
-    key = change_key(*lease->state_->db, name);
     if (!leading.exchange(true))
       lease->state_->db->notify([&](listener& l) { l.leadership(name, true); });
-    board().changed(key);
+    detail::ring_followers(lease->state_->db, name);
   }
   void ended() {
     if (leading.exchange(false))
@@ -193,8 +129,9 @@ leadership::~leadership() {
   impl_->stop_monitor();
   impl_->ended();
   impl_->lost.cancel();
+  auto db = impl_->lease->state_->db;
   impl_->lease.reset();  // releases; failures go to the error handler
-  board().changed(impl_->key);
+  detail::ring_followers(db, impl_->name);
 }
 
 std::int64_t leadership::fence() const noexcept {
@@ -235,10 +172,11 @@ void leadership::resign() {
   i->lost.cancel();
   lease_guard g = std::move(*i->lease);
   i->lease.reset();
-  struct after_release {  // released or not, watchers read again
-    const std::string& key;
-    ~after_release() { board().changed(key); }
-  } signal{i->key};
+  struct after_release {  // released or not, followers read again
+    std::shared_ptr<detail::database_impl> db;
+    const impl& i;
+    ~after_release() { detail::ring_followers(db, i.name); }
+  } signal{g.state_->db, *i};
   g.release();
 }
 
@@ -350,137 +288,6 @@ std::optional<leader_info> election::observe(const database& db, const std::stri
         if (a && a->fence == row->fence) info.identity = a->identity;
         return info;
       });
-}
-
-std::optional<leader_info> election::await_change(const database& db, const std::string& name,
-                                                  const std::optional<leader_info>& last,
-                                                  steady_clock::time_point deadline,
-                                                  const cancellation& cancel,
-                                                  std::chrono::milliseconds poll) {
-  validate_election_name(name);
-  check_poll(poll);
-  const auto start = steady::now();
-  deadline = std::max(deadline, start);
-  const std::string what = "wait for a change of election '" + detail::printable(name) + "'";
-  const std::string key = change_key(*detail::access::impl(db), name);
-  change_waiter w;
-  board().join(key, &w);
-  struct leaver {
-    const std::string& key;
-    change_waiter* w;
-    ~leaver() { board().leave(key, w); }
-  } leave{key, &w};
-  for (;;) {
-    if (cancel.cancelled()) throw error(errc::cancelled, what + ": cancelled");
-    w.flag.store(false);  // a change from here on ends the sleep below at once
-    std::chrono::nanoseconds sleep = poll;
-    std::string trouble;
-    try {
-      // Each read ends by the deadline (a wait that has run out still gets its one read a
-      // second), and a wait for ever reads for 30 s at most (a frozen server), then again.
-      const auto t = steady::now();
-      const detail::call_deadline bound(
-          std::min(std::max(deadline, t + std::chrono::seconds(1)), t + std::chrono::seconds(30)),
-          what);
-      std::optional<leader_info> now = observe(db, name);
-      if (!same_leadership(now, last)) return now;
-      // A leader that dies is replaced only after its lease expires: read again then.
-      if (now) sleep = std::min<std::chrono::nanoseconds>(sleep, now->expires_in + milliseconds(1));
-    } catch (const error& e) {
-      // Rides out a failover or a frozen server, as waits do: read again until the deadline.
-      if (e.code() != errc::connection_failed && e.code() != errc::connection_lost &&
-          e.code() != errc::timeout)
-        throw;
-      trouble = std::string(" (") + e.what() + ")";
-    }
-    const auto now = steady::now();
-    if (now >= deadline)
-      throw error(errc::timeout,
-                  what + ": none within " + detail::wait_text(start, deadline) + trouble);
-    sleep = std::min<std::chrono::nanoseconds>(sleep, deadline - now);
-    detail::cancel_access::wait(cancel, sleep, w.flag, w.slot);
-  }
-}
-
-// ---- leader_watch ------------------------------------------------------------------------------
-
-namespace {
-// A watch's first read, bounded as await_change()'s reads are (a frozen server keeps stop()
-// waiting 30 s at most).
-std::optional<leader_info> first_read(const database& db, const std::string& name) {
-  const detail::call_deadline bound(
-      std::chrono::seconds(30),
-      "the first read of a watch of election '" + detail::printable(name) + "'");
-  return election::observe(db, name);
-}
-}  // namespace
-
-struct leader_watch::impl {
-  cancellation stop;
-  std::thread thread;
-};
-
-leader_watch::leader_watch(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
-leader_watch::leader_watch(leader_watch&&) noexcept = default;
-leader_watch& leader_watch::operator=(leader_watch&& other) noexcept {
-  if (this != &other) {
-    stop();
-    impl_ = std::move(other.impl_);
-  }
-  return *this;
-}
-leader_watch::~leader_watch() {
-  stop();
-}
-
-void leader_watch::stop() noexcept {
-  if (!impl_) return;
-  impl_->stop.cancel();
-  if (impl_->thread.joinable() && impl_->thread.get_id() != std::this_thread::get_id())
-    impl_->thread.join();
-}
-
-leader_watch election::watch(const database& db, const std::string& name,
-                             std::function<void(const std::optional<leader_info>&)> on_change,
-                             std::chrono::milliseconds poll) {
-  validate_election_name(name);
-  check_poll(poll);
-  if (!on_change) throw error(errc::invalid_argument, "election watch: the callback is empty");
-  auto i = std::make_unique<leader_watch::impl>();
-  const cancellation stop = i->stop;
-  i->thread = std::thread([db, name, on_change = std::move(on_change), poll, stop] {
-    const auto& dbi = detail::access::impl(db);
-    auto report = [&](const std::string& m) {
-      dbi->notify([&](listener& l) {
-        l.log(log_level::warning, "watch of election '" + detail::printable(name) + "': " + m);
-      });
-    };
-    std::optional<std::optional<leader_info>> last;  // nothing: not read yet
-    while (!stop.cancelled()) {
-      try {
-        std::optional<leader_info> now =
-            last ? await_change(db, name, *last, steady::time_point::max(), stop, poll)
-                 : first_read(db, name);
-        last = now;
-        try {
-          on_change(now);
-        } catch (const std::exception& e) {
-          report(std::string("the callback threw: ") + e.what());
-        } catch (...) {
-          report("the callback threw");
-        }
-      } catch (const error& e) {
-        if (e.code() == errc::cancelled || stop.cancelled()) return;
-        report(std::string(e.what()) + "; reading again in " + std::to_string(poll.count()) +
-               " ms");
-        stop.sleep_for(poll);
-      } catch (const std::exception& e) {
-        report(e.what());
-        stop.sleep_for(poll);
-      }
-    }
-  });
-  return leader_watch(std::move(i));
 }
 
 }  // namespace dblock

@@ -420,6 +420,20 @@ DBLOCK_WORKER(resigning_leader) {
   return 0;
 }
 
+// A candidate in another process with a lease of `ttl_ms`: wins within 10 s, holds `hold_ms`,
+// then resigns ("resign") or dies without a word ("crash": its lease runs out at its TTL).
+DBLOCK_WORKER(short_leader) {
+  auto db = open_db(args.at(0), args.at(1), 2);
+  dblock::lease_options o;
+  o.ttl = milliseconds(std::stoll(args.at(5)));
+  election e(db, args.at(2), args.at(3), o);
+  auto l = e.campaign(std::chrono::seconds(10));
+  std::this_thread::sleep_for(milliseconds(std::stoll(args.at(4))));
+  if (args.at(6) == "crash") std::_Exit(0);
+  l.resign();
+  return 0;
+}
+
 std::string shown(const std::optional<leader_info>& l) {
   return l ? l->identity + "@" + std::to_string(l->fence) : std::string("none");
 }
@@ -513,4 +527,67 @@ DBLOCK_TEST("election: watch follows a leader of another process: none, won, res
   w.stop();
   std::lock_guard<std::mutex> g(mu);
   CHECK(seen == std::vector<std::string>{"none", "far-away", "none"});
+}
+
+// The cross-process wake-up of followers: with a poll of an hour, a leader of another process
+// that wins and resigns is seen at once, each change by its ring (the follower's safety-net
+// reads come at the leader's expiry, 20 s here, and at its entry's refresh, 10 s). The control:
+// a leader that dies rings nobody, and the follower sees the end only at the lease's expiry.
+// Behind a transaction pooler no ring can reach the follower (no LISTEN): it reads every poll.
+DBLOCK_TEST(
+    "election: a follower is rung by a leader of another process, and a dead one is seen "
+    "at its expiry",
+    "[election][processes]") {
+  const bool pooled = ctx.url.find("pooler=transaction") != std::string::npos;
+  const milliseconds poll = pooled ? milliseconds(100) : milliseconds(std::chrono::hours(1));
+  for (const std::string mode : {"resign", "crash"}) {
+    INFO(mode);
+    const std::string name = election_name("rung");
+    const std::string ttl = mode == "resign" ? "20000" : "3000";
+    std::mutex mu;
+    std::condition_variable cv;
+    // Two followers on one handle: its wake-up channel carries both entries (MySQL: the
+    // interrupted sleeper reads which to wake, rather than waking its only one).
+    std::vector<std::pair<std::string, steady::time_point>> seen, seen2;
+    auto follow = [&](std::vector<std::pair<std::string, steady::time_point>>& out) {
+      return election::watch(
+          ctx.db, name,
+          [&](const std::optional<leader_info>& l) {
+            if (l && l->identity.empty()) return;  // won, not announced yet: a moment
+            std::lock_guard<std::mutex> g(mu);
+            out.emplace_back(l ? l->identity : std::string("none"), steady::now());
+            cv.notify_all();
+          },
+          poll);
+    };
+    auto w = follow(seen);
+    auto w2 = follow(seen2);
+    auto wait_for = [&](std::size_t n, std::chrono::seconds limit) {
+      std::unique_lock<std::mutex> g(mu);
+      return cv.wait_for(g, limit, [&] { return seen.size() >= n && seen2.size() >= n; });
+    };
+    REQUIRE(wait_for(1, std::chrono::seconds(15)));  // the state at the start
+    // Past the follower's joining of the queue (a first read, then its entry and its LISTEN).
+    std::this_thread::sleep_for(milliseconds(500));
+    process_set ps;
+    const int pid = ps.spawn("short_leader", {ctx.url, ctx.prefix, name, "far", "300", ttl, mode});
+    CHECK(wait_for(3, std::chrono::seconds(9)));  // the win seen by its ring, within the 10 s
+    CHECK(ps.wait(pid, std::chrono::seconds(20)) == 0);
+    w.stop();
+    w2.stop();
+    std::lock_guard<std::mutex> g(mu);
+    for (const auto* s : {&seen, &seen2}) {
+      REQUIRE(s->size() == 3);
+      CHECK((*s)[0].first == "none");
+      CHECK((*s)[1].first == "far");
+      CHECK((*s)[2].first == "none");
+      const auto held = std::chrono::duration_cast<milliseconds>((*s)[2].second - (*s)[1].second);
+      INFO("the leadership was seen for " << held.count() << " ms (held 300 ms, TTL " << ttl
+                                          << " ms)");
+      if (mode == "resign")
+        CHECK(held < milliseconds(1500));  // rung at the resignation, not at the expiry (20 s)
+      else
+        CHECK(held >= milliseconds(2000));  // nothing rang: seen at the expiry (3 s after the win)
+    }
+  }
 }

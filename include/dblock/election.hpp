@@ -216,17 +216,23 @@ class election {
    *        leader where `last` had none or none where it had one, or the identity announced
    *        since) and returns it: the new leader, or nothing when there is none.
    *
-   * A change made by this process (a candidate of this process won, resigned or lost its
-   * leadership, through any database handle with the same URL and table prefix) wakes the wait
-   * at once. A change made elsewhere is seen at the leader's expiry (a leader that died) or at
-   * the next read, `poll` after the last one (a resignation, a new leader). A connection that
-   * fails is tried again until the deadline (failovers are ridden out).
+   * The wait is woken like a lease waiter, not by polling: it keeps an entry in the election's
+   * queue of followers, and a candidate that wins, resigns or loses the leadership rings every
+   * entry (in this process at once, through any database handle with the same URL and table
+   * prefix; in other processes through the backend's wake-ups, as a release rings a waiter).
+   * A leader that dies rings nobody: the wait reads again at its lease's expiry, which is when
+   * another candidate can win. While rings reach it, the wait also reads when its queue entry is
+   * refreshed (every 10 s); where they cannot (behind a transaction pooler without
+   * database_options::listen_url, on Galera, an in-memory SQLite database) it reads every
+   * `poll`. A connection that fails is tried again until the deadline (failovers are ridden
+   * out).
    * @param db the database of the election.
    * @param name the election.
    * @param last what the caller knows (observe()'s value, or the last change returned).
    * @param deadline when to give up (in the past: one read; `time_point::max()`: never).
    * @param cancel stops the wait (errc::cancelled).
-   * @param poll how often the leadership is read when nothing woke the wait (10 ms..1 h).
+   * @param poll how often the leadership is read where rings cannot reach the wait
+   *        (10 ms..1 h).
    * @throws dblock::error errc::timeout when nothing changed by the deadline,
    *         errc::cancelled, errc::invalid_argument for a bad name or poll, and the
    *         @ref database_errors "database errors" other than lost connections.
@@ -241,8 +247,10 @@ class election {
    *        there is none) at once, then after each change (await_change()), on a thread of its
    *        own, until the returned watch is stopped or destroyed.
    *
-   * Calls never overlap and come in order. An exception thrown by `on_change`, and a database
-   * error (the watch goes on, reading again after `poll`), are reported to the database's
+   * The watch keeps one entry in the election's queue of followers for its life and is woken as
+   * await_change() is. Calls never overlap and come in order. An exception thrown by
+   * `on_change`, and a database error (the watch goes on, reading again after `poll`), are
+   * reported to the database's
    * listener (listener::log()). The callback must not destroy or stop its own watch.
    * @throws dblock::error errc::invalid_argument for a bad name, poll or an empty callback.
    */

@@ -81,6 +81,11 @@ std::optional<value> vocabulary::decode_text(const std::optional<std::string>& c
   }
 }
 
+std::string vocabulary::queue_ring_all(const table_names& t) const {
+  return "SELECT owner_token, bell, 0 FROM " + t.waiters + " WHERE resource_name = :name AND" +
+         " expires_at > " + now();
+}
+
 std::string vocabulary::queue_ahead(const table_names& t, const std::string& owner) const {
   return "EXISTS (SELECT 1 FROM " + t.waiters +
          " w WHERE w.resource_name = :name AND w.ticket < :ticket AND w.expires_at > " + now() +

@@ -396,6 +396,9 @@ class vocabulary {
   /// The same session id as a query (:name, :token bound), for a release that did not go
   /// through the lease release statement (a forced release). Empty elsewhere.
   virtual std::string head_sleeper(const table_names&) const { return {}; }
+  /// Every live entry of broadcast queue :name (doorbell.hpp): owner token, bell, and the session
+  /// to interrupt for it (MySQL's sleeper; else 0). PostgreSQL notifies each entry right here.
+  virtual std::string queue_ring_all(const table_names&) const;
 };
 
 /// Runs statements with bound values on a pooled connection.

@@ -18,6 +18,17 @@ namespace dblock::detail {
 struct parsed_url;
 struct table_names;
 
+/// A queue name ending so (U+FFFF then "W") is a broadcast queue: its entries wait for no lease
+/// but for rings, and every live entry is rung (vocabulary::queue_ring_all(): the followers of
+/// an election, whose changes ring them). Reads of the queue that pick a head for a lease leave
+/// such entries out (MySQL's sleeping connection, doorbell.cpp). No user name ends so (names
+/// never contain U+FFFF).
+inline constexpr std::string_view broadcast_suffix = "\xEF\xBF\xBFW";
+inline bool is_broadcast(std::string_view name) {
+  return name.size() > broadcast_suffix.size() &&
+         name.substr(name.size() - broadcast_suffix.size()) == broadcast_suffix;
+}
+
 /// FNV-1a of a resource name: how a doorbell names a lock without carrying the name.
 std::uint64_t name_hash(const std::string& name);
 

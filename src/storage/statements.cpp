@@ -134,6 +134,7 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
     s.bell_ring = make("bell_ring", v.bell_ring(), {"id"});
     s.head_sleeper = make("head_sleeper", v.head_sleeper(t), {"name", "token"});
   }
+  s.queue_ring_all = make("queue_ring_all", v.queue_ring_all(t), {"name"});
   // Live entries, the holders' own excluded (MySQL deletes a new holder's entry during its hold,
   // wait_queue::deferred_exit).
   s.waiters_list =

@@ -72,6 +72,9 @@ struct lock_statements {
   /// for a head that the release left to its process to ring, doorbell::ring_handle()). Empty
   /// text elsewhere.
   statement head_notify;
+  /// name -> owner token, bell, session id to interrupt (0: none) of every live entry of a
+  /// broadcast queue; PostgreSQL notifies each in the query (vocabulary::queue_ring_all())
+  statement queue_ring_all;
   statement waiters_list;  ///< -> name, ticket, host, pid, enqueued (µs), now (µs): live entries
   statement waiters_reap;  ///< neg_retention: deletes entries expired longer ago than that
   // ---- named lock rows ------------------------------------------------------------------------

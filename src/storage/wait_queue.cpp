@@ -1,5 +1,9 @@
 #include "storage/wait_queue.hpp"
 
+#include <algorithm>
+
+#include "identifier.hpp"
+#include "storage/deadline.hpp"
 #include "storage/write_scope.hpp"
 #include "wake/hub.hpp"
 
@@ -132,6 +136,35 @@ void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& nam
       if (sleeper > 0 && !db->hub->is_own_bell(sleeper)) ring(s, sleeper);  // own: woken above
     });
   } catch (const error&) {
+  }
+}
+
+void ring_all(const std::shared_ptr<database_impl>& db, const std::string& name,
+              std::chrono::milliseconds bound) noexcept {
+  const std::string what = "ring the followers of '" + printable(name) + "'";
+  try {
+    const call_deadline limit(bound, what);
+    with_session(db, what, [&](session_scope& s) {
+      const sql_result r = s.run(s.statements().queue_ring_all, {name});
+      std::vector<std::int64_t> sleepers;
+      for (std::size_t i = 0; i < r.rows.size(); ++i) {
+        // This handle's entry is woken here; another's through the doorbell (SQLite; a no-op
+        // where the query rang it, PostgreSQL, or where its sleeper is interrupted, MySQL).
+        db->hub->released(name, 0, r.text(i, 0), r.is_null(i, 1) ? std::string() : r.text(i, 1));
+        const std::int64_t id = r.is_null(i, 2) ? 0 : r.integer(i, 2);
+        if (id > 0 && !db->hub->is_own_bell(id) &&
+            std::find(sleepers.begin(), sleepers.end(), id) == sleepers.end())
+          sleepers.push_back(id);
+      }
+      for (std::int64_t id : sleepers)
+        ring(s, id);
+    });
+  } catch (const std::exception& e) {
+    db->notify([&](listener& l) {
+      l.log(log_level::warning,
+            what + ": " + e.what() + "; they read again at their next safety-net read");
+    });
+  } catch (...) {
   }
 }
 

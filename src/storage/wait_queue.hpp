@@ -87,6 +87,12 @@ bool ring(session_scope&, std::int64_t id);
 /// and the ring carries the grant (wake_hub::handed_to()).
 void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
                 std::int64_t fence, const std::string& token, const lock_table::release_wake& wake);
+/// Rings every live entry of the broadcast queue `name` (broadcast_suffix, dialect/doorbell.hpp),
+/// in this handle and in other processes (vocabulary::queue_ring_all()): the followers of an
+/// election hear of a change. Its statements end within `bound`; a failure only costs the
+/// wake-ups (the followers read again at their safety net) and is logged.
+void ring_all(const std::shared_ptr<database_impl>& db, const std::string& name,
+              std::chrono::milliseconds bound) noexcept;
 /// A ticket above every entry's: with it, acquire_dequeue() in order takes a free lease only
 /// when nobody waits in its queue, and deletes no entry (a fair try before queueing).
 constexpr std::int64_t behind_everyone = INT64_MAX;

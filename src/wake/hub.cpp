@@ -147,7 +147,7 @@ void wake_hub::wake(wake_waiter& w) {
   w.rung.store(true);
   cancel_access::poke(w.slot);
   woken_.fetch_add(1);
-  if (events_) {
+  if (events_ && !is_broadcast(w.name)) {  // (listener::woken() is for waiting acquires)
     try {
       events_->woken(w.name);
     } catch (...) {

@@ -97,6 +97,14 @@ class wake_hub {
   /// its own at its next read (poll_max).
   void handed_to(const std::string& name, std::int64_t fence, std::int64_t ticket,
                  std::int64_t handle, const std::string& bell);
+  /// Wakes `w` now, whatever rang (a follower of an election hears of a change made through
+  /// another handle of this process, which its channel may not bring).
+  void ring(wake_waiter& w) {
+    std::lock_guard<std::mutex> l(mu_);
+    wake(w);
+  }
+  /// True when rings from other processes can reach this handle (it has a doorbell target).
+  bool rings_across() const { return !target_.empty(); }
   /// True when released() should be given the head of the queue (see doorbell::rings_head()).
   bool wants_head() const { return !target_.empty() && dia_.bell.rings_head(target_); }
   /// True while rings from other processes are known to reach `w`: it may then sleep until the
@@ -173,6 +181,8 @@ class hub_entry {
   /// The fence at which a release handed it the lease (wake_hub::granted()), once; 0: none.
   std::int64_t granted() { return w_->granted_fence.exchange(0); }
   void set_ticket(std::int64_t t) { hub_.set_ticket(*w_, t); }
+  /// Wakes it (wake_hub::ring()).
+  void ring() { hub_.ring(*w_); }
   /// The wake-up address for its queue entry.
   std::string address() { return hub_.address(); }
 

@@ -104,6 +104,7 @@ class vocabulary final : public detail::vocabulary {
   std::string id_reserve(const table_names& t) const override;
   std::string release_head(const table_names& t) const override;
   std::string head_sleeper(const table_names& t) const override;
+  std::string queue_ring_all(const table_names& t) const override;
   std::string bell_ring() const override { return "KILL QUERY :id"; }
 };
 

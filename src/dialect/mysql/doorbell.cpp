@@ -215,10 +215,23 @@ class channel final : public bell_channel {
              " l WHERE l.resource_name = " + e + ".resource_name AND l.owner_token = " + e +
              ".owner_token)";
     };
-    return " FROM " + waiters + " w WHERE w.bell = '" + mark + "' AND " + waiting("w") +
-           " AND NOT EXISTS (SELECT 1 FROM " + waiters +
+    return " FROM " + waiters + " w WHERE w.bell = '" + mark + "' AND " + waiting("w") + " AND (" +
+           broadcast("w") + " OR NOT EXISTS (SELECT 1 FROM " + waiters +
            " h WHERE h.resource_name = w.resource_name AND h.ticket < w.ticket AND " +
-           waiting("h") + ")";
+           waiting("h") + "))";
+  }
+  /// True for an entry `e` of a broadcast queue (broadcast_suffix): every one of those is rung,
+  /// so each counts as a head here (an interrupt for another waiter of this handle wakes it
+  /// too, for one read), but none waits for a lease to be free.
+  static std::string broadcast(const std::string& e) {
+    std::string hex;
+    for (unsigned char c : broadcast_suffix) {
+      static const char digits[] = "0123456789ABCDEF";
+      hex += digits[c >> 4];
+      hex += digits[c & 15];
+    }
+    return "RIGHT(" + e + ".resource_name, " + std::to_string(broadcast_suffix.size()) + ") = X'" +
+           hex + "'";
   }
   /// The sleep, unless a lease whose queue this handle's waiter heads is free already: a
   /// release whose KILL QUERY came while this connection was between sleeps (reading heads,
@@ -229,9 +242,10 @@ class channel final : public bell_channel {
     return bell_sleep_prefix + mark + bell_sleep_suffix + " FROM DUAL WHERE NOT EXISTS (SELECT 1" +
            heads_of(waiters, locks, mark) + free_of(locks) + ")";
   }
-  /// " AND ...": the lease of head entry w is free (no row held and unexpired).
+  /// " AND ...": the lease of head entry w is free (no row held and unexpired); never for a
+  /// broadcast entry, which has no lease (the sleep would end at once, again and again).
   static std::string free_of(const std::string& locks) {
-    return " AND NOT EXISTS (SELECT 1 FROM " + locks +
+    return " AND NOT " + broadcast("w") + " AND NOT EXISTS (SELECT 1 FROM " + locks +
            " f WHERE f.resource_name = w.resource_name AND f.hold_count > 0 AND f.expires_at > "
            "UTC_TIMESTAMP(6))";
   }

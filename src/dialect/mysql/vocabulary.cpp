@@ -81,4 +81,10 @@ std::string vocabulary::head_sleeper(const table_names& t) const {
   return "SELECT COALESCE(" + head_sleeper_of(t, now()) + ", 0)";
 }
 
+std::string vocabulary::queue_ring_all(const table_names& t) const {
+  return "SELECT w.owner_token, w.bell, COALESCE(IF(w.bell = '', NULL, IS_USED_LOCK(CONCAT('" +
+         std::string(bell_lock_prefix) + "', w.bell))), 0) FROM " + t.waiters +
+         " w WHERE w.resource_name = :name AND w.expires_at > " + now();
+}
+
 }  // namespace dblock::detail::my

@@ -188,6 +188,7 @@ class vocabulary final : public detail::vocabulary {
   std::string release_returning(const table_names& t, bool forced) const override;
   std::string lease_release_granting(const table_names& t) const override;
   std::string head_notify(const table_names& t) const override;
+  std::string queue_ring_all(const table_names& t) const override;
   std::string returning_unflushed(const std::string& column) const override {
     // set_config(..., true) lasts until the end of this statement's own transaction.
     return " RETURNING " + column + " + 0 * length(set_config('synchronous_commit', 'off', true))";

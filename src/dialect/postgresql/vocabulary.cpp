@@ -177,6 +177,13 @@ std::string vocabulary::head_notify(const table_names& t) const {
          queue_head(t, now());
 }
 
+std::string vocabulary::queue_ring_all(const table_names& t) const {
+  return "SELECT h.owner_token, h.bell, 0 * length(CAST(" + notify_head("0", ":name") +
+         " AS TEXT)) FROM (SELECT CAST(w.owner_token AS TEXT) AS owner_token, CAST(w.bell AS TEXT)"
+         " AS bell FROM " +
+         t.waiters + " w WHERE w.resource_name = :name AND w.expires_at > " + now() + ") h";
+}
+
 std::string vocabulary::id_reserve(const table_names& t) const {
   return "UPDATE " + t.ids + " SET next_id = GREATEST(next_id, (" + epoch_us(now()) +
          " / 1000 - :epoch_ms) * :per_ms) + :n WHERE generator = :name RETURNING next_id";
