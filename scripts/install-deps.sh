@@ -45,6 +45,10 @@ PACKAGES=(
     man-db
     # scripts/markdown.py: the link check (scripts/check-links.sh) and the docs' Doxygen filter
     python3
+    # tests/sql_api/: the SQL API called from Python as users do (docs/sql-api.md), through
+    # Debian's own drivers for PostgreSQL and MariaDB
+    python3-psycopg2
+    python3-mysqldb
     # scripts/structure-check.sh: the function-size rule
     clang-tidy
     # scripts/fuzz.sh: clang++ with -fsanitize=fuzzer needs the compiler-rt archives

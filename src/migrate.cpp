@@ -122,10 +122,10 @@ std::string migration_sql(const database& db, bool all) {
       applied[i] = r.files[i].applied;
   }
   const std::string& prefix = impl.tables.prefix;
-  auto statements = [&prefix](const std::string& text) {
+  auto statements = [&prefix, &impl](const std::string& text) {
     std::string out;
     for (const auto& st : detail::split_statements(detail::apply_prefix(text, prefix)))
-      out += st + ";\n";
+      out += impl.dia->sql.script_statement(st);
     return out;
   };
   std::size_t count = 0;

@@ -139,4 +139,14 @@ TEST_CASE("migration files split into statements", "[unit][migrate]") {
   CHECK(s[0].find("CREATE TABLE a") != std::string::npos);
   CHECK(s[1].find("VALUES (1)") != std::string::npos);
   CHECK(dblock::detail::apply_prefix("{{prefix}}t {{prefix}}u", "p_") == "p_t p_u");
+  // A routine's body: a PostgreSQL one is dollar-quoted; a MySQL one ends at a line in column 0.
+  s = dblock::detail::split_statements(
+      "CREATE FUNCTION f() RETURNS INT LANGUAGE plpgsql AS $$\nBEGIN\n  RETURN 1;\nEND $$;\n"
+      "DROP PROCEDURE IF EXISTS p;\nCREATE PROCEDURE p()\n  BEGIN\n    SELECT 1;\n"
+      "    SELECT 2;\nEND;\nSELECT 3;\n");
+  REQUIRE(s.size() == 4);
+  CHECK(s[0].find("RETURN 1;\nEND $$") != std::string::npos);
+  CHECK(s[1] == "DROP PROCEDURE IF EXISTS p");
+  CHECK(s[2].find("SELECT 1;\n    SELECT 2;\nEND") != std::string::npos);
+  CHECK(s[3] == "SELECT 3");
 }

@@ -85,6 +85,19 @@ class app_user {
     }
   }
 
+  // EXECUTE on the SQL API's routine `routine` (migration 0012): `on` grants it to this user;
+  // off, on PostgreSQL, revokes it from PUBLIC, which has it by default.
+  void execute(const std::string& routine, const std::string& signature, bool on) {
+    auto c = admin_.connect();
+    const std::string r = ctx_.prefix + routine;
+    if (ctx_.backend == "postgresql")
+      c.session() << (on ? "GRANT EXECUTE ON FUNCTION " + r + signature + " TO " + name_
+                         : "REVOKE EXECUTE ON FUNCTION " + r + signature + " FROM PUBLIC");
+    else if (on)
+      for (const char* host : {"127.0.0.1", "localhost"})
+        c.session() << "GRANT EXECUTE ON PROCEDURE " + r + " TO '" + name_ + "'@'" + host + "'";
+  }
+
   // The test's URL with this user's name and password.
   std::string url() const {
     const std::string& s = ctx_.url;
@@ -207,4 +220,17 @@ DBLOCK_TEST_SERVERS("privileges: the documented grants are enough for the applic
     sql << "SELECT n FROM " + counter + " WHERE id = 1", soci::into(n);
   });
   CHECK(n == 1);
+
+  // The SQL API: EXECUTE on its fence check (and the table privileges above) is enough. The
+  // control: without EXECUTE, the call is refused (not taken for a lost lease).
+  auto conn = db.connect();
+  user.execute("check_fence", "(text, bigint)", false);
+  const auto denied = dblock::test::code_of(
+      [&] { dblock::check_fence(conn.session(), db, "priv/read", g->fence()); });
+  REQUIRE(denied);
+  CHECK(*denied == errc::backend_error);
+  user.execute("check_fence", "(text, bigint)", true);
+  conn.session().begin();
+  CHECK_NOTHROW(dblock::check_fence(conn.session(), db, "priv/read", g->fence()));
+  conn.session().commit();
 }

@@ -55,6 +55,7 @@
 #include "dblock/rwlock.hpp"
 #include "dblock/segmented_stock.hpp"
 #include "dblock/semaphore.hpp"
+#include "dblock/sql_api.hpp"
 #include "dblock/transaction.hpp"
 #include "dblock/value.hpp"
 #include "dblock/version.hpp"

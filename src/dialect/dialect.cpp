@@ -193,6 +193,17 @@ std::string apply_prefix(const std::string& sql, const std::string& prefix) {
   return out;
 }
 
+namespace {
+
+std::size_t count_of(const std::string& s, const std::string& what) {
+  std::size_t n = 0;
+  for (auto p = s.find(what); p != std::string::npos; p = s.find(what, p + what.size()))
+    ++n;
+  return n;
+}
+
+}  // namespace
+
 std::vector<std::string> split_statements(const std::string& sql) {
   std::vector<std::string> out;
   std::string current;
@@ -206,7 +217,15 @@ std::vector<std::string> split_statements(const std::string& sql) {
     current += line;
     current += '\n';
     auto last = line.find_last_not_of(" \t\r");
-    if (line[last] == ';') {
+    // Inside a routine's body, a line ending with ';' ends one of its statements, not the
+    // migration's: a PostgreSQL body is dollar-quoted ($$ ... $$); a MySQL/MariaDB routine
+    // (CREATE PROCEDURE or FUNCTION without $$) ends at a line that starts in column 0, its
+    // body's lines being indented.
+    const bool in_dollars = count_of(current, "$$") % 2 == 1;
+    const bool mysql_body =
+        (current.rfind("CREATE PROCEDURE", 0) == 0 || current.rfind("CREATE FUNCTION", 0) == 0) &&
+        current.find("$$") == std::string::npos && first > 0;
+    if (line[last] == ';' && !in_dollars && !mysql_body) {
       current.erase(current.find_last_of(';'));
       out.push_back(current);
       current.clear();

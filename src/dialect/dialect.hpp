@@ -257,17 +257,15 @@ class classifier {
 class vocabulary {
  public:
   virtual ~vocabulary() = default;
-  /// Quotes an already validated identifier.
-  virtual std::string quote(std::string_view ident) const;
-  /// "now" on the database clock, in the type of the timestamp columns.
-  virtual std::string now() const = 0;
-  /// now() in SQL that any client of the database runs, without dblock's connection set-up (in
-  /// the migration SQL printed for a DBA: migration_sql()).
+  virtual std::string quote(std::string_view ident) const;  ///< an identifier, validated already
+  virtual std::string now() const = 0;  ///< "now" on the database clock, as timestamp columns
+  /// now() in SQL that any client runs, without dblock's connection set-up (migration_sql()).
   virtual std::string client_now() const { return now(); }
-  /// The lines that open and close one migration file and its record in the SQL printed for a
-  /// DBA (migration_sql()): a transaction where DDL is transactional (PostgreSQL, SQLite).
+  /// Lines around one migration file in migration_sql(): a transaction where DDL is one; and one
+  /// statement of it, as the backend's own client reads it (MySQL: a routine in DELIMITER).
   virtual std::string script_begin() const { return "BEGIN;\n"; }
   virtual std::string script_commit() const { return "COMMIT;\n"; }
+  virtual std::string script_statement(const std::string& st) const { return st + ";\n"; }
   /// `ts + micros` where micros is the bound parameter `param`.
   virtual std::string plus_us(const std::string& ts, const std::string& param) const = 0;
   /// A timestamp expression as integer microseconds since the epoch.
@@ -399,6 +397,8 @@ class vocabulary {
   /// Every live entry of broadcast queue :name (doorbell.hpp): owner token, bell, and the session
   /// to interrupt for it (MySQL's sleeper; else 0). PostgreSQL notifies each entry right here.
   virtual std::string queue_ring_all(const table_names&) const;
+  /// The SQL API's fence check for any client, placeholders its own, name then fence (sql_api.hpp).
+  virtual std::string check_fence_native(const table_names& t) const = 0;
 };
 
 /// Runs statements with bound values on a pooled connection.

@@ -129,7 +129,17 @@ void run_on(const std::string& backend, const std::function<void(context&)>& bod
             conn.session() << "DROP TABLE IF EXISTS " << p << t;
         if (c.backend == "postgresql")
           for (const auto& p : c.prefixes)
-            conn.session() << "DROP FUNCTION IF EXISTS " << p << "dblock_wake()";
+            for (const char* f :
+                 {"dblock_wake()", "dblock_check_args(text, text, bigint, bigint, boolean)",
+                  "dblock_check_durable()", "acquire(text, text, bigint)",
+                  "renew(text, text, bigint, bigint)", "release(text, text, bigint)",
+                  "check_fence(text, bigint)"})
+              conn.session() << "DROP FUNCTION IF EXISTS " << p << f;
+        if (c.backend == "mysql")  // the SQL API's procedures (migration 0012)
+          for (const auto& p : c.prefixes)
+            for (const char* f :
+                 {"dblock_check_args", "acquire", "renew", "release", "check_fence"})
+              conn.session() << "DROP PROCEDURE IF EXISTS " << p << f;
       } catch (...) {
       }
     }

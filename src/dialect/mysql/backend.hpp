@@ -70,6 +70,7 @@ class classifier final : public detail::classifier {
 
 class vocabulary final : public detail::vocabulary {
  public:
+  std::string check_fence_native(const table_names& t) const override;
   std::string no_fast_leases() const override {
     return "MySQL and MariaDB flush the log at commit for the whole server "
            "(innodb_flush_log_at_trx_commit is a global setting), so one lock table cannot skip "
@@ -88,6 +89,11 @@ class vocabulary final : public detail::vocabulary {
   // DDL commits by itself: no transaction around a printed migration file.
   std::string script_begin() const override { return ""; }
   std::string script_commit() const override { return ""; }
+  std::string script_statement(const std::string& st) const override {
+    if (st.rfind("CREATE PROCEDURE", 0) != 0 && st.rfind("CREATE FUNCTION", 0) != 0)
+      return st + ";\n";
+    return "DELIMITER //\n" + st + "//\nDELIMITER ;\n";  // the mysql client's own splitting
+  }
   std::string plus_us(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + INTERVAL :" + param + " MICROSECOND)";
   }
