@@ -92,7 +92,7 @@ void check_fence(pg_conn* conn, const std::string& table_prefix, const std::stri
   validate_prefix(table_prefix);
   if (!conn) throw error(errc::invalid_argument, "check_fence: no connection");
   const std::string sql =
-      "SELECT " + table_prefix + "check_fence(CAST($1 AS TEXT), CAST($2 AS BIGINT))";
+      "SELECT " + table_prefix + "dblock_check_fence(CAST($1 AS TEXT), CAST($2 AS BIGINT))";
   const std::string f = std::to_string(fence);
   const char* values[2] = {name.c_str(), f.c_str()};
   std::unique_ptr<PGresult, void (*)(PGresult*)> r(
@@ -116,8 +116,8 @@ void check_fence(st_mysql* conn, const std::string& table_prefix, const std::str
   if (!conn) throw error(errc::invalid_argument, "check_fence: no connection");
   std::string escaped(name.size() * 2 + 1, '\0');
   escaped.resize(mysql_real_escape_string(conn, &escaped[0], name.data(), name.size()));
-  const std::string sql =
-      "CALL " + table_prefix + "check_fence('" + escaped + "', " + std::to_string(fence) + ")";
+  const std::string sql = "CALL " + table_prefix + "dblock_check_fence('" + escaped + "', " +
+                          std::to_string(fence) + ")";
   bool failed = mysql_real_query(conn, sql.c_str(), sql.size()) != 0;
   // A CALL returns its row and then a status: read them all, or the connection is out of sync.
   while (!failed) {

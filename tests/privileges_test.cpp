@@ -224,12 +224,12 @@ DBLOCK_TEST_SERVERS("privileges: the documented grants are enough for the applic
   // The SQL API: EXECUTE on its fence check (and the table privileges above) is enough. The
   // control: without EXECUTE, the call is refused (not taken for a lost lease).
   auto conn = db.connect();
-  user.execute("check_fence", "(text, bigint)", false);
+  user.execute("dblock_check_fence", "(text, bigint)", false);
   const auto denied = dblock::test::code_of(
       [&] { dblock::check_fence(conn.session(), db, "priv/read", g->fence()); });
   REQUIRE(denied);
   CHECK(*denied == errc::backend_error);
-  user.execute("check_fence", "(text, bigint)", true);
+  user.execute("dblock_check_fence", "(text, bigint)", true);
   conn.session().begin();
   CHECK_NOTHROW(dblock::check_fence(conn.session(), db, "priv/read", g->fence()));
   conn.session().commit();

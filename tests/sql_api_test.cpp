@@ -16,6 +16,7 @@
 
 #include "dblock/admin.hpp"
 #include "dblock/lease_lock.hpp"
+#include "dblock/migrate.hpp"
 #include "dblock/sql_api.hpp"
 #include "support/harness.hpp"
 
@@ -72,7 +73,7 @@ class sql_client {
 
   std::optional<long long> call(const std::string& routine, const std::string& args) {
     if (pg_) {
-      const std::string text = "SELECT CAST(" + ctx_.prefix + routine + "(" + args +
+      const std::string text = "SELECT CAST(" + ctx_.prefix + "dblock_" + routine + "(" + args +
                                ") AS INTEGER)";  // a boolean as 1 or 0
       std::unique_ptr<PGresult, void (*)(PGresult*)> r(PQexec(pg_, text.c_str()), PQclear);
       if (PQresultStatus(r.get()) != PGRES_TUPLES_OK)
@@ -80,7 +81,7 @@ class sql_client {
       if (PQgetisnull(r.get(), 0, 0)) return std::nullopt;
       return std::stoll(PQgetvalue(r.get(), 0, 0));
     }
-    const std::string text = "CALL " + ctx_.prefix + routine + "(" + args + ")";
+    const std::string text = "CALL " + ctx_.prefix + "dblock_" + routine + "(" + args + ")";
     if (mysql_real_query(my_, text.c_str(), text.size()) != 0)
       throw std::runtime_error(mysql_error(my_));
     std::optional<long long> out;
@@ -322,7 +323,7 @@ DBLOCK_TEST("sql api: check_fence on a caller's own PGconn or MYSQL, and its sta
     CHECK(st.text.find("SELECT fence FROM " + ctx.prefix + "resource_lock") == 0);
     return;
   }
-  CHECK(st.text.find(ctx.prefix + "check_fence(") != std::string::npos);
+  CHECK(st.text.find(ctx.prefix + "dblock_check_fence(") != std::string::npos);
   const std::string name = "own-" + dblock::test::random_suffix();
   dblock::lease_lock a(ctx.db, name);
   auto g = a.try_acquire();
@@ -357,4 +358,39 @@ DBLOCK_TEST("sql api: check_fence on a caller's own PGconn or MYSQL, and its sta
     if (MYSQL_RES* r = mysql_store_result(m)) mysql_free_result(r);
     mysql_close(m);
   }
+}
+
+// A database migrated before the SQL API existed (migration 0012 neither applied nor recorded)
+// gets it from the next `dblock migrate`, and a lease through it blocks the library.
+DBLOCK_TEST("sql api: an upgrade from the previous schema installs the routines", "[sql_api]") {
+  if (ctx.backend == "sqlite") {
+    SUCCEED("SQLite: migration 0012 has no routines to install there");
+    return;
+  }
+  const std::string p = ctx.prefix;
+  if (ctx.backend == "postgresql")
+    for (const char* f :
+         {"dblock_acquire(text, text, bigint)", "dblock_renew(text, text, bigint, bigint)",
+          "dblock_release(text, text, bigint)", "dblock_check_fence(text, bigint)",
+          "dblock_check_args(text, text, bigint, bigint, boolean)", "dblock_check_durable()"})
+      ctx.exec("DROP FUNCTION " + p + f);
+  else
+    for (const char* f : {"dblock_acquire", "dblock_renew", "dblock_release", "dblock_check_fence",
+                          "dblock_check_args"})
+      ctx.exec("DROP PROCEDURE " + p + f);
+  ctx.exec("DELETE FROM " + p + "dblock_schema_migrations WHERE version = 12");
+  {
+    sql_client c(ctx);
+    CHECK_THROWS(c.acquire("upgraded", "job-a", 5000));  // the control: no routine yet
+  }
+  CHECK_FALSE(dblock::schema_up_to_date(ctx.db));
+  const auto r = dblock::migrate(ctx.db);
+  CHECK(r.applied_now == std::vector<int>{12});
+  sql_client c(ctx);
+  const auto f = c.acquire("upgraded", "job-a", 5000);
+  REQUIRE(f);
+  dblock::lease_lock lock(ctx.db, "upgraded");
+  CHECK_FALSE(lock.try_acquire());
+  CHECK(c.release("upgraded", "job-a", *f) == 1);
+  CHECK(lock.try_acquire());
 }

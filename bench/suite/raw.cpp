@@ -131,9 +131,11 @@ class mysql_client final : public raw_client {
     mysql_options(conn_, MYSQL_SET_CHARSET_NAME, charset.c_str());
     const char* sock = u.query.count("unix_socket") ? u.query.at("unix_socket").c_str() : nullptr;
     // CLIENT_FOUND_ROWS: affected rows are matched rows, as on dblock's (SOCI's) connections.
+    // CLIENT_MULTI_RESULTS: a CALL of the SQL API's procedures returns a row and a status.
     if (!mysql_real_connect(conn_, u.host.empty() ? nullptr : u.host.c_str(), u.user.c_str(),
                             u.password ? u.password->c_str() : nullptr, u.path.c_str(),
-                            static_cast<unsigned>(u.port.value_or(0)), sock, CLIENT_FOUND_ROWS)) {
+                            static_cast<unsigned>(u.port.value_or(0)), sock,
+                            CLIENT_FOUND_ROWS | CLIENT_MULTI_RESULTS)) {
       std::string msg = mysql_error(conn_);
       mysql_close(conn_);
       throw std::runtime_error("mysql: cannot connect to " + u.redacted + ": " + msg);
@@ -182,6 +184,10 @@ class mysql_client final : public raw_client {
     }
     o.affected = static_cast<long long>(mysql_affected_rows(conn_));
     o.insert_id = static_cast<long long>(mysql_insert_id(conn_));
+    for (int more; (more = mysql_next_result(conn_)) != -1;) {  // a CALL's status
+      if (more > 0) fail();
+      if (MYSQL_RES* r = mysql_store_result(conn_)) mysql_free_result(r);
+    }
     return o;
   }
   void exec(const std::string& sql) override {

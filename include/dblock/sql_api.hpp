@@ -4,11 +4,11 @@
 ///        caller's own transaction, on the caller's own connection.
 ///
 /// `dblock migrate` installs the SQL API with the table prefix: on PostgreSQL the functions
-/// `<prefix>acquire(name, owner, ttl_ms)`, `<prefix>renew(name, owner, fence, ttl_ms)`,
-/// `<prefix>release(name, owner, fence)` and `<prefix>check_fence(name, fence)`; on MySQL and
-/// MariaDB the procedures of the same names (CALL). SQLite has no stored routines: the
-/// statements to run instead are in docs/sql-api.md. Leases taken through them are the
-/// library's own: same rows, fences, TTLs and database clock.
+/// `<prefix>dblock_acquire(name, owner, ttl_ms)`, `<prefix>dblock_renew(name, owner, fence,
+/// ttl_ms)`, `<prefix>dblock_release(name, owner, fence)` and `<prefix>dblock_check_fence(name,
+/// fence)`; on MySQL and MariaDB the procedures of the same names (CALL). SQLite has no stored
+/// routines: the statements to run instead are in docs/sql-api.md. Leases taken through them are
+/// the library's own: same rows, fences, TTLs and database clock.
 ///
 /// The functions below check a fence inside a transaction the caller runs on a connection of
 /// its own (libpq, the MariaDB/MySQL C client, a SOCI session), or give the statement to run
@@ -35,19 +35,19 @@ namespace dblock {
 /// A statement for any client: its text with the backend's own placeholders ($1, $2 on
 /// PostgreSQL; ? on MySQL/MariaDB and SQLite) and the values to bind, in order.
 struct sql_statement {
-  std::string text;
-  std::vector<std::string> values;
+  std::string text;                 ///< the SQL, with the backend's own placeholders
+  std::vector<std::string> values;  ///< the values to bind, in placeholder order, as text
 };
 
 /**
  * @brief The statement that checks `fence` of lease `name` in the caller's transaction, for the
  *        backend and table prefix of `db`.
  *
- * PostgreSQL: `SELECT <prefix>check_fence($1, $2)`, which raises SQLSTATE DL001 when the fence
- * is not the current grant. MySQL/MariaDB: `CALL <prefix>check_fence(?, ?)`, which signals
- * SQLSTATE DL001 likewise (run it with autocommit off: the row lock lasts until the COMMIT).
- * SQLite: a SELECT that returns the fence, or no row when it is not the current grant (run it in
- * a transaction begun with BEGIN IMMEDIATE, which holds the database's write lock).
+ * PostgreSQL: `SELECT <prefix>dblock_check_fence($1, $2)`, which raises SQLSTATE DL001 when the
+ * fence is not the current grant. MySQL/MariaDB: `CALL <prefix>dblock_check_fence(?, ?)`, which
+ * signals SQLSTATE DL001 likewise (run it with autocommit off: the row lock lasts until the
+ * COMMIT). SQLite: a SELECT that returns the fence, or no row when it is not the current grant (run
+ * it in a transaction begun with BEGIN IMMEDIATE, which holds the database's write lock).
  * @throws dblock::error errc::invalid_argument for a bad name or a fence below 1.
  */
 sql_statement check_fence_statement(const database& db, const std::string& name,
@@ -66,7 +66,7 @@ void check_fence(soci::session& session, const database& db, const std::string& 
 /**
  * @brief Checks `fence` of lease `name` inside the transaction open on `conn`, a libpq
  *        connection of the caller's own, against dblock's tables with `table_prefix`
- *        (its function `<table_prefix>check_fence`).
+ *        (its function `<table_prefix>dblock_check_fence`).
  * @throws dblock::error errc::lease_lost when the fence is not the current, unexpired grant
  *         (roll the transaction back); errc::invalid_argument for a bad name, fence or prefix;
  *         errc::backend_error or errc::connection_lost for other failures.
@@ -77,7 +77,7 @@ void check_fence(pg_conn* conn, const std::string& table_prefix, const std::stri
 /**
  * @brief Checks `fence` of lease `name` inside the transaction open on `conn` (autocommit off),
  *        a MariaDB/MySQL C client connection of the caller's own, against dblock's tables with
- *        `table_prefix` (its procedure `<table_prefix>check_fence`).
+ *        `table_prefix` (its procedure `<table_prefix>dblock_check_fence`).
  * @throws as check_fence(pg_conn*, ...).
  */
 void check_fence(st_mysql* conn, const std::string& table_prefix, const std::string& name,

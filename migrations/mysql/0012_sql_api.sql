@@ -41,12 +41,12 @@ CREATE PROCEDURE {{prefix}}dblock_check_args(IN p_name VARBINARY(1024), IN p_own
     END IF;
 END;
 
-DROP PROCEDURE IF EXISTS {{prefix}}acquire;
+DROP PROCEDURE IF EXISTS {{prefix}}dblock_acquire;
 -- Takes the lease `p_name` for `p_owner` for `p_ttl_ms`; its row: the fence, or NULL when
 -- another owner holds it. The same owner again while it holds the lease adds a hold (reentry)
 -- and keeps the fence; each hold is released once. A try: it never waits and ignores the fair
 -- queue. One statement, as the library's (the fence comes back through LAST_INSERT_ID()).
-CREATE PROCEDURE {{prefix}}acquire(IN p_name VARBINARY(1024), IN p_owner VARCHAR(64),
+CREATE PROCEDURE {{prefix}}dblock_acquire(IN p_name VARBINARY(1024), IN p_owner VARCHAR(64),
     IN p_ttl_ms BIGINT)
   SQL SECURITY INVOKER MODIFIES SQL DATA
   BEGIN
@@ -89,10 +89,10 @@ CREATE PROCEDURE {{prefix}}acquire(IN p_name VARBINARY(1024), IN p_owner VARCHAR
     SELECT IF(v_fence > 0, v_fence, NULL) AS fence;
 END;
 
-DROP PROCEDURE IF EXISTS {{prefix}}renew;
+DROP PROCEDURE IF EXISTS {{prefix}}dblock_renew;
 -- Extends the lease to `p_ttl_ms` from now; its row: 1 while `p_owner` holds it at `p_fence`,
 -- 0 once it is lost (expired, taken over, released by force).
-CREATE PROCEDURE {{prefix}}renew(IN p_name VARBINARY(1024), IN p_owner VARCHAR(64),
+CREATE PROCEDURE {{prefix}}dblock_renew(IN p_name VARBINARY(1024), IN p_owner VARCHAR(64),
     IN p_fence BIGINT, IN p_ttl_ms BIGINT)
   SQL SECURITY INVOKER MODIFIES SQL DATA
   BEGIN
@@ -104,12 +104,12 @@ CREATE PROCEDURE {{prefix}}renew(IN p_name VARBINARY(1024), IN p_owner VARCHAR(6
     SELECT ROW_COUNT() > 0 AS renewed;
 END;
 
-DROP PROCEDURE IF EXISTS {{prefix}}release;
+DROP PROCEDURE IF EXISTS {{prefix}}dblock_release;
 -- Releases one hold; its row: 1 when `p_owner` held the lease at `p_fence`, 0 when it was lost
 -- already. The last hold frees the lease and, as the library's release does, interrupts the
 -- sleeping wake-up connection of the head of its waiter queue (KILL QUERY; one that this user
 -- may not interrupt is skipped: that waiter finds the lease free at its next poll).
-CREATE PROCEDURE {{prefix}}release(IN p_name VARBINARY(1024), IN p_owner VARCHAR(64),
+CREATE PROCEDURE {{prefix}}dblock_release(IN p_name VARBINARY(1024), IN p_owner VARCHAR(64),
     IN p_fence BIGINT)
   SQL SECURITY INVOKER MODIFIES SQL DATA
   BEGIN
@@ -139,14 +139,14 @@ CREATE PROCEDURE {{prefix}}release(IN p_name VARBINARY(1024), IN p_owner VARCHAR
     SELECT v_released > 0 AS released;
 END;
 
-DROP PROCEDURE IF EXISTS {{prefix}}check_fence;
+DROP PROCEDURE IF EXISTS {{prefix}}dblock_check_fence;
 -- Raises DL001 unless `p_fence` is the current, unexpired grant of `p_name`, and locks the lease
 -- row for the rest of the caller's transaction: no other owner can take the lease before that
 -- transaction ends, so its COMMIT lands only while the lease is the caller's (the rule of the
 -- library's fenced()). Call it first in the transaction whose writes the lease guards (with
 -- autocommit off: under autocommit the lock ends with the CALL). It returns no row, so that a
 -- client that reads no result set (SOCI) can run it in its transaction.
-CREATE PROCEDURE {{prefix}}check_fence(IN p_name VARBINARY(1024), IN p_fence BIGINT)
+CREATE PROCEDURE {{prefix}}dblock_check_fence(IN p_name VARBINARY(1024), IN p_fence BIGINT)
   SQL SECURITY INVOKER READS SQL DATA
   BEGIN
     DECLARE v_fence BIGINT DEFAULT NULL;

@@ -54,7 +54,7 @@ END $$;
 -- Takes the lease `p_name` for `p_owner` for `p_ttl_ms`: its fence, or NULL when another owner
 -- holds it. The same owner again while it holds the lease adds a hold (reentry) and keeps the
 -- fence; each hold is released once. A try: it never waits and ignores the fair queue.
-CREATE OR REPLACE FUNCTION {{prefix}}acquire(p_name TEXT, p_owner TEXT, p_ttl_ms BIGINT)
+CREATE OR REPLACE FUNCTION {{prefix}}dblock_acquire(p_name TEXT, p_owner TEXT, p_ttl_ms BIGINT)
 RETURNS BIGINT LANGUAGE plpgsql SECURITY INVOKER AS $$
 DECLARE
   v_fence BIGINT;
@@ -91,7 +91,7 @@ END $$;
 
 -- Extends the lease to `p_ttl_ms` from now: true while `p_owner` holds it at `p_fence`, false
 -- once it is lost (expired, taken over, released by force).
-CREATE OR REPLACE FUNCTION {{prefix}}renew(p_name TEXT, p_owner TEXT, p_fence BIGINT,
+CREATE OR REPLACE FUNCTION {{prefix}}dblock_renew(p_name TEXT, p_owner TEXT, p_fence BIGINT,
                                            p_ttl_ms BIGINT)
 RETURNS BOOLEAN LANGUAGE plpgsql SECURITY INVOKER AS $$
 BEGIN
@@ -106,7 +106,7 @@ END $$;
 -- Releases one hold: true when `p_owner` held the lease at `p_fence`, false when it was lost
 -- already. The last hold frees the lease and notifies the head of its waiter queue, as the
 -- library's release does, so a library waiter takes it at once.
-CREATE OR REPLACE FUNCTION {{prefix}}release(p_name TEXT, p_owner TEXT, p_fence BIGINT)
+CREATE OR REPLACE FUNCTION {{prefix}}dblock_release(p_name TEXT, p_owner TEXT, p_fence BIGINT)
 RETURNS BOOLEAN LANGUAGE plpgsql SECURITY INVOKER AS $$
 DECLARE
   v_holds INTEGER;
@@ -140,7 +140,7 @@ END $$;
 -- row for the rest of the caller's transaction: no other owner can take the lease before that
 -- transaction ends, so its COMMIT lands only while the lease is the caller's (the rule of the
 -- library's fenced()). Call it first in the transaction whose writes the lease guards.
-CREATE OR REPLACE FUNCTION {{prefix}}check_fence(p_name TEXT, p_fence BIGINT)
+CREATE OR REPLACE FUNCTION {{prefix}}dblock_check_fence(p_name TEXT, p_fence BIGINT)
 RETURNS VOID LANGUAGE plpgsql SECURITY INVOKER AS $$
 BEGIN
   IF p_name IS NULL OR p_fence IS NULL THEN

@@ -88,7 +88,7 @@ std::string vocabulary::queue_ring_all(const table_names& t) const {
 }
 
 std::string vocabulary::check_fence_native(const table_names& t) const {
-  return "CALL " + t.prefix + "check_fence(?, ?)";
+  return "CALL " + t.prefix + "dblock_check_fence(?, ?)";
 }
 
 }  // namespace dblock::detail::my

@@ -190,7 +190,7 @@ std::string vocabulary::id_reserve(const table_names& t) const {
 }
 
 std::string vocabulary::check_fence_native(const table_names& t) const {
-  return "SELECT " + t.prefix + "check_fence(CAST($1 AS TEXT), CAST($2 AS BIGINT))";
+  return "SELECT " + t.prefix + "dblock_check_fence(CAST($1 AS TEXT), CAST($2 AS BIGINT))";
 }
 
 }  // namespace dblock::detail::pg
