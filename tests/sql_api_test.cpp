@@ -19,6 +19,7 @@
 #include "dblock/migrate.hpp"
 #include "dblock/sql_api.hpp"
 #include "support/harness.hpp"
+#include "url.hpp"
 
 using dblock::errc;
 using dblock::test::code_of;
@@ -26,25 +27,18 @@ using std::chrono::milliseconds;
 
 namespace {
 
-// mysql://user:password@host:port/db (the suite's URLs), for a connection of the test's own.
-struct own_url {
-  std::string user, password, host, db;
-  unsigned port = 0;
-};
-own_url parse_own_url(const std::string& url) {
-  own_url u;
-  std::string rest = url.substr(url.find("://") + 3);
-  rest = rest.substr(0, rest.find('?'));
-  const auto at = rest.rfind('@');
-  const std::string cred = rest.substr(0, at), where = rest.substr(at + 1);
-  u.user = cred.substr(0, cred.find(':'));
-  if (cred.find(':') != std::string::npos) u.password = cred.substr(cred.find(':') + 1);
-  const std::string hostport = where.substr(0, where.find('/'));
-  u.db = where.substr(where.find('/') + 1);
-  u.host = hostport.substr(0, hostport.find(':'));
-  if (hostport.find(':') != std::string::npos)
-    u.port = static_cast<unsigned>(std::stoul(hostport.substr(hostport.find(':') + 1)));
-  return u;
+// A MariaDB connection of the test's own, as a client outside dblock opens it.
+MYSQL* connect_mysql(const std::string& url, unsigned long flags) {
+  const auto u = dblock::detail::parse_url(url);
+  MYSQL* m = mysql_init(nullptr);
+  if (!mysql_real_connect(m, u.host.c_str(), u.user.c_str(),
+                          u.password ? u.password->c_str() : nullptr, u.path.c_str(),
+                          static_cast<unsigned>(u.port.value_or(0)), nullptr, flags)) {
+    const std::string msg = mysql_error(m);
+    mysql_close(m);
+    throw std::runtime_error("cannot connect: " + msg);
+  }
+  return m;
 }
 
 // One call of the SQL API as any client makes it, on a connection of its own: PostgreSQL
@@ -58,10 +52,7 @@ class sql_client {
       pg_ = PQconnectdb(ctx.url.substr(0, ctx.url.find('?')).c_str());  // libpq reads the URL
       REQUIRE(PQstatus(pg_) == CONNECTION_OK);
     } else {
-      const own_url u = parse_own_url(ctx.url);
-      my_ = mysql_init(nullptr);
-      REQUIRE(mysql_real_connect(my_, u.host.c_str(), u.user.c_str(), u.password.c_str(),
-                                 u.db.c_str(), u.port, nullptr, CLIENT_MULTI_RESULTS));
+      my_ = connect_mysql(ctx.url, CLIENT_MULTI_RESULTS);
     }
   }
   ~sql_client() {
@@ -343,10 +334,7 @@ DBLOCK_TEST("sql api: check_fence on a caller's own PGconn or MYSQL, and its sta
           errc::invalid_argument);
     PQfinish(c);
   } else {
-    const own_url u = parse_own_url(ctx.url);
-    MYSQL* m = mysql_init(nullptr);
-    REQUIRE(mysql_real_connect(m, u.host.c_str(), u.user.c_str(), u.password.c_str(), u.db.c_str(),
-                               u.port, nullptr, 0));
+    MYSQL* m = connect_mysql(ctx.url, 0);
     mysql_autocommit(m, 0);
     CHECK_NOTHROW(dblock::check_fence(m, ctx.prefix, name, g->fence()));
     mysql_commit(m);
