@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "fault_support.hpp"
@@ -95,8 +96,21 @@ void print_server_sessions(const context& ctx) {
 
 namespace {
 
-void run_cuts(context& ctx, int seconds, const std::string& lock_kind,
-              const std::string& scenario) {
+// Lines of kind `k` in the logs of workers [from, to).
+long long log_lines(const workload& w, int from, int to, const std::string& k) {
+  long long n = 0;
+  for (int id = from; id < to; ++id) {
+    std::istringstream in(read_file(w.dir + "/w" + std::to_string(id) + ".log"));
+    std::string line;
+    while (std::getline(in, line))
+      if (line.compare(0, k.size() + 1, k + " ") == 0) ++n;
+  }
+  return n;
+}
+
+// `sql_workers` of the 4 workers (the last ones) are Python clients of the SQL API.
+void run_cuts(context& ctx, int seconds, const std::string& lock_kind, const std::string& scenario,
+              int sql_workers = 0) {
   create_workload_tables(ctx);
   auto [host, port] = url_host_port(ctx.url);
   tcp_proxy proxy(host, port);
@@ -113,9 +127,12 @@ void run_cuts(context& ctx, int seconds, const std::string& lock_kind,
   w.kind = lock_kind;
   process_set ps;
   std::vector<int> pids;
+  const int cpp_workers = 4 - sql_workers;
   for (int i = 0; i < 4; ++i)
-    pids.push_back(spawn_counter_worker(ps, w, i));
+    pids.push_back(i < cpp_workers ? spawn_counter_worker(ps, w, i) : spawn_sql_worker(ps, w, i));
   std::this_thread::sleep_for(milliseconds(800));
+  // With SQL workers, the one-shot reply cuts aim at their routines half of the time.
+  const bool sql = sql_workers > 0;
   const std::string lock_table = ctx.db.lock_table();
   long long server_kills = 0, commands = 0;
   std::map<int, long long> kinds;
@@ -136,10 +153,13 @@ void run_cuts(context& ctx, int seconds, const std::string& lock_kind,
         proxy.cut_reply_to("COMMIT");
         break;
       case 3:
-        proxy.cut_reply_to(acquire_request_pattern(ctx.url, lock_table));
+        proxy.cut_reply_to(sql && rnd(0, 1) ? "dblock_acquire("
+                                            : acquire_request_pattern(ctx.url, lock_table));
         break;
       case 4:
-        proxy.cut_reply_to(renew_release_request_pattern(ctx.url, lock_table));
+        proxy.cut_reply_to(sql && rnd(0, 2) == 0 ? "dblock_check_fence("
+                           : sql && rnd(0, 1)    ? "dblock_release("
+                                              : renew_release_request_pattern(ctx.url, lock_table));
         break;
       default: {
         auto ports = proxy.upstream_ports();
@@ -177,6 +197,19 @@ void run_cuts(context& ctx, int seconds, const std::string& lock_kind,
   CHECK(a.violations == 0);
   CHECK(a.acked > 0);
   CHECK(faults > 0);
+  if (sql) {
+    // Both kinds of client wrote, and the SQL clients met the faults too (a statement failed).
+    const long long cpp_acked = log_lines(w, 0, cpp_workers, "K");
+    const long long sql_acked = log_lines(w, cpp_workers, 4, "K");
+    const long long sql_failed = log_lines(w, cpp_workers, 4, "E") +
+                                 log_lines(w, cpp_workers, 4, "X") +
+                                 log_lines(w, cpp_workers, 4, "D");
+    INFO("C++ workers acknowledged " << cpp_acked << ", SQL workers " << sql_acked
+                                     << "; SQL workers' failed statements " << sql_failed);
+    CHECK(cpp_acked > 0);
+    CHECK(sql_acked > 0);
+    CHECK(sql_failed > 0);
+  }
   report(scenario, ctx.backend, commands, faults, a.violations,
          "acked=" + std::to_string(a.acked) +
              " in_doubt_commit=" + std::to_string(a.doubt_written + a.doubt_not_written) +
@@ -203,4 +236,13 @@ DBLOCK_TEST_SERVERS("semaphore permits: connections cut at random points, also b
 DBLOCK_TEST_SERVERS("leaderships: connections cut at random points, also before replies",
                     "[faults][cut][election]") {
   run_cuts(ctx, count(6, 60), "election", "2-connection-cut-leader");
+}
+
+// The lock protocol spoken by two kinds of client at once (docs/sql-api.md): two C++ workers on
+// the library and two Python workers calling the SQL routines (psycopg2, MySQLdb) share one
+// lease and the fenced counter while connections are cut, replies to the routines lost
+// (acquire, check_fence, release) and sessions killed: 0 lost or doubled writes.
+DBLOCK_TEST_SERVERS("SQL API: C++ and Python workers share the fenced counter under cuts",
+                    "[faults][cut][sql_api]") {
+  run_cuts(ctx, count(8, 60), "lease", "2-connection-cut-sql-api", 2);
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -85,6 +86,11 @@ int spawn_counter_worker(process_set& ps, const workload& w, int id,
   // analyze() requires a log of every worker started here (but those killed on purpose).
   write_file_atomic(w.dir + "/w" + std::to_string(id) + ".spawned", "");
   return ps.spawn("fault_counter_worker", w.args(id), env);
+}
+
+int spawn_sql_worker(process_set& ps, const workload& w, int id) {
+  write_file_atomic(w.dir + "/w" + std::to_string(id) + ".spawned", "");
+  return ps.spawn("sql_counter_worker", w.args(id));
 }
 
 void mark_killed(const workload& w, int id) {
@@ -365,6 +371,22 @@ DBLOCK_WORKER(fault_counter_worker) {
     if (idle_ms > 0) std::this_thread::sleep_for(milliseconds(rnd(0, idle_ms)));
   }
   return 0;
+}
+
+// The SQL API's worker: this process becomes Debian's Python running tests/faults/sql_worker.py
+// with the same arguments (same pid, so the parent stops, pauses and reaps it like any worker).
+DBLOCK_WORKER(sql_counter_worker) {
+  std::vector<std::string> words = {"/usr/bin/python3",
+                                    std::string(DBLOCK_SOURCE_DIR) + "/tests/faults/sql_worker.py"};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : words)
+    argv.push_back(s.data());
+  argv.push_back(nullptr);
+  ::execv(argv[0], argv.data());
+  std::cerr << "sql_counter_worker: cannot run " << words[0] << ": " << std::strerror(errno)
+            << std::endl;
+  return 127;
 }
 
 // ---- analysis ----------------------------------------------------------------------------------

@@ -81,6 +81,11 @@ struct workload {
 int spawn_counter_worker(process_set& ps, const workload& w, int id,
                          const std::vector<std::string>& env = {});
 
+/// Starts worker `id` of `w` as a client of the SQL API (tests/faults/sql_worker.py: Python with
+/// psycopg2 or MySQLdb, the same loop and log lines, the lease taken, fence-checked and released
+/// through the routines of docs/sql-api.md); `w.kind` must be "lease". PostgreSQL and MySQL only.
+int spawn_sql_worker(process_set& ps, const workload& w, int id);
+
 /// Records that worker `id` was killed on purpose (SIGKILL): analyze() does not require its log.
 void mark_killed(const workload& w, int id);
 

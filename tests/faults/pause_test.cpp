@@ -25,9 +25,13 @@ struct pause_result {
   analysis a;
   long long trials = 0;          // pauses that fell between acquire and write
   long long stale_accepted = 0;  // of those, writes acknowledged anyway
+  long long sql_trials = 0;      // of those, pauses of a SQL API worker
 };
 
-pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string& kind = "lease") {
+// `sql_workers` of the 4 workers (the last ones) are Python clients of the SQL API; every other
+// trial pauses one of them when one is between acquire and write.
+pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string& kind = "lease",
+                        int sql_workers = 0) {
   const int ttl_ms = 300;
   create_workload_tables(ctx);
   temp_dir dir("faults-pause");
@@ -47,8 +51,9 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
   shared_slots slots(w.slots, 64, true);
   process_set ps;
   std::vector<int> pids;
+  const int cpp_workers = 4 - sql_workers;
   for (int i = 0; i < 4; ++i)
-    pids.push_back(spawn_counter_worker(ps, w, i));
+    pids.push_back(i < cpp_workers ? spawn_counter_worker(ps, w, i) : spawn_sql_worker(ps, w, i));
   std::this_thread::sleep_for(milliseconds(800));
   pause_result r;
   std::set<long long> paused_fences;
@@ -58,8 +63,9 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
     // its slot still shows the same fence, and a second pause of that one acquire would count
     // two trials for the one lease_lost it can report.
     int victim = -1;
+    const int first = sql_workers > 0 && r.trials % 2 == 1 ? cpp_workers : 0;
     for (int spin = 0; spin < 2000 && victim < 0; ++spin) {
-      for (int i = 0; i < 4; ++i) {
+      for (int i = first; i < 4; ++i) {
         const long long f = __atomic_load_n(&slots.v[i], __ATOMIC_SEQ_CST);
         if (f > 0 && !paused_fences.count(f)) victim = i;
       }
@@ -78,6 +84,7 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
     ::kill(pids[victim], SIGCONT);
     if (counts) {
       ++r.trials;
+      if (victim >= cpp_workers) ++r.sql_trials;
       paused_fences.insert(fence);
     }
     std::this_thread::sleep_for(milliseconds(rnd(0, ttl_ms)));
@@ -145,6 +152,36 @@ DBLOCK_TEST("semaphore permits paused 1.5 x TTL and 3 x TTL: zero stale fenced w
 DBLOCK_TEST("leaders paused 1.5 x TTL and 3 x TTL: zero stale fenced writes accepted",
             "[faults][pause][election]") {
   check_fenced_pauses(ctx, "election", count(6, 60), "3-paused-leader");
+}
+
+// The same with two of the four workers Python clients of the SQL API (docs/sql-api.md): a
+// paused holder's dblock_check_fence() refuses (DL001) and its transaction writes nothing.
+DBLOCK_TEST_SERVERS("SQL API: C++ and Python holders paused past the TTL: zero stale writes",
+                    "[faults][pause][sql_api]") {
+  auto r = run_pauses(ctx, true, count(6, 60), "lease", 2);
+  INFO(r.a.summary() << "\npaused trials " << r.trials << " (" << r.sql_trials
+                     << " of SQL workers), stale writes accepted " << r.stale_accepted);
+  CHECK(r.trials == count(6, 60));
+  CHECK(r.sql_trials > 0);
+  CHECK(r.stale_accepted == 0);
+  CHECK(r.a.violations == 0);
+  CHECK(r.a.lost >= r.trials);
+  report("3-paused-holder-sql-api", ctx.backend, r.trials, r.trials,
+         r.stale_accepted + r.a.violations,
+         "acked=" + std::to_string(r.a.acked) + " sql_trials=" + std::to_string(r.sql_trials));
+}
+
+// Its control: Python workers that skip dblock_check_fence() are caught writing stale.
+DBLOCK_TEST_SERVERS("negative control: paused SQL API holders writing without the check",
+                    "[faults][pause][sql_api][control]") {
+  auto r = run_pauses(ctx, false, 4, "lease", 4);
+  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
+                     << r.stale_accepted);
+  CHECK(r.sql_trials == r.trials);
+  CHECK(r.stale_accepted > 0);
+  CHECK(r.a.violations > 0);
+  report("control-3-unfenced-pause-sql-api", ctx.backend, r.trials, r.trials,
+         r.stale_accepted + r.a.violations, "expected=violations>0");
 }
 
 DBLOCK_TEST("negative control: paused holders writing without the fence are caught",
