@@ -348,6 +348,59 @@ DBLOCK_TEST("sql api: check_fence on a caller's own PGconn or MYSQL, and its sta
   }
 }
 
+// PostgreSQL: a release that is a transaction of its own does not wait for the WAL flush (as
+// the library's), and one inside a transaction leaves that transaction's commit alone. What the
+// transaction's synchronous_commit is right after the release shows it: a query string of two
+// statements is one transaction, its second statement reading the first's setting.
+DBLOCK_TEST_ONLY("postgresql",
+                 "sql api: dblock_release alone does not wait for the disk; in a transaction "
+                 "it changes nothing",
+                 "[sql_api]") {
+  const std::string uri = ctx.url.substr(0, ctx.url.find('?'));  // libpq reads the URL
+  PGconn* c = PQconnectdb(uri.c_str());
+  REQUIRE(PQstatus(c) == CONNECTION_OK);
+  const std::string p = ctx.prefix, name = "sync-" + dblock::test::random_suffix();
+  // The last result of `sql` (one or more statements): its first value.
+  auto last = [&](const std::string& sql) {
+    REQUIRE(PQsendQuery(c, sql.c_str()) == 1);
+    std::string out;
+    while (PGresult* r = PQgetResult(c)) {
+      INFO(sql << ": " << PQresultErrorMessage(r));
+      CHECK((PQresultStatus(r) == PGRES_TUPLES_OK || PQresultStatus(r) == PGRES_COMMAND_OK));
+      if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0) out = PQgetvalue(r, 0, 0);
+      PQclear(r);
+    }
+    return out;
+  };
+  const std::string acquire = "SELECT " + p + "dblock_acquire('" + name + "', 'o', 30000)";
+  auto release = [&](const std::string& fence) {
+    return "SELECT " + p + "dblock_release('" + name + "', 'o', " + fence + ")";
+  };
+  const std::string setting = "SELECT current_setting('synchronous_commit')";
+  CHECK(last(setting) == "on");
+  // Alone (the first statement of its transaction): off for that transaction only.
+  std::string f = last(acquire);
+  CHECK(last(release(f) + "; " + setting) == "off");
+  CHECK(last(setting) == "on");
+  // A hold that does not free the lease: nothing changes.
+  f = last(acquire);
+  last(acquire);
+  CHECK(last(release(f) + "; " + setting) == "on");
+  CHECK(last(release(f)) == "t");
+  // After a write in the same transaction (one query string), and inside a transaction begun
+  // before it: unchanged.
+  const std::string t = ctx.table("sqlapi_sync");
+  ctx.exec("CREATE TABLE " + t + " (x INT)");
+  f = last(acquire);
+  CHECK(last("INSERT INTO " + t + " VALUES (1); " + release(f) + "; " + setting) == "on");
+  f = last(acquire);
+  last("BEGIN");
+  last(release(f));
+  CHECK(last(setting) == "on");
+  last("COMMIT");
+  PQfinish(c);
+}
+
 // A database migrated before the SQL API existed (migration 0012 neither applied nor recorded)
 // gets it from the next `dblock migrate`, and a lease through it blocks the library.
 DBLOCK_TEST("sql api: an upgrade from the previous schema installs the routines", "[sql_api]") {

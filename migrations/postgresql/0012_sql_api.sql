@@ -105,11 +105,17 @@ END $$;
 
 -- Releases one hold: true when `p_owner` held the lease at `p_fence`, false when it was lost
 -- already. The last hold frees the lease and notifies the head of its waiter queue, as the
--- library's release does, so a library waiter takes it at once.
+-- library's release does, so a library waiter takes it at once. Called as a transaction of its
+-- own (autocommit: the first statement of its transaction, nothing written before it), a release
+-- that frees the lease does not wait for the WAL flush (synchronous_commit off for that
+-- transaction, as the library's release): a server crash can undo it only, and the lease then
+-- runs out at its TTL. Inside a larger transaction it changes nothing of that transaction.
 CREATE OR REPLACE FUNCTION {{prefix}}dblock_release(p_name TEXT, p_owner TEXT, p_fence BIGINT)
 RETURNS BOOLEAN LANGUAGE plpgsql SECURITY INVOKER AS $$
 DECLARE
   v_holds INTEGER;
+  v_alone BOOLEAN := txid_current_if_assigned() IS NULL
+                     AND statement_timestamp() = transaction_timestamp();
 BEGIN
   PERFORM {{prefix}}dblock_check_args(p_name, p_owner, NULL, p_fence, FALSE);
   UPDATE {{prefix}}resource_lock
@@ -122,6 +128,9 @@ BEGIN
     RETURN FALSE;
   END IF;
   IF v_holds = 0 THEN
+    IF v_alone THEN
+      PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     PERFORM pg_notify('dblock_w_' || CASE WHEN h.bell = '' THEN h.owner_token
                                           ELSE split_part(h.bell, '.', 1) END,
                       p_fence::TEXT || ':' || h.owner_token ||
