@@ -348,13 +348,14 @@ DBLOCK_TEST("sql api: check_fence on a caller's own PGconn or MYSQL, and its sta
   }
 }
 
-// PostgreSQL: a release that is a transaction of its own does not wait for the WAL flush (as
-// the library's), and one inside a transaction leaves that transaction's commit alone. What the
-// transaction's synchronous_commit is right after the release shows it: a query string of two
-// statements is one transaction, its second statement reading the first's setting.
+// PostgreSQL: dblock_release(..., durable => false) that frees the lease does not wait for the
+// WAL flush (as the library's release), unless its transaction wrote before it; the default is
+// durable. What the transaction's synchronous_commit is right after the release shows it: a
+// query string of two statements is one transaction, its second statement reading the first's
+// setting.
 DBLOCK_TEST_ONLY("postgresql",
-                 "sql api: dblock_release alone does not wait for the disk; in a transaction "
-                 "it changes nothing",
+                 "sql api: dblock_release(durable => false) skips the WAL flush only where "
+                 "nothing was written before it",
                  "[sql_api]") {
   const std::string uri = ctx.url.substr(0, ctx.url.find('?'));  // libpq reads the URL
   PGconn* c = PQconnectdb(uri.c_str());
@@ -373,29 +374,33 @@ DBLOCK_TEST_ONLY("postgresql",
     return out;
   };
   const std::string acquire = "SELECT " + p + "dblock_acquire('" + name + "', 'o', 30000)";
-  auto release = [&](const std::string& fence) {
-    return "SELECT " + p + "dblock_release('" + name + "', 'o', " + fence + ")";
+  auto release = [&](const std::string& fence, const std::string& durable) {
+    return "SELECT " + p + "dblock_release('" + name + "', 'o', " + fence +
+           (durable.empty() ? "" : ", " + durable) + ")";
   };
   const std::string setting = "SELECT current_setting('synchronous_commit')";
   CHECK(last(setting) == "on");
-  // Alone (the first statement of its transaction): off for that transaction only.
+  // The default: durable.
   std::string f = last(acquire);
-  CHECK(last(release(f) + "; " + setting) == "off");
+  CHECK(last(release(f, "") + "; " + setting) == "on");
+  // durable => false: off for that transaction only.
+  f = last(acquire);
+  CHECK(last(release(f, "durable => false") + "; " + setting) == "off");
   CHECK(last(setting) == "on");
   // A hold that does not free the lease: nothing changes.
   f = last(acquire);
   last(acquire);
-  CHECK(last(release(f) + "; " + setting) == "on");
-  CHECK(last(release(f)) == "t");
-  // After a write in the same transaction (one query string), and inside a transaction begun
-  // before it: unchanged.
+  CHECK(last(release(f, "false") + "; " + setting) == "on");
+  CHECK(last(release(f, "false")) == "t");
+  // After a write in the same transaction: that commit stays durable.
   const std::string t = ctx.table("sqlapi_sync");
   ctx.exec("CREATE TABLE " + t + " (x INT)");
   f = last(acquire);
-  CHECK(last("INSERT INTO " + t + " VALUES (1); " + release(f) + "; " + setting) == "on");
+  CHECK(last("INSERT INTO " + t + " VALUES (1); " + release(f, "false") + "; " + setting) == "on");
   f = last(acquire);
   last("BEGIN");
-  last(release(f));
+  last("INSERT INTO " + t + " VALUES (2)");
+  last(release(f, "false"));
   CHECK(last(setting) == "on");
   last("COMMIT");
   PQfinish(c);
@@ -412,12 +417,11 @@ DBLOCK_TEST("sql api: an upgrade from the previous schema installs the routines"
   if (ctx.backend == "postgresql")
     for (const char* f :
          {"dblock_acquire(text, text, bigint)", "dblock_renew(text, text, bigint, bigint)",
-          "dblock_release(text, text, bigint)", "dblock_check_fence(text, bigint)",
+          "dblock_release(text, text, bigint, boolean)", "dblock_check_fence(text, bigint)",
           "dblock_check_args(text, text, bigint, bigint, boolean)", "dblock_check_durable()"})
       ctx.exec("DROP FUNCTION " + p + f);
   else
-    for (const char* f : {"dblock_acquire", "dblock_renew", "dblock_release", "dblock_check_fence",
-                          "dblock_check_args"})
+    for (const char* f : {"dblock_acquire", "dblock_renew", "dblock_release", "dblock_check_fence"})
       ctx.exec("DROP PROCEDURE " + p + f);
   ctx.exec("DELETE FROM " + p + "dblock_schema_migrations WHERE version = 12");
   {

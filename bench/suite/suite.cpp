@@ -375,29 +375,30 @@ std::vector<operation> operations_for(backend_ctx& b, int keys) {
 
   // The SQL API (docs/sql-api.md): the same lease cycle as a client in any language runs it,
   // through the routines that `dblock migrate` installs (PostgreSQL functions, MariaDB
-  // procedures), on the C client library; as a ratio to dblock.lease.
+  // procedures), on the C client library; as a ratio to dblock.lease. On PostgreSQL the release
+  // passes durable => false (no wait for the WAL flush), as the library's own release does.
   if (pg || my)
-    ops.push_back(
-        {"sql.lease", "feature", "dblock.lease",
-         "SQL API: dblock_acquire()+dblock_release() from libpq / the MySQL client, "
-         "distinct keys; ratio to dblock.lease",
-         [key_name](backend_ctx& b, int t) {
-           auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
-           const bool on_pg = b.backend == "postgresql";
-           const std::string acq =
-               (on_pg ? "SELECT " : "CALL ") + b.prefix + "dblock_acquire(:name, :owner, 30000)";
-           const std::string rel =
-               on_pg
-                   ? "SELECT CAST(" + b.prefix + "dblock_release(:name, :owner, :fence) AS INTEGER)"
-                   : "CALL " + b.prefix + "dblock_release(:name, :owner, :fence)";
-           return cycle_fn([c, t, key_name, acq, rel] {
-             const std::string name = key_name(t), tok = token();
-             const auto f = c->run("sql_acquire", acq, {{"name", name}, {"owner", tok}});
-             return f.value && c->run("sql_release", rel,
-                                      {{"name", name}, {"owner", tok}, {"fence", *f.value}})
-                                       .value == 1;
-           });
-         }});
+    ops.push_back({"sql.lease", "feature", "dblock.lease",
+                   "SQL API: dblock_acquire()+dblock_release() from libpq / the MySQL client, "
+                   "distinct keys; ratio to dblock.lease",
+                   [key_name](backend_ctx& b, int t) {
+                     auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+                     const bool on_pg = b.backend == "postgresql";
+                     const std::string acq = (on_pg ? "SELECT " : "CALL ") + b.prefix +
+                                             "dblock_acquire(:name, :owner, 30000)";
+                     const std::string rel =
+                         on_pg ? "SELECT CAST(" + b.prefix +
+                                     "dblock_release(:name, :owner, :fence, false) AS INTEGER)"
+                               : "CALL " + b.prefix + "dblock_release(:name, :owner, :fence)";
+                     return cycle_fn([c, t, key_name, acq, rel] {
+                       const std::string name = key_name(t), tok = token();
+                       const auto f = c->run("sql_acquire", acq, {{"name", name}, {"owner", tok}});
+                       return f.value &&
+                              c->run("sql_release", rel,
+                                     {{"name", name}, {"owner", tok}, {"fence", *f.value}})
+                                      .value == 1;
+                     });
+                   }});
 
   // Semaphores: a permit's try_acquire()+release() as a ratio to the lease cycle, with 0, 10 and
   // 100 of the semaphore's 101 permits held meanwhile (each client its own semaphore). With a

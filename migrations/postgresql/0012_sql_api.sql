@@ -105,17 +105,18 @@ END $$;
 
 -- Releases one hold: true when `p_owner` held the lease at `p_fence`, false when it was lost
 -- already. The last hold frees the lease and notifies the head of its waiter queue, as the
--- library's release does, so a library waiter takes it at once. Called as a transaction of its
--- own (autocommit: the first statement of its transaction, nothing written before it), a release
--- that frees the lease does not wait for the WAL flush (synchronous_commit off for that
--- transaction, as the library's release): a server crash can undo it only, and the lease then
--- runs out at its TTL. Inside a larger transaction it changes nothing of that transaction.
-CREATE OR REPLACE FUNCTION {{prefix}}dblock_release(p_name TEXT, p_owner TEXT, p_fence BIGINT)
+-- library's release does, so a library waiter takes it at once. `durable` false: a release
+-- that frees the lease does not wait for the WAL flush (synchronous_commit off for its
+-- transaction, as the library's own release): a server crash can undo that release only, and
+-- the lease then runs out at its TTL. Meant for a release that is a transaction of its own
+-- (autocommit); ignored when the transaction wrote anything before it, whose commit stays as it
+-- is. Writes after it in the same transaction would share its commit: make it the last.
+CREATE OR REPLACE FUNCTION {{prefix}}dblock_release(p_name TEXT, p_owner TEXT, p_fence BIGINT,
+                                                    durable BOOLEAN DEFAULT TRUE)
 RETURNS BOOLEAN LANGUAGE plpgsql SECURITY INVOKER AS $$
 DECLARE
   v_holds INTEGER;
-  v_alone BOOLEAN := txid_current_if_assigned() IS NULL
-                     AND statement_timestamp() = transaction_timestamp();
+  v_wrote BOOLEAN := txid_current_if_assigned() IS NOT NULL;
 BEGIN
   PERFORM {{prefix}}dblock_check_args(p_name, p_owner, NULL, p_fence, FALSE);
   UPDATE {{prefix}}resource_lock
@@ -128,7 +129,7 @@ BEGIN
     RETURN FALSE;
   END IF;
   IF v_holds = 0 THEN
-    IF v_alone THEN
+    IF durable IS FALSE AND NOT v_wrote THEN
       PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
     PERFORM pg_notify('dblock_w_' || CASE WHEN h.bell = '' THEN h.owner_token

@@ -132,13 +132,14 @@ void run_on(const std::string& backend, const std::function<void(context&)>& bod
             for (const char* f :
                  {"dblock_wake()", "dblock_check_args(text, text, bigint, bigint, boolean)",
                   "dblock_check_durable()", "dblock_acquire(text, text, bigint)",
-                  "dblock_renew(text, text, bigint, bigint)", "dblock_release(text, text, bigint)",
+                  "dblock_renew(text, text, bigint, bigint)",
+                  "dblock_release(text, text, bigint, boolean)",
                   "dblock_check_fence(text, bigint)"})
               conn.session() << "DROP FUNCTION IF EXISTS " << p << f;
         if (c.backend == "mysql")  // the SQL API's procedures (migration 0012)
           for (const auto& p : c.prefixes)
-            for (const char* f : {"dblock_check_args", "dblock_acquire", "dblock_renew",
-                                  "dblock_release", "dblock_check_fence"})
+            for (const char* f :
+                 {"dblock_acquire", "dblock_renew", "dblock_release", "dblock_check_fence"})
               conn.session() << "DROP PROCEDURE IF EXISTS " << p << f;
       } catch (...) {
       }
