@@ -158,10 +158,11 @@ DBLOCK_TEST("leaders paused 1.5 x TTL and 3 x TTL: zero stale fenced writes acce
 // paused holder's dblock_check_fence() refuses (DL001) and its transaction writes nothing.
 DBLOCK_TEST_SERVERS("SQL API: C++ and Python holders paused past the TTL: zero stale writes",
                     "[faults][pause][sql_api]") {
-  auto r = run_pauses(ctx, true, count(6, 60), "lease", 2);
+  const int trials = count(sanitized_build() ? 4 : 6, 60);  // the Python side gains nothing there
+  auto r = run_pauses(ctx, true, trials, "lease", 2);
   INFO(r.a.summary() << "\npaused trials " << r.trials << " (" << r.sql_trials
                      << " of SQL workers), stale writes accepted " << r.stale_accepted);
-  CHECK(r.trials == count(6, 60));
+  CHECK(r.trials == trials);
   CHECK(r.sql_trials > 0);
   CHECK(r.stale_accepted == 0);
   CHECK(r.a.violations == 0);
