@@ -115,6 +115,13 @@ std::string worker_log_tail(const workload& w, int id, int lines) {
   return text.substr(pos);
 }
 
+std::string env_or_fail(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v)
+    FAIL(std::string(name) + " is not set: scripts/test-servers.sh starts the topologies");
+  return v;
+}
+
 bool run_env_cmd(const char* var, const std::string& arg) {
   const char* cmd = std::getenv(var);
   if (!cmd || !*cmd) {

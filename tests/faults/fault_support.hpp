@@ -115,6 +115,10 @@ analysis analyze(const database& db, const context& ctx, const workload& w, bool
 void report(const std::string& scenario, const std::string& backend, long long trials,
             long long faults, long long violations, const std::string& extra = "");
 
+/// The value of the environment variable `name`; fails the test when it is unset or empty (the
+/// topologies' variables, which scripts/test-servers.sh exports).
+std::string env_or_fail(const char* name);
+
 /// Runs a shell command (from an environment variable) with an argument; true on status 0.
 bool run_env_cmd(const char* var, const std::string& arg);
 

@@ -6,7 +6,6 @@
 #include <mysql.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -23,12 +22,6 @@ using namespace dblock::test::faults;
 using std::chrono::milliseconds;
 
 namespace {
-
-std::string galera_env(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) FAIL(name << " is not set: scripts/test-servers.sh starts the Galera cluster");
-  return v;
-}
 
 // A connection of a client outside dblock (the MariaDB C client) to one node.
 class node_client {
@@ -88,8 +81,8 @@ DBLOCK_TEST_ONLY("mysql",
                  "galera: the SQL API on one node and the library on another exclude each "
                  "other, and a stale fenced transaction is rolled back at COMMIT",
                  "[faults][topology][galera][sql_api]") {
-  const std::string node1 = galera_env("DBLOCK_TEST_GALERA_NODE1_URL");
-  const std::string node3 = galera_env("DBLOCK_TEST_GALERA_NODE3_URL");
+  const std::string node1 = env_or_fail("DBLOCK_TEST_GALERA_NODE1_URL");
+  const std::string node3 = env_or_fail("DBLOCK_TEST_GALERA_NODE3_URL");
   dblock::database_options o;
   o.table_prefix = ctx.prefix;
   dblock::database db3(node3, o);

@@ -46,13 +46,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-std::string env_or_fail(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v)
-    FAIL(std::string(name) + " is not set: scripts/test-servers.sh starts the topologies");
-  return v;
-}
-
 // Runs `cmd`, returns its stdout (stderr passes through); fails the test on a non-zero status.
 std::string run_capture(const std::string& cmd) {
   std::string out;
