@@ -11,6 +11,7 @@
 -- check_fence when the fence is not the current, unexpired grant of the name.
 -- (A routine's body lines are indented: a line starting in column 0 ends the statement.)
 
+DROP PROCEDURE IF EXISTS {{prefix}}dblock_acquire;
 -- Takes the lease `p_name` for `p_owner` for `p_ttl_ms`; its row: the fence, or NULL when
 -- another owner holds it. The same owner again while it holds the lease adds a hold (reentry)
 -- and keeps the fence; each hold is released once. A try: it never waits and ignores the fair

@@ -383,7 +383,8 @@ DBLOCK_WORKER(fault_counter_worker) {
 // The SQL API's worker: this process becomes Debian's Python running tests/faults/sql_worker.py
 // with the same arguments (same pid, so the parent stops, pauses and reaps it like any worker).
 DBLOCK_WORKER(sql_counter_worker) {
-  std::vector<std::string> words = {"/usr/bin/python3",
+  // -I: Debian's own modules, whatever PYTHONPATH or a user site directory say.
+  std::vector<std::string> words = {"/usr/bin/python3", "-I",
                                     std::string(DBLOCK_SOURCE_DIR) + "/tests/faults/sql_worker.py"};
   words.insert(words.end(), args.begin(), args.end());
   std::vector<char*> argv;

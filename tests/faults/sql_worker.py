@@ -15,6 +15,7 @@ dblock_release(name, owner, fence). A new owner token per acquire. Outcomes:
   an error during COMMIT                 -> "D" (in doubt: resolved by reading the items log
                                             by owner token on a direct connection)
   "not acquired" while the row carries our token, unexpired -> "N" (a violation)
+  with check_valid=1, 3/4 of the TTL gone since the acquire was sent -> "V" (not used)
 """
 import os
 import random
@@ -34,6 +35,9 @@ WORK = int(ARGS["work"])
 IN_TXN = int(ARGS["in_txn"])
 IDLE = int(ARGS["idle"])
 FENCED = ARGS["fenced"] == "1"
+CHECK_VALID = ARGS["check_valid"] == "1"
+if ARGS.get("kind", "lease") != "lease" or ARGS.get("own_lock", "0") == "1":
+    sys.exit("sql_worker.py: only kind=lease and own_lock=0 are supported")
 STOP = os.path.join(DIR, "stop")
 PG = ARGS["url"].startswith("postgresql://")
 COUNTER, ITEMS, LOCKS = PREFIX + "counter", PREFIX + "items", PREFIX + "resource_lock"
@@ -190,6 +194,7 @@ def main():
                 time.sleep(random.uniform(0.005, 0.03))
                 continue
         token = "py%d.%08x" % (ID, random.getrandbits(32))
+        asked = mono_ns()
         try:
             fence = one(conn, ACQUIRE, (LOCK, token, TTL))
         except driver.Error as e:
@@ -218,8 +223,14 @@ def main():
         if WORK > 0:
             time.sleep(random.uniform(0, WORK) / 1000.0)
         set_slot(-fence)
-        log("A %d" % fence)
-        conn = write(conn, fence, token, enter)
+        if CHECK_VALID and mono_ns() - asked >= TTL * 750000:
+            # Past three quarters of the TTL since it was asked for (a late reply, a stall): the
+            # lease may be another's by now, so this holder refuses to use it, as the library's
+            # guard.valid() does; a later fence may have been granted before this one returned.
+            log("V %d" % fence)
+        else:
+            log("A %d" % fence)
+            conn = write(conn, fence, token, enter)
         set_slot(0)
         log("r %d %d" % (fence, mono_ns()))
         if conn is not None:

@@ -102,6 +102,24 @@ void check_split(const std::string& sql) {
   // The statements, joined by the ';' that ended each of them, give back every kept byte in
   // order: each statement-ending ';' is dropped (the last statement may lack one), nothing else.
   FUZZ_CHECK(kept == got || kept == got + ";", "split_statements lost, moved or invented bytes");
+  // And each ended where a statement may end: never inside a dollar-quoted body (an even number
+  // of "$$" in it), and a MySQL routine (CREATE PROCEDURE/FUNCTION without "$$") only at a line
+  // starting in column 0 (the text before the dropped ';' does not start with white space).
+  const std::size_t ended = kept == got + ";" ? stmts.size() : stmts.size() - 1;
+  for (std::size_t i = 0; i < ended && i < stmts.size(); ++i) {
+    const std::string& st = stmts[i];
+    std::size_t dollars = 0;
+    for (auto p = st.find("$$"); p != std::string::npos; p = st.find("$$", p + 2))
+      ++dollars;
+    FUZZ_CHECK(dollars % 2 == 0, "a statement ended inside a dollar-quoted body");
+    const bool routine =
+        (st.rfind("CREATE PROCEDURE", 0) == 0 || st.rfind("CREATE FUNCTION", 0) == 0) &&
+        dollars == 0;
+    const auto nl = st.rfind('\n');
+    const std::string tail = nl == std::string::npos ? st : st.substr(nl + 1);
+    FUZZ_CHECK(!routine || tail.empty() || (tail[0] != ' ' && tail[0] != '\t' && tail[0] != '\r'),
+               "a routine ended at an indented line");
+  }
 }
 
 // `sql` split at the quotes `mark`: the quoted parts in `quoted`, the rest with each quoted part
