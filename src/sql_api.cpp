@@ -43,12 +43,14 @@ sql_statement check_fence_statement(const database& db, const std::string& name,
                                     std::int64_t fence) {
   validate(name, fence);
   const auto& d = *detail::access::impl(db);
-  return {d.dia->sql.check_fence_native(d.tables), {name, std::to_string(fence)}};
+  return {d.dia->sql.check_fence_native(d.tables).text, {name, std::to_string(fence)}};
 }
 
 void check_fence(soci::session& session, const database& db, const std::string& name,
                  std::int64_t fence) {
-  sql_statement st = check_fence_statement(db, name, fence);
+  validate(name, fence);
+  const auto& d = *detail::access::impl(db);
+  const auto st = d.dia->sql.check_fence_native(d.tables);
   // SOCI binds by name: $n and ? become :p1, :p2.
   std::string text;
   int n = 0;
@@ -62,11 +64,10 @@ void check_fence(soci::session& session, const database& db, const std::string& 
       text += c;
     }
   }
-  const auto& d = *detail::access::impl(db);
   long long got = 0;
   soci::indicator ind = soci::i_null;
   try {
-    if (d.backend == "sqlite")  // the check is a SELECT: its row, or none
+    if (st.returns_row)  // the check is a SELECT: its row, or none
       session << text, soci::use(name), soci::use(static_cast<long long>(fence)),
           soci::into(got, ind);
     else  // the routine raises DL001, and returns nothing to read
@@ -81,9 +82,8 @@ void check_fence(soci::session& session, const database& db, const std::string& 
       throw d.dia->errors.classify_current(what_of(name, fence));
     }
   }
-  // SQLite: no row (got stays NULL) is the refusal; elsewhere the routine raised it.
-  if (d.backend == "sqlite" && (ind == soci::i_null || got != fence))
-    throw lost(name, fence, d.backend);
+  // A check that returns the row refuses with none (got stays NULL); a routine raised it.
+  if (st.returns_row && (ind == soci::i_null || got != fence)) throw lost(name, fence, d.backend);
 }
 
 void check_fence(pg_conn* conn, const std::string& table_prefix, const std::string& name,

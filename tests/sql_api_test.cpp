@@ -19,7 +19,7 @@
 #include "dblock/migrate.hpp"
 #include "dblock/sql_api.hpp"
 #include "support/harness.hpp"
-#include "url.hpp"
+#include "support/mysql_client.hpp"
 
 using dblock::errc;
 using dblock::test::code_of;
@@ -27,19 +27,7 @@ using std::chrono::milliseconds;
 
 namespace {
 
-// A MariaDB connection of the test's own, as a client outside dblock opens it.
-MYSQL* connect_mysql(const std::string& url, unsigned long flags) {
-  const auto u = dblock::detail::parse_url(url);
-  MYSQL* m = mysql_init(nullptr);
-  if (!mysql_real_connect(m, u.host.c_str(), u.user.c_str(),
-                          u.password ? u.password->c_str() : nullptr, u.path.c_str(),
-                          static_cast<unsigned>(u.port.value_or(0)), nullptr, flags)) {
-    const std::string msg = mysql_error(m);
-    mysql_close(m);
-    throw std::runtime_error("cannot connect: " + msg);
-  }
-  return m;
-}
+using dblock::test::connect_mysql;
 
 // One call of the SQL API as any client makes it, on a connection of its own: PostgreSQL
 // SELECTs the function (libpq), MySQL/MariaDB CALLs the procedure (the C client, which reads
@@ -72,19 +60,8 @@ class sql_client {
       if (PQgetisnull(r.get(), 0, 0)) return std::nullopt;
       return std::stoll(PQgetvalue(r.get(), 0, 0));
     }
-    const std::string text = "CALL " + ctx_.prefix + "dblock_" + routine + "(" + args + ")";
-    if (mysql_real_query(my_, text.c_str(), text.size()) != 0)
-      throw std::runtime_error(mysql_error(my_));
-    std::optional<long long> out;
-    do {
-      if (MYSQL_RES* res = mysql_store_result(my_)) {
-        if (MYSQL_ROW row = mysql_fetch_row(res))
-          if (row[0]) out = std::stoll(row[0]);
-        mysql_free_result(res);
-      }
-    } while (mysql_next_result(my_) == 0);
-    if (mysql_errno(my_)) throw std::runtime_error(mysql_error(my_));
-    return out;
+    return dblock::test::mysql_run(my_,
+                                   "CALL " + ctx_.prefix + "dblock_" + routine + "(" + args + ")");
   }
   static std::string quoted(const std::string& v) {
     std::string out = "'";

@@ -397,8 +397,14 @@ class vocabulary {
   /// Every live entry of broadcast queue :name (doorbell.hpp): owner token, bell, and the session
   /// to interrupt for it (MySQL's sleeper; else 0). PostgreSQL notifies each entry right here.
   virtual std::string queue_ring_all(const table_names&) const;
-  /// The SQL API's fence check for any client, placeholders its own, name then fence (sql_api.hpp).
-  virtual std::string check_fence_native(const table_names& t) const = 0;
+  /// The SQL API's fence check for any client (sql_api.hpp): its text, placeholders its own, name
+  /// then fence; `returns_row`: it answers with the fence's row (none: refused), else it raises
+  /// SQLSTATE DL001 (a stored routine) and returns nothing to read.
+  struct fence_check {
+    std::string text;
+    bool returns_row = false;
+  };
+  virtual fence_check check_fence_native(const table_names& t) const = 0;
 };
 
 /// Runs statements with bound values on a pooled connection.
@@ -468,33 +474,6 @@ std::string apply_prefix(const std::string& sql, const std::string& prefix);
 /// Splits a migration file into statements (a statement ends with ';' at the end of a line).
 std::vector<std::string> split_statements(const std::string& sql);
 
-// ---- template definitions -------------------------------------------------------------------
-
-inline bool sql_ident_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-}
-
-template <class Text, class Param>
-void scan_parameters(const std::string& sql, Text&& on_text, Param&& on_param) {
-  std::size_t chunk = 0;
-  for (std::size_t i = 0; i < sql.size(); ++i) {
-    if (sql[i] == '\'') {  // a literal: skip to its closing quote ('' is an escaped quote)
-      i = sql.find('\'', i + 1);
-      if (i == std::string::npos) break;
-      continue;
-    }
-    const bool param = sql[i] == ':' && i + 1 < sql.size() && sql_ident_char(sql[i + 1]) &&
-                       (i == 0 || sql[i - 1] != ':');
-    if (!param) continue;
-    std::size_t j = i + 1;
-    while (j < sql.size() && sql_ident_char(sql[j]))
-      ++j;
-    on_text(std::string_view(sql).substr(chunk, i - chunk));
-    on_param(sql.substr(i + 1, j - i - 1));
-    chunk = j;
-    i = j - 1;
-  }
-  if (chunk < sql.size()) on_text(std::string_view(sql).substr(chunk));
-}
-
 }  // namespace dblock::detail
+
+#include "dialect/scan_parameters.hpp"  // scan_parameters() defined

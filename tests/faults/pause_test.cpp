@@ -119,18 +119,33 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
 namespace {
 
 // Fenced pauses of the lock `kind`: every paused holder is refused (lease_lost) and nothing
-// stale is accepted.
+// stale is accepted. `sql_workers` of the 4 workers are Python clients of the SQL API, and at
+// least one of them is paused.
 void check_fenced_pauses(context& ctx, const std::string& kind, int trials,
-                         const std::string& scenario) {
-  auto r = run_pauses(ctx, true, trials, kind);
-  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
-                     << r.stale_accepted);
+                         const std::string& scenario, int sql_workers = 0) {
+  auto r = run_pauses(ctx, true, trials, kind, sql_workers);
+  INFO(r.a.summary() << "\npaused trials " << r.trials << " (" << r.sql_trials
+                     << " of SQL workers), stale writes accepted " << r.stale_accepted);
   CHECK(r.trials == trials);
+  if (sql_workers > 0) CHECK(r.sql_trials > 0);
   CHECK(r.stale_accepted == 0);
   CHECK(r.a.violations == 0);
   CHECK(r.a.lost >= r.trials);  // every paused holder was told lease_lost
   report(scenario, ctx.backend, r.trials, r.trials, r.stale_accepted + r.a.violations,
-         "acked=" + std::to_string(r.a.acked) + " lease_lost=" + std::to_string(r.a.lost));
+         "acked=" + std::to_string(r.a.acked) + " lease_lost=" + std::to_string(r.a.lost) +
+             " sql_trials=" + std::to_string(r.sql_trials));
+}
+
+// The negative control: holders that write without the fence (C++ workers) or without
+// dblock_check_fence() (`sql_workers` of them Python) are caught writing stale after a pause.
+void check_unfenced_pauses(context& ctx, int sql_workers, const std::string& scenario) {
+  auto r = run_pauses(ctx, false, 4, "lease", sql_workers);
+  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
+                     << r.stale_accepted);
+  CHECK(r.stale_accepted > 0);
+  CHECK(r.a.violations > 0);
+  report(scenario, ctx.backend, r.trials, r.trials, r.stale_accepted + r.a.violations,
+         "expected=violations>0");
 }
 
 }  // namespace
@@ -158,39 +173,18 @@ DBLOCK_TEST("leaders paused 1.5 x TTL and 3 x TTL: zero stale fenced writes acce
 // paused holder's dblock_check_fence() refuses (DL001) and its transaction writes nothing.
 DBLOCK_TEST_SERVERS("SQL API: C++ and Python holders paused past the TTL: zero stale writes",
                     "[faults][pause][sql_api]") {
-  const int trials = count(sanitized_build() ? 4 : 6, 60);  // the Python side gains nothing there
-  auto r = run_pauses(ctx, true, trials, "lease", 2);
-  INFO(r.a.summary() << "\npaused trials " << r.trials << " (" << r.sql_trials
-                     << " of SQL workers), stale writes accepted " << r.stale_accepted);
-  CHECK(r.trials == trials);
-  CHECK(r.sql_trials > 0);
-  CHECK(r.stale_accepted == 0);
-  CHECK(r.a.violations == 0);
-  CHECK(r.a.lost >= r.trials);
-  report("3-paused-holder-sql-api", ctx.backend, r.trials, r.trials,
-         r.stale_accepted + r.a.violations,
-         "acked=" + std::to_string(r.a.acked) + " sql_trials=" + std::to_string(r.sql_trials));
+  // Fewer under the sanitizers: the Python side gains nothing there.
+  check_fenced_pauses(ctx, "lease", count(sanitized_build() ? 4 : 6, 60), "3-paused-holder-sql-api",
+                      2);
 }
 
 // Its control: Python workers that skip dblock_check_fence() are caught writing stale.
 DBLOCK_TEST_SERVERS("negative control: paused SQL API holders writing without the check",
                     "[faults][pause][sql_api][control]") {
-  auto r = run_pauses(ctx, false, 4, "lease", 4);
-  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
-                     << r.stale_accepted);
-  CHECK(r.stale_accepted > 0);
-  CHECK(r.a.violations > 0);
-  report("control-3-unfenced-pause-sql-api", ctx.backend, r.trials, r.trials,
-         r.stale_accepted + r.a.violations, "expected=violations>0");
+  check_unfenced_pauses(ctx, 4, "control-3-unfenced-pause-sql-api");
 }
 
 DBLOCK_TEST("negative control: paused holders writing without the fence are caught",
             "[faults][pause][control]") {
-  auto r = run_pauses(ctx, false, 4);
-  INFO(r.a.summary() << "\npaused trials " << r.trials << ", stale writes accepted "
-                     << r.stale_accepted);
-  CHECK(r.stale_accepted > 0);
-  CHECK(r.a.violations > 0);
-  report("control-3-unfenced-pause", ctx.backend, r.trials, r.trials,
-         r.stale_accepted + r.a.violations, "expected=violations>0");
+  check_unfenced_pauses(ctx, 0, "control-3-unfenced-pause");
 }

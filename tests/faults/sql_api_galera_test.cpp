@@ -3,8 +3,6 @@
 // increasing, and a transaction on node 1 that checked its fence with dblock_check_fence() is
 // rolled back at COMMIT (certification, 1213) once node 3 took the lease over: its write never
 // lands. Negative control: the same transaction without the check commits.
-#include <mysql.h>
-
 #include <chrono>
 #include <optional>
 #include <stdexcept>
@@ -15,7 +13,7 @@
 #include "dblock/migrate.hpp"
 #include "fault_support.hpp"
 #include "harness.hpp"
-#include "url.hpp"
+#include "mysql_client.hpp"
 
 using namespace dblock::test;
 using namespace dblock::test::faults;
@@ -26,53 +24,24 @@ namespace {
 // A connection of a client outside dblock (the MariaDB C client) to one node.
 class node_client {
  public:
-  explicit node_client(const std::string& url) : m_(mysql_init(nullptr)) {
-    const auto u = dblock::detail::parse_url(url);
-    if (!mysql_real_connect(m_, u.host.c_str(), u.user.c_str(),
-                            u.password ? u.password->c_str() : nullptr, u.path.c_str(),
-                            static_cast<unsigned>(u.port.value_or(0)), nullptr,
-                            CLIENT_MULTI_RESULTS)) {
-      const std::string msg = mysql_error(m_);
-      mysql_close(m_);
-      throw std::runtime_error("cannot connect to " + u.host + ": " + msg);
-    }
-  }
+  explicit node_client(const std::string& url) : m_(connect_mysql(url, CLIENT_MULTI_RESULTS)) {}
   ~node_client() { mysql_close(m_); }
   node_client(const node_client&) = delete;
   node_client& operator=(const node_client&) = delete;
 
-  // Runs `sql` (a statement or a CALL); the first value of its first row, if any. Throws with
-  // the server's error number in the message.
-  std::optional<long long> run(const std::string& sql) {
-    if (mysql_real_query(m_, sql.c_str(), sql.size()) != 0) throw_error();
-    std::optional<long long> out;
-    do {
-      if (MYSQL_RES* res = mysql_store_result(m_)) {
-        if (MYSQL_ROW row = mysql_fetch_row(res))
-          if (row[0] && !out) out = std::stoll(row[0]);
-        mysql_free_result(res);
-      }
-    } while (mysql_next_result(m_) == 0);
-    if (mysql_errno(m_)) throw_error();
-    return out;
-  }
+  std::optional<long long> run(const std::string& sql) { return mysql_run(m_, sql); }
   // The server's error number of running `sql`, 0 when it succeeded.
   unsigned error_of(const std::string& sql) {
     try {
       run(sql);
       return 0;
-    } catch (const std::runtime_error&) {
-      return last_errno_;
+    } catch (const mysql_failure& e) {
+      return e.number;
     }
   }
 
  private:
-  [[noreturn]] void throw_error() {
-    last_errno_ = mysql_errno(m_);
-    throw std::runtime_error(std::to_string(last_errno_) + ": " + mysql_error(m_));
-  }
   MYSQL* m_;
-  unsigned last_errno_ = 0;
 };
 
 }  // namespace

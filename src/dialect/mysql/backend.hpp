@@ -70,7 +70,7 @@ class classifier final : public detail::classifier {
 
 class vocabulary final : public detail::vocabulary {
  public:
-  std::string check_fence_native(const table_names& t) const override;
+  fence_check check_fence_native(const table_names& t) const override;
   std::string no_fast_leases() const override {
     return "MySQL and MariaDB flush the log at commit for the whole server "
            "(innodb_flush_log_at_trx_commit is a global setting), so one lock table cannot skip "

@@ -87,8 +87,8 @@ std::string vocabulary::queue_ring_all(const table_names& t) const {
          " w WHERE w.resource_name = :name AND w.expires_at > " + now();
 }
 
-std::string vocabulary::check_fence_native(const table_names& t) const {
-  return "CALL " + t.prefix + "dblock_check_fence(?, ?)";
+vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) const {
+  return {"CALL " + t.prefix + "dblock_check_fence(?, ?)", false};
 }
 
 }  // namespace dblock::detail::my

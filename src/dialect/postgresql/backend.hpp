@@ -175,7 +175,7 @@ class classifier final : public detail::classifier {
 
 class vocabulary final : public detail::vocabulary {
  public:
-  std::string check_fence_native(const table_names& t) const override;
+  fence_check check_fence_native(const table_names& t) const override;
   std::string now() const override { return "clock_timestamp()"; }
   std::string plus_us(const std::string& ts, const std::string& param) const override {
     return "(" + ts + " + CAST(:" + param + " AS DOUBLE PRECISION) * INTERVAL '1 microsecond')";

@@ -189,8 +189,8 @@ std::string vocabulary::id_reserve(const table_names& t) const {
          " / 1000 - :epoch_ms) * :per_ms) + :n WHERE generator = :name RETURNING next_id";
 }
 
-std::string vocabulary::check_fence_native(const table_names& t) const {
-  return "SELECT " + t.prefix + "dblock_check_fence(CAST($1 AS TEXT), CAST($2 AS BIGINT))";
+vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) const {
+  return {"SELECT " + t.prefix + "dblock_check_fence(CAST($1 AS TEXT), CAST($2 AS BIGINT))", false};
 }
 
 }  // namespace dblock::detail::pg

@@ -103,7 +103,7 @@ class classifier final : public detail::classifier {
 
 class vocabulary final : public detail::vocabulary {
  public:
-  std::string check_fence_native(const table_names& t) const override;
+  fence_check check_fence_native(const table_names& t) const override;
   std::string no_fast_leases() const override {
     return "SQLite sets durability per connection: add ?synchronous=normal to the URL (a power "
            "loss, not a process crash, may then undo the last grants; see docs/fast-leases.md)";

@@ -95,11 +95,12 @@ std::string vocabulary::lease_grant_give(const table_names& t) const {
          now();
 }
 
-std::string vocabulary::check_fence_native(const table_names& t) const {
+vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) const {
   // No stored routines: the check itself, in the caller's BEGIN IMMEDIATE transaction.
-  return "SELECT fence FROM " + t.lock +
-         " WHERE resource_name = ? AND fence = ? AND hold_count > 0 AND expires_at > " +
-         client_now();
+  return {"SELECT fence FROM " + t.lock +
+              " WHERE resource_name = ? AND fence = ? AND hold_count > 0 AND expires_at > " +
+              client_now(),
+          true};
 }
 
 }  // namespace dblock::detail::lite
