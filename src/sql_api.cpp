@@ -91,8 +91,9 @@ void check_fence(pg_conn* conn, const std::string& table_prefix, const std::stri
   validate(name, fence);
   validate_prefix(table_prefix);
   if (!conn) throw error(errc::invalid_argument, "check_fence: no connection");
-  const std::string sql =
-      "SELECT " + table_prefix + "dblock_check_fence(CAST($1 AS TEXT), CAST($2 AS BIGINT))";
+  const std::string sql = detail::postgresql_dialect()
+                              .sql.check_fence_native(detail::make_table_names(table_prefix))
+                              .text;
   const std::string f = std::to_string(fence);
   const char* values[2] = {name.c_str(), f.c_str()};
   std::unique_ptr<PGresult, void (*)(PGresult*)> r(
