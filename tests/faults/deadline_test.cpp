@@ -14,7 +14,9 @@
 #include <soci/soci.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <mutex>
@@ -109,8 +111,13 @@ void calls_end_by_deadline(const std::string& fault, database& db, lease_guard& 
   };
   lease_lock other(db, name2, short_lease());
   lease_lock rival(db, contended, short_lease());
+  std::string answer;  // what a call that returned answered
   const std::vector<call> calls = {
-      {"try_acquire", bound, [&] { (void)other.try_acquire(); }},
+      {"try_acquire", bound,
+       [&] {
+         auto got = other.try_acquire();
+         answer = got ? "acquired, fence " + std::to_string(got->fence()) : "refused (held)";
+       }},
       {"acquire(1500 ms) of the held name", wait, [&] { (void)rival.acquire(wait); }},
       {"renew", bound, [&] { held.renew(); }},
       {"fenced", bound, [&] { held.fenced([&](soci::session& sql) { sql << "SELECT 1"; }); }},
@@ -118,9 +125,12 @@ void calls_end_by_deadline(const std::string& fault, database& db, lease_guard& 
       {"release", bound, [&] { held.release(); }},
   };
   for (const auto& c : calls) {
+    answer = "returned";
+    const long long fired_before = detail::deadlines_fired();
     const outcome o = timed(c.run);
     INFO(fault << ": " << c.name << " took " << o.ms << " ms (bound " << c.limit.count() << " ms + "
-               << slack.count() << " ms); " << (o.threw ? o.what : "no error"));
+               << slack.count() << " ms); " << (o.threw ? o.what : "no error: " + answer)
+               << "; deadlines fired meanwhile: " << detail::deadlines_fired() - fired_before);
     CHECK(o.ms <= (c.limit + slack).count());
     const bool touches_held_row = c.name != "try_acquire" && c.name != "list_locks";
     if (everything_fails || touches_held_row) CHECK(o.threw);  // the fault is real
@@ -162,12 +172,38 @@ std::vector<pid_t> server_pids(const std::string& backend) {
   return out;
 }
 
+// True when every thread of the process is stopped ('T' or 't' in /proc/<pid>/task/*/stat).
+bool process_stopped(pid_t pid) {
+  std::error_code ec;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  int seen = 0;
+  for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream in(t.path() / "stat");
+    std::string line;
+    std::getline(in, line);
+    const auto close = line.rfind(')');  // the command name may hold spaces and parentheses
+    if (close == std::string::npos || close + 2 >= line.size()) continue;  // the thread ended
+    const char st = line[close + 2];
+    if (st != 'T' && st != 't') return false;
+    ++seen;
+  }
+  return !ec && seen > 0;
+}
+
 // SIGSTOP of the whole server for the life of the object (SIGCONT in any case at the end).
+// `stopped` says that every process was seen stopped before the calls begin: kill() only queues
+// the signal, and on a loaded machine the stop may take effect later.
 struct frozen_server {
   std::vector<pid_t> pids;
+  bool stopped = false;
   explicit frozen_server(const std::string& backend) : pids(server_pids(backend)) {
     for (pid_t p : pids)
       ::kill(p, SIGSTOP);
+    const auto until = steady::now() + milliseconds(3000);
+    while (!stopped && steady::now() < until) {
+      stopped = !pids.empty() && std::all_of(pids.begin(), pids.end(), process_stopped);
+      if (!stopped) std::this_thread::sleep_for(milliseconds(1));
+    }
   }
   void thaw() {
     for (pid_t p : pids)
@@ -337,6 +373,7 @@ DBLOCK_TEST_SERVERS(
   const long long fired_before = detail::deadlines_fired();
   {
     frozen_server frozen(ctx.backend);
+    REQUIRE(frozen.stopped);  // the fault is in place before the first call
     const long long t0 = monotonic_ns();
     calls_end_by_deadline("frozen server", db, *g, name, true);
     const long long first = watch->first_failure_ns.load();
