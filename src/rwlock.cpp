@@ -45,12 +45,11 @@ void validate_reader_name(const std::string& name) {
                                             std::to_string(max_rwlock_name_bytes));
 }
 
-// Full-jitter backoff of attempt `attempt`, never past `limit_us` (when >= 0) or the deadline.
+// The one backoff (poll_backoff) of attempt `attempt`, never past `limit_us` (when >= 0) or the
+// deadline.
 nanoseconds backoff(const lease_options& o, int attempt, long long limit_us,
                     steady::time_point deadline) {
-  nanoseconds cap = o.poll_max;
-  if (attempt < 30) cap = std::min<nanoseconds>(cap, o.poll_initial * (1LL << attempt));
-  nanoseconds sleep = detail::full_jitter(cap);
+  nanoseconds sleep = detail::poll_backoff(o, attempt);
   if (limit_us >= 0) sleep = std::min<nanoseconds>(sleep, microseconds(limit_us + 1));
   return std::max(nanoseconds(0), std::min<nanoseconds>(sleep, deadline - steady::now()));
 }

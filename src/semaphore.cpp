@@ -139,9 +139,9 @@ semaphore::semaphore(database db, std::string name, int permits, lease_options o
 
 semaphore::semaphore(database db, std::string name, int permits, lease_options options,
                      const detail::internal_name_t&)
-    : impl_(std::make_unique<impl>(
-          impl{db, name, permits, impl::checked(db, name, permits, options),
-               detail::transient_conflict_policy(9, milliseconds(256)), false, false, -1})) {
+    : impl_(
+          std::make_unique<impl>(impl{db, name, permits, impl::checked(db, name, permits, options),
+                                      detail::grant_conflict_policy(), false, false, -1})) {
   for (int k = 0; k < impl_->permits; ++k)
     impl_->lease_names.push_back(detail::permit_lease_name(impl_->name, k));
 }
@@ -235,10 +235,8 @@ lease_guard semaphore::wait_until(detail::acquire_call& call, steady_clock::time
     if (now >= deadline)
       throw error(errc::timeout, "acquire a permit of " + impl_->what() + ": none within " +
                                      detail::wait_text(start, deadline));
-    // Full jitter, never past the first expiry of a held permit or the end of the wait.
-    nanoseconds cap = o.poll_max;
-    if (attempt < 30) cap = std::min<nanoseconds>(cap, o.poll_initial * (1LL << attempt));
-    nanoseconds sleep = detail::full_jitter(cap);
+    // The one backoff, never past the first expiry of a held permit or the end of the wait.
+    nanoseconds sleep = detail::poll_backoff(o, attempt);
     if (impl_->next_expiry_us >= 0)
       sleep = std::min<nanoseconds>(sleep, std::chrono::microseconds(impl_->next_expiry_us + 1));
     sleep = std::min<nanoseconds>(sleep, deadline - now);

@@ -140,6 +140,53 @@ DBLOCK_TEST("rwlock: waits time out and are cancelled; a timed-out writer keeps 
         errc::cancelled);
 }
 
+// The one backoff of every polling wait saturates: an hour-long poll_initial and poll_max =
+// milliseconds::max() neither overflow (UBSan reported the conversion to nanoseconds before) nor
+// stretch a wait past its deadline, for a writer waiting for a reader to leave, a reader behind a
+// writer, a semaphore permit and a lease.
+DBLOCK_TEST(
+    "backoff: with an hour-long poll_initial and an endless poll_max every wait ends on time",
+    "[rwlock][semaphore][lease]") {
+  dblock::lease_options huge;
+  huge.poll_initial = std::chrono::hours(1);
+  huge.poll_max = milliseconds::max();
+  const std::string name = rw_name("backoff");
+  rwlock reader(ctx.db, name), writer(ctx.db, name, huge);
+  auto timed_out_ms = [](auto&& wait) {
+    const long long t0 = monotonic_ns();
+    const auto code = code_of(wait);
+    const long long ms = (monotonic_ns() - t0) / ns_per_ms;
+    INFO("waited " << ms << " ms");
+    CHECK(code == errc::timeout);
+    return ms;
+  };
+  auto r = reader.try_acquire_shared();
+  REQUIRE(r);
+  long long ms = timed_out_ms([&] { (void)writer.acquire(milliseconds(300)); });
+  CHECK(ms >= 290);
+  CHECK(ms < 3000);
+  r->release();
+  rwlock shared_side(ctx.db, name, huge);
+  auto w = reader.try_acquire();
+  REQUIRE(w);
+  ms = timed_out_ms([&] { (void)shared_side.acquire_shared(milliseconds(300)); });
+  CHECK(ms >= 290);
+  CHECK(ms < 3000);
+  w->release();
+  dblock::semaphore holder(ctx.db, name + "-sem", 1), waiter(ctx.db, name + "-sem", 1, huge);
+  auto p = holder.try_acquire();
+  REQUIRE(p);
+  ms = timed_out_ms([&] { (void)waiter.acquire(milliseconds(300)); });
+  CHECK(ms >= 290);
+  CHECK(ms < 3000);
+  dblock::lease_lock owner(ctx.db, name + "-lease"), rival(ctx.db, name + "-lease", huge);
+  auto held = owner.try_acquire();
+  REQUIRE(held);
+  ms = timed_out_ms([&] { (void)rival.acquire(milliseconds(300)); });
+  CHECK(ms >= 290);
+  CHECK(ms < 3000);
+}
+
 DBLOCK_TEST("rwlock: bad names are refused clearly", "[rwlock]") {
   auto bad = [&](const std::string& name) { return code_of([&] { rwlock l(ctx.db, name); }); };
   CHECK(bad("") == errc::invalid_argument);

@@ -76,6 +76,23 @@ nanoseconds full_jitter(nanoseconds cap) {
   return nanoseconds(d(rng));
 }
 
+nanoseconds poll_backoff(const lease_options& o, int round) {
+  // Doubled in milliseconds and compared before each doubling: no overflow for any duration.
+  milliseconds cap = o.poll_initial;
+  for (int i = 0; i < round && cap < o.poll_max; ++i)
+    cap = cap > o.poll_max / 2 ? o.poll_max : cap * 2;
+  return full_jitter(std::min<nanoseconds>(std::max(cap, milliseconds(0)), poll_ceiling(o)));
+}
+
+nanoseconds poll_ceiling(const lease_options& o) {
+  return std::min<milliseconds>(o.poll_max, std::chrono::hours(24));
+}
+
+nanoseconds failure_backoff(int failures) {
+  return std::max<nanoseconds>(milliseconds(50),
+                               full_jitter(milliseconds(100) * (1 << std::clamp(failures, 0, 4))));
+}
+
 }  // namespace detail
 
 lease_lock::lease_lock(database db, std::string name, lease_options options)
@@ -86,7 +103,7 @@ lease_lock::lease_lock(database db, std::string name, lease_options options)
 lease_lock::lease_lock(database db, std::string name, lease_options options,
                        const detail::internal_name_t&)
     : impl_(std::make_unique<impl>(std::move(db), std::move(name), std::move(options))) {
-  impl_->transient = detail::transient_conflict_policy(9, milliseconds(256));
+  impl_->transient = detail::grant_conflict_policy();
   impl_->transient.on_retry = [dbi = detail::access::impl(impl_->db)](const retry_event& ev) {
     dbi->notify([&](listener& l) { l.retried("acquire lease", ev.cause); });
   };

@@ -106,8 +106,7 @@ lease_state::release_outcome lease_state::release_sent(int left) {
     session_ref server;
     out.read = false;
     try {
-      static const retry_policy policy = transient_conflict_policy(3, milliseconds(8));
-      out.matched = retry(policy, [&] {
+      out.matched = retry(bookkeeping_conflict_policy(), [&] {
         return with_session(db, what, [&](session_scope& s) {
           server = s.server();
           return lock_table::release(s, name, token, fence, &out.wake);

@@ -132,4 +132,15 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
 /// Uniform in [0, cap]: "full jitter".
 std::chrono::nanoseconds full_jitter(std::chrono::nanoseconds cap);
 
+/// The one backoff of every wait that polls (a lease, a semaphore permit, a rwlock side, a
+/// writer waiting for readers to leave): full jitter under a cap of poll_initial doubled per
+/// round, at most poll_max. Saturates: any round and any duration (no overflow).
+std::chrono::nanoseconds poll_backoff(const lease_options& o, int round);
+/// poll_max as nanoseconds, at most a day (milliseconds::max() and the like cannot overflow).
+std::chrono::nanoseconds poll_ceiling(const lease_options& o);
+
+/// The pause of a wait after a failed round (a dropped connection, a failover) before it tries
+/// again: 50 ms, then full jitter under 100 ms doubled per failure up to 1.6 s.
+std::chrono::nanoseconds failure_backoff(int failures);
+
 }  // namespace dblock::detail

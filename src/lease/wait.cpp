@@ -79,8 +79,7 @@ class waiting_acquire {
         leave_queue();  // best effort; an entry left behind expires within the lease TTL
         ticket_ = 0;
         entry_.reset();
-        const nanoseconds pause = bounded(std::max<nanoseconds>(
-            milliseconds(50), full_jitter(milliseconds(100) * (1 << std::min(failures, 4)))));
+        const nanoseconds pause = bounded(failure_backoff(failures));
         if (cancel_.sleep_for(pause)) throw error(errc::cancelled, what_ + ": cancelled");
       }
     }
@@ -134,7 +133,8 @@ class waiting_acquire {
         if (auto g = lk_.attempt(token_, ticket_)) return done(std::move(*g));
       } else if (!st.free()) {
         const nanoseconds left = microseconds(st.expires_us - st.now_us) + milliseconds(1);
-        sleep = live ? std::min<nanoseconds>(left, lk_.options.poll_max) : std::min(sleep, left);
+        sleep =
+            live ? std::min<nanoseconds>(left, poll_ceiling(lk_.options)) : std::min(sleep, left);
         // Just joined: a release running meanwhile may not have seen the entry
         // (bell_channel::joined_recheck()); look once more soon rather than at poll_max. Only
         // when nobody waits ahead: such a release rang the first entry it saw, and the waiter
@@ -303,12 +303,7 @@ class waiting_acquire {
     } catch (...) {
     }
   }
-  nanoseconds backoff(int round) const {
-    const auto& o = lk_.options;
-    const nanoseconds cap =
-        std::min<nanoseconds>(o.poll_initial * (1LL << std::min(round, 20)), o.poll_max);
-    return full_jitter(cap);
-  }
+  nanoseconds backoff(int round) const { return poll_backoff(lk_.options, round); }
   nanoseconds bounded(nanoseconds sleep) const {
     const auto now = steady::now();
     return std::max(nanoseconds(0), std::min({sleep, nanoseconds(deadline_ - now),

@@ -65,7 +65,7 @@ bool lease_state::renew_sql(milliseconds lease) {
   // failure; renewing again is harmless).
   // A deadlock or busy error of the UPDATE itself (MariaDB meets them beside a reaper's batch)
   // changed nothing: try again, briefly.
-  static const retry_policy transient = transient_conflict_policy(3, milliseconds(8));
+  const retry_policy& transient = bookkeeping_conflict_policy();
   bool ok = unknown_outcome_is_in_doubt(what, [&] {
     return retry(transient, [&]() -> bool {
       try {

@@ -420,6 +420,7 @@ sql_result write_statement(session_scope& s, write_kind kind, const statement& s
   return r;
 }
 
+namespace {
 retry_policy transient_conflict_policy(int max_attempts, std::chrono::milliseconds max_backoff) {
   retry_policy p;
   p.max_attempts = max_attempts;
@@ -427,6 +428,17 @@ retry_policy transient_conflict_policy(int max_attempts, std::chrono::millisecon
   p.initial_backoff = std::chrono::milliseconds(1);
   p.max_backoff = max_backoff;
   p.retryable = {errc::deadlock, errc::serialization_failure, errc::lock_not_available};
+  return p;
+}
+}  // namespace
+
+const retry_policy& grant_conflict_policy() {
+  static const retry_policy p = transient_conflict_policy(9, std::chrono::milliseconds(256));
+  return p;
+}
+
+const retry_policy& bookkeeping_conflict_policy() {
+  static const retry_policy p = transient_conflict_policy(3, std::chrono::milliseconds(8));
   return p;
 }
 

@@ -51,7 +51,7 @@ bool dequeue(session_scope& s, std::int64_t ticket, const std::string& token) {
 bool dequeue_retried(const std::shared_ptr<database_impl>& db, const std::string& what,
                      std::int64_t ticket, const std::string& token) {
   static const retry_policy policy = [] {
-    retry_policy p = transient_conflict_policy(3, std::chrono::milliseconds(8));
+    retry_policy p = bookkeeping_conflict_policy();
     // An acquire that gave up deletes its entry before it returns: no new try after 1 s, so it
     // returns at most about one more lock wait (SQLite: busy_timeout) plus 1 s later.
     p.time_budget = std::chrono::milliseconds(1000);

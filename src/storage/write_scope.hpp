@@ -70,10 +70,14 @@ class write_scope {
 sql_result write_statement(session_scope& s, write_kind kind, const statement& st,
                            const std::vector<sql_param>& v, const std::string& what = "write");
 
-/// Retries a write of dblock's tables that failed with a deadlock or a busy error of its own
-/// (for example MariaDB's hot-key deadlock between an acquire and a release): that says nothing
-/// about the lock. Full-jitter backoff from 1 ms up to `max_backoff`.
-retry_policy transient_conflict_policy(int max_attempts, std::chrono::milliseconds max_backoff);
+/// The retry policies of dblock's own writes that failed with a deadlock or a busy error of
+/// their own (for example MariaDB's hot-key deadlock between an acquire and a release), which
+/// says nothing about the lock; full-jitter backoff from 1 ms. The one set of constants:
+/// - a grant (an acquire of a lease or a permit): up to 9 tries, backoff up to 256 ms;
+const retry_policy& grant_conflict_policy();
+/// - the bookkeeping of a lease already held or of a queue entry (renew, release, leaving a
+///   queue): up to 3 tries, backoff up to 8 ms, well within the lease's bound.
+const retry_policy& bookkeeping_conflict_policy();
 
 /// Runs body(session_scope&) in a write transaction on a pooled connection and commits.
 template <class F>
