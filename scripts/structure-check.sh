@@ -32,8 +32,12 @@
 #       `dbi().tables.audit` and `<< t.lock <<` count, `result.lock` does not); and no string
 #       literal that contains resource_lock. The rule is per line: a statement that names the
 #       table on a line without a literal (e.g. `return impl_->tables.lock;`) is not an offender.
+#   (e) Backend differences live in the dialect: outside src/dialect/, no code (outside literals
+#       and comments) that asks a statement text whether it is empty (`.text.empty()`: a
+#       capability is a typed question, vocabulary::can()) or compares a backend name
+#       (`backend ==`, `backend !=`).
 #
-# For (c) and (d) the sources are read by a small tokenizer (perl, below), not a compiler: it
+# For (c), (d) and (e) the sources are read by a small tokenizer (perl, below), not a compiler: it
 # knows "..." literals with escapes (any prefix: L, u8, ...), raw literals R"d(...)d" (also over
 # several lines), character literals, digit separators and // and /* */ comments, so text in
 # comments never counts. It does not expand macros, nor join literals across lines.
@@ -223,10 +227,13 @@ check_function_size() {
 # ---------------------------------------------------------------------------
 # (c) and (d): string literals outside src/storage/ and src/dialect/
 
-# Prints "RULE<TAB>file:line: source line" for every offending line of the given files.
+# Prints "RULE<TAB>file:line: source line" for every offending line of the given files: rules
+# (c) and (d), or with SCAN_RULE=e rule (e).
 scan_sql() {
     perl -e '
 use strict; use warnings;
+my $rule_e = ($ENV{SCAN_RULE} // "") eq "e";
+my $backend_test = qr/\.text\s*\.\s*empty\s*\(\s*\)|\bbackend\s*[!=]=/;
 my $txn = qr/^\s*(?:BEGIN|COMMIT|ROLLBACK)(?:$|[\s;])/;
 my $table_ref = qr/\b(?:tables|t)\.(?:lock|floor|audit|migrations)\b/;
 for my $file (@ARGV) {
@@ -296,6 +303,11 @@ for my $file (@ARGV) {
         }
     }
     for my $n (1 .. @lines) {
+        if ($rule_e) {
+            my $src = $lines[$n - 1]; chomp $src; $src =~ s/^\s+//;
+            print "e\t$file:$n: $src\n" if $code{$n} =~ $backend_test;
+            next;
+        }
         my @l = @{$lits{$n} // []};
         next unless @l;
         my $src = $lines[$n - 1]; chomp $src; $src =~ s/^\s+//;
@@ -331,9 +343,27 @@ check_sql() {
     fi
 }
 
+check_backend_tests() {
+    local files=() f e
+    for f in "${SOURCES[@]}"; do
+        [[ "$f" == src/dialect/* ]] || files+=("$f")
+    done
+    e=$(SCAN_RULE=e scan_sql "${files[@]}" | sed -n 's/^e\t//p')
+    if [ -n "$e" ]; then
+        echo "(e) $(printf '%s\n' "$e" | wc -l) backend test(s) outside src/dialect/ (an empty statement text as a capability, or a backend name compared):"
+        printf '%s\n' "$e" | sed 's/^/    /'
+        failed+=(e)
+    else
+        echo "(e) ok: no empty-text capability test and no backend name compared outside src/dialect/"
+    fi
+}
+
 check_file_size
 check_function_size
-if [ "$ONLY_SIZE" -eq 0 ]; then check_sql; fi
+if [ "$ONLY_SIZE" -eq 0 ]; then
+    check_sql
+    check_backend_tests
+fi
 
 if [ "${#failed[@]}" -gt 0 ]; then
     msg "FAILED: rule(s) ${failed[*]} (see scripts/structure-check.sh for the rules)"

@@ -27,6 +27,7 @@
 #include "dblock/error.hpp"
 #include "dblock/listener.hpp"
 #include "dblock/value.hpp"
+#include "dialect/capabilities.hpp"
 #include "dialect/doorbell.hpp"
 #include "dialect/interrupter.hpp"
 
@@ -257,6 +258,9 @@ class classifier {
 class vocabulary {
  public:
   virtual ~vocabulary() = default;
+  /// What the backend can do (capabilities.hpp): the texts below that a capability needs are
+  /// non-empty exactly when it says so (tests/dialect checks it).
+  virtual capabilities can() const = 0;
   virtual std::string quote(std::string_view ident) const;  ///< an identifier, validated already
   virtual std::string now() const = 0;  ///< "now" on the database clock, as timestamp columns
   /// now() in SQL that any client runs, without dblock's connection set-up (migration_sql()).

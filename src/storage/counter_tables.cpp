@@ -11,7 +11,7 @@ bool take(session_scope& s, const std::string& name, int seg, std::int64_t k) {
 }
 
 bool skips_locked(session_scope& s) {
-  return !s.statements().stock_probe.text.empty();
+  return s.statements().can.skip_locked;
 }
 
 bool take_unlocked(session_scope& s, const std::string& name, int seg, std::int64_t k) {

@@ -66,7 +66,7 @@ std::int64_t fence_floor(session_scope& s) {
     sql_result r;
     try {
       write_scope w(s, write_kind::transaction, "raise the fence epoch");
-      if (!t.durable_commit.text.empty()) s.run(t.durable_commit, {});
+      if (t.can.durable_commit) s.run(t.durable_commit, {});
       r = s.run(t.epoch_raise, {});
       w.commit();
     } catch (const error& e) {
@@ -85,7 +85,7 @@ std::int64_t fence_floor(session_scope& s) {
 
 lease_durability durability(session_scope& s) {
   const statement& q = s.statements().lock_durable;
-  if (q.text.empty()) return lease_durability::durable;
+  if (!s.statements().can.durability_per_table) return lease_durability::durable;
   const sql_result r = s.run(q, {s.tables().lock});
   if (r.empty())
     throw error(errc::schema_missing,
@@ -94,15 +94,16 @@ lease_durability durability(session_scope& s) {
 }
 
 void set_durability(session_scope& s, lease_durability d) {
-  const std::string ddl =
-      s.dia().sql.set_lock_table_durability(s.tables(), d == lease_durability::fast);
-  if (ddl.empty()) {
+  if (!s.statements().can.durability_per_table) {
     if (d == lease_durability::durable) return;  // it always is
     throw error(errc::invalid_argument, "fast lease mode is not available on " + s.db().backend +
                                             ": " + s.dia().sql.no_fast_leases());
   }
   if (durability(s) == d) return;
-  s.run(statement{"", ddl, {}}, {});
+  s.run(
+      statement{
+          "", s.dia().sql.set_lock_table_durability(s.tables(), d == lease_durability::fast), {}},
+      {});
 }
 
 std::optional<std::int64_t> acquire(session_scope& s, const acquire_params& p) {
@@ -179,7 +180,7 @@ bool release(session_scope& s, const std::string& name, const std::string& token
     wake->granted = 0;
     wake->granted_bell.clear();
   }
-  if (hand_over && !all.grant_take.text.empty()) {
+  if (hand_over && all.can.hand_over == handover::two_statements) {
     if (std::optional<handed_head> h = hand_over_in_steps(s, name, token, fence)) {
       wake->granted = h->ticket;
       wake->granted_bell = std::move(h->bell);
@@ -195,7 +196,7 @@ bool release(session_scope& s, const std::string& name, const std::string& token
     }
   }
   const statement& st =
-      hand_over && !all.release_granting.text.empty() ? all.release_granting : all.release;
+      hand_over && all.can.hand_over == handover::in_release ? all.release_granting : all.release;
   std::vector<sql_param> v{name, token, static_cast<long long>(fence)};
   if (st.params.size() > 3) v.emplace_back(wake ? wake->bell : std::string());
   const sql_result r = write_statement(s, write_kind::unflushed, st, v);
@@ -203,9 +204,9 @@ bool release(session_scope& s, const std::string& name, const std::string& token
   // when it handed the lease over).
   const bool released = r.affected >= 1;
   if (!wake || !released) return released;
-  if (!all.bell_ring.text.empty()) {  // release_head()
+  if (all.can.ring == release_ring::interrupt) {  // release_head()
     wake->sleeper = r.insert_id;
-  } else if (!all.head_notify.text.empty()) {
+  } else if (all.can.ring == release_ring::notify) {
     // release_returning(), and the head's ticket when handed over (in either order).
     std::int64_t ring = r.empty() || r.is_null(0, 0) ? 0 : r.integer(0, 0);
     std::int64_t other = r.rows.size() > 1 ? r.integer(1, 0) : 0;

@@ -1,5 +1,7 @@
 #include "storage/statements.hpp"
 
+#include <atomic>
+
 namespace dblock::detail {
 namespace {
 
@@ -32,20 +34,22 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
   // expires_at is assigned before hold_count so that MySQL, which evaluates SET left to right,
   // sees the old hold_count like the other backends. A freed lease is also an expired one,
   // which is all that acquire checks.
-  const std::string rings = v.release_returning(t, false);
+  const capabilities can = v.can();
+  const std::string rings =
+      can.ring == release_ring::notify ? v.release_returning(t, false) : std::string();
   s.release = routine("lease_release",
                       "UPDATE " + t.lock + " SET expires_at = CASE WHEN hold_count <= 1 THEN " +
                           now + " ELSE expires_at END, hold_count = hold_count - 1" +
-                          v.release_head(t) + ours_and_held + now + rings,
-                      rings.empty() ? std::vector<std::string>{"name", "token", "fence"}
-                                    : std::vector<std::string>{"name", "token", "fence", "bell"});
-  const std::string granting = v.lease_release_granting(t);
-  if (!granting.empty())
-    s.release_granting =
-        routine("lease_release_granting", granting, {"name", "token", "fence", "bell"});
-  const std::string take = v.lease_grant_take(t);
-  if (!take.empty()) {
-    s.grant_take = make("grant_take", take, {"name", "token", "fence"});
+                          (can.ring == release_ring::interrupt ? v.release_head(t) : "") +
+                          ours_and_held + now + rings,
+                      can.ring == release_ring::notify
+                          ? std::vector<std::string>{"name", "token", "fence", "bell"}
+                          : std::vector<std::string>{"name", "token", "fence"});
+  if (can.hand_over == handover::in_release)
+    s.release_granting = routine("lease_release_granting", v.lease_release_granting(t),
+                                 {"name", "token", "fence", "bell"});
+  if (can.hand_over == handover::two_statements) {
+    s.grant_take = make("grant_take", v.lease_grant_take(t), {"name", "token", "fence"});
     s.grant_give = make("grant_give", v.lease_grant_give(t),
                         {"g_ttl", "g_token", "g_host", "g_pid", "name", "token", "fence"});
   }
@@ -67,11 +71,11 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
   s.renew_batch_update = "UPDATE " + t.lock + v.by_primary_key() +
                          " SET expires_at = " + v.plus_us(now, "ttl") + held_now +
                          " AND resource_name IN (";
-  s.renew_batch_skip_locked = v.for_update_skip_locked();
+  s.renew_batch_skip_locked = can.skip_locked ? v.for_update_skip_locked() : std::string();
   // The fence epoch (lock_table::fence_floor()).
-  const std::string durable = v.lock_table_durable();
-  if (!durable.empty()) s.lock_durable = make("lock_durable", durable, {"table"});
-  s.durable_commit = make("", v.durable_commit(), {});
+  if (can.durability_per_table)
+    s.lock_durable = make("lock_durable", v.lock_table_durable(), {"table"});
+  if (can.durable_commit) s.durable_commit = make("", v.durable_commit(), {});
   s.epoch_raise = make(
       "", "UPDATE " + t.floor + " SET epoch = epoch + 1 WHERE id = 1" + v.returning("epoch"), {});
 }
@@ -95,13 +99,15 @@ statement wait_read(const vocabulary& v, const table_names& t) {
 
 void waiter_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
-  const std::string dq = v.lease_acquire_dequeue(t, false);
-  s.acquire_dequeue = routine(dq.empty() ? "" : "lease_acquire_dequeue", dq,
-                              {"name", "token", "ttl", "host", "pid", "thread", "floor", "ticket"});
-  const std::string dqo = v.lease_acquire_dequeue(t, true);
-  s.acquire_dequeue_in_order =
-      routine(dqo.empty() ? "" : "lease_acquire_dequeue_in_order", dqo,
-              {"name", "token", "ttl", "host", "pid", "thread", "floor", "ticket"});
+  const capabilities can = v.can();
+  if (can.exit == queue_exit::in_acquire) {
+    s.acquire_dequeue =
+        routine("lease_acquire_dequeue", v.lease_acquire_dequeue(t, false),
+                {"name", "token", "ttl", "host", "pid", "thread", "floor", "ticket"});
+    s.acquire_dequeue_in_order =
+        routine("lease_acquire_dequeue_in_order", v.lease_acquire_dequeue(t, true),
+                {"name", "token", "ttl", "host", "pid", "thread", "floor", "ticket"});
+  }
   s.waiter_insert = make("waiter_insert",
                          "INSERT INTO " + t.waiters +
                              " (resource_name, owner_token, enqueued_at, expires_at, holder_host,"
@@ -128,9 +134,9 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
                            " expires_at > " +
                            now + " ORDER BY ticket LIMIT 1",
                        {"name", "token"});
-  const std::string notify = v.head_notify(t);
-  if (!notify.empty()) s.head_notify = make("head_notify", notify, {"name", "token", "fence"});
-  if (!v.bell_ring().empty()) {
+  if (can.ring == release_ring::notify)
+    s.head_notify = make("head_notify", v.head_notify(t), {"name", "token", "fence"});
+  if (can.ring == release_ring::interrupt) {
     s.bell_ring = make("bell_ring", v.bell_ring(), {"id"});
     s.head_sleeper = make("head_sleeper", v.head_sleeper(t), {"name", "token"});
   }
@@ -240,7 +246,7 @@ void stock_statements(lock_statements& s, const vocabulary& v, const table_names
   s.stock_take = routine(
       "stock_take", "UPDATE " + t.stock + " SET amount = amount - :k" + seg + " AND amount >= :k",
       {"k", "name", "seg"});
-  if (!v.for_update_skip_locked().empty())
+  if (v.can().skip_locked)
     s.stock_probe = make(
         "stock_probe",
         "SELECT amount FROM " + t.stock + seg + " AND amount >= :k" + v.for_update_skip_locked(),
@@ -326,8 +332,21 @@ std::string migration_record_script(const vocabulary& v, const table_names& t, i
          ");\n";
 }
 
+namespace {
+std::atomic<bool> handover_on{true};
+}  // namespace
+
+void set_handover_enabled(bool on) noexcept {
+  handover_on.store(on);
+}
+
+bool lock_statements::grants() const {
+  return can.hand_over != handover::none && handover_on.load(std::memory_order_relaxed);
+}
+
 lock_statements build_lock_statements(const dialect& d, const table_names& t) {
   lock_statements s;
+  s.can = d.sql.can();
   lease_statements(s, d.sql, t);
   waiter_statements(s, d.sql, t);
   row_statements(s, d.sql, t);

@@ -10,6 +10,9 @@
 namespace dblock::detail {
 
 struct lock_statements {
+  /// What the backend can do (vocabulary::can()): which of the statements below exist and how a
+  /// release rings, hands over and lets a waiter leave its queue.
+  capabilities can;
   // ---- lease ----------------------------------------------------------------------------------
   /// name, token, ttl, host, pid, thread, floor -> fence (see vocabulary::lease_acquire)
   statement acquire;
@@ -33,8 +36,9 @@ struct lock_statements {
   /// ...then g_ttl, g_token, g_host, g_pid, name, token, fence: makes the lock row that head's
   /// (fence + 1, one hold, its TTL from now); one row affected. Empty texts elsewhere.
   statement grant_give;
-  /// True where a release may hand a freed lease to a fair waiter (either way above).
-  bool grants() const { return !release_granting.text.empty() || !grant_take.text.empty(); }
+  /// True where a release may hand a freed lease to a fair waiter (either way above), unless
+  /// the benchmark turned handovers off (set_handover_enabled()).
+  bool grants() const;
   statement read;  ///< name -> the row and the database clock
   /// name, token -> fence, locking the row (inside a write transaction): the fenced-write check
   statement fenced_check;
@@ -142,6 +146,11 @@ struct lock_statements {
 
 /// Builds the statements of one dialect for one set of tables.
 lock_statements build_lock_statements(const dialect& d, const table_names& t);
+
+/// For the benchmark (dblock-bench --no-handover) only: false makes every fair waiter of this
+/// process take a freed lease itself, as where the dialect has no handover, so that the
+/// handover's gain can be measured against its removal.
+void set_handover_enabled(bool on) noexcept;
 
 /// The record of one applied migration as a literal statement, for a printed script (`dblock
 /// migrate --print-sql`); the time is the client's clock expression of the script's backend.

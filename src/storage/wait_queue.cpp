@@ -86,7 +86,7 @@ queue_head head_of(session_scope& s, const std::string& name, const std::string&
 
 bool ring(session_scope& s, std::int64_t id) {
   const auto& st = s.statements();
-  if (st.bell_ring.text.empty() || id <= 0) return false;
+  if (st.can.ring != release_ring::interrupt || id <= 0) return false;
   s.run(st.bell_ring, {static_cast<long long>(id)});
   return true;
 }
@@ -113,7 +113,7 @@ void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& nam
   // handle) is rung through the relay's directory, or else notified through the database after
   // all; so is the head after a release whose reply was lost (-1 with the releaser's token; a
   // forced release, without one, notified in its own statement).
-  if (!db->statements.head_notify.text.empty()) {
+  if (db->statements.can.ring == release_ring::notify) {
     if (sleeper == 0 || (sleeper < 0 && token.empty())) return;
     if (sleeper > 0 &&
         (db->hub->is_own_bell(sleeper) || db->hub->ring_handle(name, fence, sleeper, 0)))
@@ -126,7 +126,7 @@ void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& nam
     }
     return;
   }
-  if (sleeper == 0 || db->statements.bell_ring.text.empty()) return;
+  if (sleeper == 0 || db->statements.can.ring != release_ring::interrupt) return;
   try {
     with_session(db, what, [&](session_scope& s) {
       if (sleeper < 0) {
@@ -186,10 +186,11 @@ std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_para
   // No entry to delete (behind_everyone), or MySQL, which deletes it during the hold: the
   // acquire alone.
   const bool alone = ticket == behind_everyone || exit_deferred(s.db());
-  if (in_order || (!alone && !dq.text.empty()))
+  const bool one_statement = all.can.exit == queue_exit::in_acquire;
+  if (in_order || (!alone && one_statement))
     v.emplace_back(std::in_place_type<long long>, static_cast<long long>(ticket));
   if (alone) return lock_table::acquired_fence(write_statement(s, write_kind::statement, acq, v));
-  if (!dq.text.empty())
+  if (one_statement)
     return lock_table::acquired_fence(write_statement(s, write_kind::statement, dq, v));
   // Two statements in SQLite's one write transaction.
   write_scope w(s, write_kind::statement);
@@ -205,7 +206,7 @@ std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_para
 }
 
 bool exit_deferred(const database_impl& db) {
-  return db.statements.acquire_dequeue.text.empty() && !db.dia->exec.statement_in_transaction();
+  return db.statements.can.exit == queue_exit::deferred;
 }
 
 bool deferred_exit::remove(const std::shared_ptr<database_impl>& db, bool last) noexcept {

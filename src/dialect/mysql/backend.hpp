@@ -70,6 +70,14 @@ class classifier final : public detail::classifier {
 
 class vocabulary final : public detail::vocabulary {
  public:
+  capabilities can() const override {
+    capabilities c;
+    c.ring = release_ring::interrupt;
+    c.hand_over = handover::none;
+    c.exit = queue_exit::deferred;
+    c.skip_locked = true;
+    return c;
+  }
   fence_check check_fence_native(const table_names& t) const override;
   std::string no_fast_leases() const override {
     return "MySQL and MariaDB flush the log at commit for the whole server "

@@ -175,6 +175,16 @@ class classifier final : public detail::classifier {
 
 class vocabulary final : public detail::vocabulary {
  public:
+  capabilities can() const override {
+    capabilities c;
+    c.ring = release_ring::notify;
+    c.hand_over = handover::in_release;
+    c.exit = queue_exit::in_acquire;
+    c.skip_locked = true;
+    c.durability_per_table = true;
+    c.durable_commit = true;
+    return c;
+  }
   fence_check check_fence_native(const table_names& t) const override;
   std::string now() const override { return "clock_timestamp()"; }
   std::string plus_us(const std::string& ts, const std::string& param) const override {

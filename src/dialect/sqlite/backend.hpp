@@ -103,6 +103,13 @@ class classifier final : public detail::classifier {
 
 class vocabulary final : public detail::vocabulary {
  public:
+  capabilities can() const override {
+    capabilities c;
+    c.ring = release_ring::doorbell;
+    c.hand_over = handover::two_statements;
+    c.exit = queue_exit::same_transaction;
+    return c;
+  }
   fence_check check_fence_native(const table_names& t) const override;
   std::string no_fast_leases() const override {
     return "SQLite sets durability per connection: add ?synchronous=normal to the URL (a power "
