@@ -56,6 +56,9 @@ void add_options(CLI::App& app, dblock::bench::options& o, std::vector<std::stri
   app.add_flag("--listener-per-handle", o.listener_per_handle,
                "PostgreSQL: one wake-up listener per database handle instead of one per host "
                "(database_options::share_listener = false)");
+  app.add_flag("--no-handover", o.no_handover,
+               "fair waiters take a freed lease themselves instead of being handed it in the "
+               "release (PostgreSQL, SQLite), to measure the handover against its removal");
   app.add_option("--hold-us", o.hold_us,
                  "how long a holder keeps the lock in the handoff measurement (µs)")
       ->check(CLI::Range(0, 10000000))

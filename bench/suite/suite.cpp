@@ -1184,6 +1184,7 @@ setup_fn redis_setup(const std::string& hostport, int keys) {
 std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options& o) {
   dblock::database_options dbo;
   dbo.share_listener = !o.listener_per_handle;
+  dblock::detail::set_handover_enabled(!o.no_handover);
   dbo.table_prefix = o.prefix;
   dbo.pool_size =
       static_cast<std::size_t>(*std::max_element(o.clients.begin(), o.clients.end())) + 2;
@@ -1551,7 +1552,7 @@ int run(const options& o, std::ostream& out, std::ostream& progress) {
                       r.woken_per_release.value_or(0), r.fairness.value_or(0));
         r.note = std::string(v.own ? "one database handle per client (as processes)"
                                    : "one database handle shared by the clients") +
-                 (v.fair ? ", fair" : "") +
+                 (v.fair ? (o.no_handover ? ", fair, no handover" : ", fair") : "") +
                  "; K=clients-1 waiters; latency from release() start to the next acquire() "
                  "return (p50/p99); ops/s = handoffs/s; hold " +
                  std::to_string(o.hold_us) + " us" + extra;

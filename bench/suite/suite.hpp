@@ -26,6 +26,9 @@ struct options {
   int poll_max_ms = 0;  ///< lease_options::poll_max for waiting acquires; 0: default
   /// database_options::share_listener = false: a PostgreSQL listener per handle, not per host
   bool listener_per_handle = false;
+  /// Fair waiters take a freed lease themselves, never handed over in the release (to measure
+  /// the handover against its removal; detail::set_handover_enabled(false))
+  bool no_handover = false;
 };
 
 /// Runs the suite: progress on `progress`, the table on `out`. Returns a process exit status.
