@@ -36,6 +36,8 @@
 #       and comments) that asks a statement text whether it is empty (`.text.empty()`: a
 #       capability is a typed question, vocabulary::can()) or compares a backend name
 #       (`backend ==`, `backend !=`).
+#   (f) One folder per layer: no *.cpp or *.hpp directly in src/ (ARCHITECTURE.md names the
+#       folders).
 #
 # For (c), (d) and (e) the sources are read by a small tokenizer (perl, below), not a compiler: it
 # knows "..." literals with escapes (any prefix: L, u8, ...), raw literals R"d(...)d" (also over
@@ -358,11 +360,26 @@ check_backend_tests() {
     fi
 }
 
+check_layer_folders() {
+    local flat=() f
+    for f in "${SOURCES[@]}"; do
+        [[ "$f" == src/*/* ]] || flat+=("$f")
+    done
+    if [ "${#flat[@]}" -gt 0 ]; then
+        echo "(f) ${#flat[@]} source file(s) directly in src/, outside any layer folder:"
+        printf '    %s\n' "${flat[@]}"
+        failed+=(f)
+    else
+        echo "(f) ok: every source file is in a layer folder"
+    fi
+}
+
 check_file_size
 check_function_size
 if [ "$ONLY_SIZE" -eq 0 ]; then
     check_sql
     check_backend_tests
+    check_layer_folders
 fi
 
 if [ "${#failed[@]}" -gt 0 ]; then

@@ -24,9 +24,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/url.hpp"
 #include "dblock/version.hpp"
 #include "harness.hpp"
-#include "url.hpp"
 
 extern char** environ;
 

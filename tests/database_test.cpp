@@ -7,10 +7,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/url.hpp"
 #include "dblock/version.hpp"
 #include "harness.hpp"
 #include "internals.hpp"
-#include "url.hpp"
 
 using dblock::errc;
 

@@ -19,10 +19,10 @@
 #include <string>
 #include <thread>
 
+#include "core/url.hpp"
 #include "dialect/doorbell.hpp"
 #include "dialect/host_doorbell.hpp"
 #include "harness.hpp"
-#include "url.hpp"
 #include "waiting_support.hpp"
 
 using dblock::test::count_waiters;

@@ -1,11 +1,11 @@
 // Identifier, table prefix and resource name validation.
 #include <catch2/catch.hpp>
 
+#include "core/identifier.hpp"
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 #include "dblock/lease_lock.hpp"
 #include "dialect/dialect.hpp"
-#include "identifier.hpp"
 
 using dblock::errc;
 

@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/url.hpp"
 #include "harness.hpp"
-#include "url.hpp"
 
 using dblock::errc;
 using std::chrono::milliseconds;

@@ -6,10 +6,10 @@
 #include <utility>
 #include <vector>
 
+#include "core/url.hpp"
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 #include "dialect/dialect.hpp"
-#include "url.hpp"
 
 using dblock::detail::parse_url;
 

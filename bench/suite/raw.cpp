@@ -9,10 +9,10 @@
 #include <set>
 #include <stdexcept>
 
+#include "core/url.hpp"
 #include "dblock/database.hpp"
 #include "dialect/dialect.hpp"
 #include "dialect/postgresql/backend.hpp"
-#include "url.hpp"
 
 namespace dblock::bench {
 namespace {

@@ -28,11 +28,11 @@
 #include <thread>
 #include <tuple>
 
+#include "core/url.hpp"
 #include "raw.hpp"
 #include "round_trips.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session.hpp"
-#include "url.hpp"
 
 #ifdef DBLOCK_HAVE_HIREDIS
 #include <hiredis/hiredis.h>

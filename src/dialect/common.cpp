@@ -10,7 +10,7 @@
 #include <cctype>
 #include <exception>
 
-#include "../identifier.hpp"
+#include "core/identifier.hpp"
 
 namespace dblock::detail {
 

@@ -9,7 +9,7 @@
 #include <set>
 #include <string>
 
-#include "../url.hpp"
+#include "core/url.hpp"
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 

@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "../identifier.hpp"
-#include "../values.hpp"
+#include "core/identifier.hpp"
+#include "core/values.hpp"
 #include "dblock/error.hpp"
 
 namespace dblock::detail {

@@ -10,11 +10,11 @@
 #include <cstring>
 #include <random>
 
+#include "core/identifier.hpp"
+#include "core/no_throw.hpp"
 #include "dblock/retry.hpp"
-#include "identifier.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
-#include "no_throw.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/wait_queue.hpp"
 

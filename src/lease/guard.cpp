@@ -3,8 +3,8 @@
 #include <mutex>
 #include <utility>
 
+#include "core/identifier.hpp"
 #include "dblock/retry.hpp"
-#include "identifier.hpp"
 #include "lease/renewer.hpp"
 #include "lease/state.hpp"
 #include "storage/lock_table.hpp"

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "identifier.hpp"
+#include "core/identifier.hpp"
 #include "storage/deadline.hpp"
 #include "storage/write_scope.hpp"
 #include "wake/hub.hpp"

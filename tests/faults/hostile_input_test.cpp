@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "core/identifier.hpp"
+#include "core/url.hpp"
 #include "dialect/dialect.hpp"
 #include "harness.hpp"
-#include "identifier.hpp"
 #include "internals.hpp"
-#include "url.hpp"
 
 extern char** environ;
 

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <string>
 
+#include "core/identifier.hpp"
 #include "dblock/error.hpp"
 #include "dialect/dialect.hpp"
 #include "fuzz_common.hpp"
-#include "identifier.hpp"
 
 namespace {
 

@@ -26,11 +26,11 @@
 #include <string>
 #include <vector>
 
+#include "core/url.hpp"
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 #include "dialect/dialect.hpp"
 #include "fuzz_common.hpp"
-#include "url.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "url.hpp"
+#include "core/url.hpp"
 
 namespace dblock::test {
 

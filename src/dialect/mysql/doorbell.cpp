@@ -21,7 +21,7 @@
 
 #include "../common.hpp"
 #include "backend.hpp"
-#include "url.hpp"
+#include "core/url.hpp"
 
 namespace dblock::detail::my {
 namespace {

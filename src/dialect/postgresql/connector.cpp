@@ -4,9 +4,9 @@
 #include <memory>
 #include <thread>
 
-#include "../../identifier.hpp"
 #include "../common.hpp"
 #include "backend.hpp"
+#include "core/identifier.hpp"
 
 namespace dblock::detail::pg {
 namespace {

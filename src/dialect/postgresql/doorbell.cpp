@@ -22,7 +22,7 @@
 
 #include "../common.hpp"
 #include "backend.hpp"
-#include "url.hpp"
+#include "core/url.hpp"
 
 namespace dblock::detail::pg {
 namespace {

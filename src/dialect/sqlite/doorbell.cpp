@@ -19,9 +19,9 @@
 #include <thread>
 
 #include "backend.hpp"
+#include "core/url.hpp"
 #include "dialect/common.hpp"
 #include "dialect/host_doorbell.hpp"
-#include "url.hpp"
 
 namespace dblock::detail::lite {
 namespace {

@@ -7,9 +7,9 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/identifier.hpp"
 #include "dblock/election.hpp"
-#include "followers.hpp"
-#include "identifier.hpp"
+#include "kinds/followers.hpp"
 #include "lease/lock_impl.hpp"
 #include "storage/deadline.hpp"
 #include "storage/session.hpp"

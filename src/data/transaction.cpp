@@ -8,10 +8,10 @@
 #include <string_view>
 #include <tuple>
 
-#include "identifier.hpp"
+#include "core/identifier.hpp"
+#include "core/values.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/write_scope.hpp"
-#include "values.hpp"
 
 namespace dblock {
 

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 
-#include "identifier.hpp"
+#include "core/identifier.hpp"
+#include "core/no_throw.hpp"
 #include "lease/state.hpp"
-#include "no_throw.hpp"
 #include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/write_scope.hpp"

@@ -6,11 +6,11 @@
 
 #include <algorithm>
 
+#include "core/identifier.hpp"
+#include "core/no_throw.hpp"
 #include "dblock/semaphore.hpp"
-#include "identifier.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
-#include "no_throw.hpp"
 #include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session.hpp"

@@ -12,7 +12,7 @@
 #include <thread>
 #include <utility>
 
-#include "identifier.hpp"
+#include "core/identifier.hpp"
 #include "storage/counter_tables.hpp"
 #include "storage/session.hpp"
 #include "storage/write_scope.hpp"

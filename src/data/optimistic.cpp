@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <optional>
 
-#include "identifier.hpp"
+#include "core/identifier.hpp"
+#include "core/values.hpp"
 #include "storage/session.hpp"
 #include "storage/write_scope.hpp"
-#include "values.hpp"
 
 namespace dblock {
 namespace {

@@ -5,9 +5,9 @@
 
 #include <soci/soci.h>
 
+#include "core/url.hpp"
 #include "storage/session.hpp"
 #include "storage/statements.hpp"
-#include "url.hpp"
 #include "wake/hub.hpp"
 
 namespace dblock {

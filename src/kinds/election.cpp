@@ -7,11 +7,11 @@
 #include <mutex>
 #include <thread>
 
-#include "followers.hpp"
-#include "identifier.hpp"
+#include "core/identifier.hpp"
+#include "core/no_throw.hpp"
+#include "kinds/followers.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
-#include "no_throw.hpp"
 #include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/write_scope.hpp"

@@ -9,11 +9,11 @@
 #include <set>
 #include <vector>
 
+#include "core/identifier.hpp"
+#include "core/no_throw.hpp"
 #include "dblock/retry.hpp"
-#include "identifier.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
-#include "no_throw.hpp"
 #include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session.hpp"

@@ -1,4 +1,4 @@
-#include "values.hpp"
+#include "core/values.hpp"
 
 #include <array>
 #include <string_view>

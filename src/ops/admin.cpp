@@ -2,9 +2,9 @@
 
 #include <map>
 
+#include "core/identifier.hpp"
 #include "dblock/election.hpp"
-#include "followers.hpp"
-#include "identifier.hpp"
+#include "kinds/followers.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/wait_queue.hpp"
 #include "storage/write_scope.hpp"

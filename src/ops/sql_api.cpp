@@ -8,7 +8,7 @@
 #include <soci/soci.h>
 #include <memory>
 
-#include "identifier.hpp"
+#include "core/identifier.hpp"
 #include "storage/session.hpp"
 
 namespace dblock {

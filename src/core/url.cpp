@@ -1,4 +1,4 @@
-#include "url.hpp"
+#include "core/url.hpp"
 
 #include <uriparser/Uri.h>
 
@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/identifier.hpp"
 #include "dblock/error.hpp"
-#include "identifier.hpp"
 
 namespace dblock::detail {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <random>
 
-#include "identifier.hpp"
+#include "core/identifier.hpp"
 #include "storage/counter_tables.hpp"
 #include "storage/session.hpp"
 #include "storage/write_scope.hpp"

@@ -1,4 +1,4 @@
-#include "identifier.hpp"
+#include "core/identifier.hpp"
 
 #include <cctype>
 
