@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "../dialect.hpp"
+#include "dialect/dialect.hpp"
 
 namespace dblock::detail::my {
 

@@ -1,7 +1,7 @@
 #include <utility>
 
-#include "../common.hpp"
 #include "backend.hpp"
+#include "dialect/common.hpp"
 
 namespace dblock::detail::my {
 namespace {

@@ -6,8 +6,8 @@
 #include <string>
 #include <thread>
 
-#include "../common.hpp"
 #include "backend.hpp"
+#include "dialect/common.hpp"
 
 namespace dblock::detail::my {
 

@@ -19,9 +19,9 @@
 #include <utility>
 #include <vector>
 
-#include "../common.hpp"
 #include "backend.hpp"
 #include "core/url.hpp"
+#include "dialect/common.hpp"
 
 namespace dblock::detail::my {
 namespace {

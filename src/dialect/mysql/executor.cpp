@@ -2,8 +2,8 @@
 // (mysql_real_escape_string, as SOCI's MySQL backend does) and sent as one query.
 #include <memory>
 
-#include "../../storage/session.hpp"
 #include "backend.hpp"
+#include "storage/session.hpp"
 
 namespace dblock::detail::my {
 namespace {

@@ -16,8 +16,8 @@
 #include <string>
 #include <thread>
 
-#include "../common.hpp"
-#include "../dialect.hpp"
+#include "dialect/common.hpp"
+#include "dialect/dialect.hpp"
 
 namespace dblock::detail::pg {
 

@@ -4,9 +4,9 @@
 #include <memory>
 #include <thread>
 
-#include "../common.hpp"
 #include "backend.hpp"
 #include "core/identifier.hpp"
+#include "dialect/common.hpp"
 
 namespace dblock::detail::pg {
 namespace {

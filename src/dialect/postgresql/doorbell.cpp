@@ -20,9 +20,9 @@
 #include <thread>
 #include <utility>
 
-#include "../common.hpp"
 #include "backend.hpp"
 #include "core/url.hpp"
+#include "dialect/common.hpp"
 
 namespace dblock::detail::pg {
 namespace {

@@ -17,8 +17,8 @@
 #include <cstring>
 #include <memory>
 
-#include "../../storage/session.hpp"
 #include "backend.hpp"
+#include "storage/session.hpp"
 
 namespace dblock::detail::pg {
 void fail(PGconn* c, PGresult* r) {

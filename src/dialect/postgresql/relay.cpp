@@ -40,8 +40,8 @@
 #include <thread>
 #include <utility>
 
-#include "../common.hpp"
 #include "backend.hpp"
+#include "dialect/common.hpp"
 #include "dialect/host_doorbell.hpp"
 
 namespace dblock::detail::pg {

@@ -13,7 +13,7 @@
 #include <map>
 #include <string>
 
-#include "../dialect.hpp"
+#include "dialect/dialect.hpp"
 
 namespace dblock::detail::lite {
 

@@ -1,5 +1,5 @@
-#include "../common.hpp"
 #include "backend.hpp"
+#include "dialect/common.hpp"
 
 namespace dblock::detail::lite {
 

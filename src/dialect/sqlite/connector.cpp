@@ -4,8 +4,8 @@
 #include <cctype>
 #include <chrono>
 
-#include "../common.hpp"
 #include "backend.hpp"
+#include "dialect/common.hpp"
 
 namespace dblock::detail::lite {
 namespace {

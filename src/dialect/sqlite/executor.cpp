@@ -1,8 +1,8 @@
 // Statements on dblock's tables through the sqlite3 C API, prepared once per connection
 // (SQLITE_PREPARE_PERSISTENT) and reused: SOCI prepares and finalizes a one-time query on every
 // call. Statements without a cache key are prepared, run and finalized.
-#include "../../storage/session.hpp"
 #include "backend.hpp"
+#include "storage/session.hpp"
 
 namespace dblock::detail::lite {
 namespace {
