@@ -61,26 +61,38 @@ bool lease_state::renew_sql(milliseconds lease) {
     }
   } timer{*this, sent};
   const std::string what = "renew lease '" + name + "'";
-  // A lost reply leaves the extension unknown: in_doubt (the watchdog retries it like any
-  // failure; renewing again is harmless).
   // A deadlock or busy error of the UPDATE itself (MariaDB meets them beside a reaper's batch)
   // changed nothing: try again, briefly.
   const retry_policy& transient = bookkeeping_conflict_policy();
-  bool ok = unknown_outcome_is_in_doubt(what, [&] {
-    return retry(transient, [&]() -> bool {
-      try {
+  // A lost reply leaves the extension unknown, but a renewal decides the same when sent again:
+  // it extends the lease from the new send (the local deadline then counts from that send), or
+  // finds the lease no longer ours. A late landing of the first can only move the server's
+  // expiry further out. So a lost reply is resolved by sending again, while the call's bound
+  // leaves time; only then is it in_doubt (the watchdog retries it like any failure).
+  bool ok = false;
+  for (int send = 0;; ++send) {
+    sent = steady::now();
+    try {
+      ok = retry(transient, [&]() -> bool {
         return with_session(db, what, [&](session_scope& s) {
           return lock_table::renew(
               s, name, token, fence,
               std::chrono::duration_cast<std::chrono::microseconds>(lease).count());
         });
-      } catch (const error& e) {
-        if (e.code() != errc::in_doubt) throw;  // the storage layer names the write only
-        throw error(errc::in_doubt, what + " (" + e.what() + ")", e.backend(), e.sqlstate(),
-                    e.native_code());
-      }
-    });
-  });
+      });
+      break;
+    } catch (const error& e) {
+      const bool lost = e.code() == errc::connection_lost || e.code() == errc::in_doubt;
+      if (!lost) throw;
+      const auto left = call_deadline::left();
+      if (send < 2 && (!left || left->count() > 0)) continue;
+      throw error(errc::in_doubt,
+                  what + ": the reply was lost and the renewal could not be sent again within " +
+                      call_deadline::current_what() + "; the lease may or may not be extended (" +
+                      e.what() + ")",
+                  e.backend(), e.sqlstate(), e.native_code());
+    }
+  }
   if (ok) set_deadline(sent, lease);
   return ok;
 }

@@ -258,3 +258,42 @@ DBLOCK_TEST_SERVERS("a lost reply of a queue insert leaves no orphan entry at th
   y->release();
   CHECK(count_waiters(ctx, name) == 0);
 }
+
+// A renewal whose reply is lost is sent again (a renewal decides the same when repeated): the
+// call returns renewed, the lease stays valid, and the row's expiry moved out. The fault is
+// proved: the proxy cut exactly one reply.
+DBLOCK_TEST_SERVERS("a lost renew reply is resolved by sending the renewal again",
+                    "[faults][lost-reply]") {
+  auto [host, port] = url_host_port(ctx.url);
+  tcp_proxy proxy(host, port);
+  const std::string name = "renew-lost-reply-" + random_suffix();
+  auto via = open_db(url_via(ctx.url, proxy.port()), ctx.prefix, 2);
+  lease_options o;
+  o.ttl = milliseconds(5000);
+  lease_lock lk(via, name, o);
+  auto g = lk.try_acquire();
+  REQUIRE(g);
+  auto c = ctx.db.connect();
+  auto before = dblock::test::read_lease(c, name);
+  REQUIRE(before);
+  std::this_thread::sleep_for(milliseconds(50));  // the renewal's expiry is visibly later
+  proxy.cut_reply_to(faults::renew_release_request_pattern(ctx.url, ctx.prefix + "resource_lock"));
+  std::optional<errc> code;
+  try {
+    g->renew();
+  } catch (const error& e) {
+    code = e.kind();
+  }
+  const long long cuts = proxy.cuts();
+  proxy.cut_reply_to("");
+  INFO("renew: " << (code ? to_string(*code) : "returned"));
+  CHECK(cuts == 1);  // the fault happened
+  CHECK_FALSE(code);
+  CHECK(g->valid());
+  auto after = dblock::test::read_lease(c, name);
+  REQUIRE(after);
+  CHECK(after->owner_token == before->owner_token);
+  CHECK(after->fence == before->fence);
+  CHECK(after->expires_at_us > before->expires_at_us);
+  g->release();
+}
