@@ -18,7 +18,6 @@
 namespace dblock {
 
 using detail::steady;
-using std::chrono::microseconds;
 using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 
@@ -43,15 +42,6 @@ void validate_reader_name(const std::string& name) {
                                             "' is " + std::to_string(name.size()) +
                                             " bytes: readers need a name of at most " +
                                             std::to_string(max_rwlock_name_bytes));
-}
-
-// The one backoff (poll_backoff) of attempt `attempt`, never past `limit_us` (when >= 0) or the
-// deadline.
-nanoseconds backoff(const lease_options& o, int attempt, long long limit_us,
-                    steady::time_point deadline) {
-  nanoseconds sleep = detail::poll_backoff(o, attempt);
-  if (limit_us >= 0) sleep = std::min<nanoseconds>(sleep, microseconds(limit_us + 1));
-  return std::max(nanoseconds(0), std::min<nanoseconds>(sleep, deadline - steady::now()));
 }
 
 }  // namespace
@@ -156,7 +146,8 @@ lease_guard rwlock::acquire_shared_until(steady_clock::time_point deadline,
     if (steady::now() >= deadline)
       throw error(errc::timeout, "read " + impl_->what() + ": a writer held or waited on it for " +
                                      detail::wait_text(start, deadline));
-    cancel.sleep_for(backoff(impl_->options, attempt, impl_->writer_expiry_us, deadline));
+    cancel.sleep_for(
+        detail::poll_sleep(impl_->options, attempt, impl_->writer_expiry_us, deadline));
   }
 }
 
@@ -190,8 +181,7 @@ lease_guard rwlock::acquire_until(steady_clock::time_point deadline, const cance
         const bool transient =
             e.code() == errc::connection_lost || e.code() == errc::connection_failed;
         if (!transient || steady::now() >= deadline) throw;
-        if (cancel.sleep_for(
-                std::min<nanoseconds>(left(), milliseconds(50) * (1 << std::min(failures, 4)))))
+        if (cancel.sleep_for(std::min<nanoseconds>(left(), detail::failure_backoff(failures))))
           throw error(errc::cancelled, "write " + impl_->what() + ": cancelled");
       }
     }
@@ -208,7 +198,7 @@ lease_guard rwlock::acquire_until(steady_clock::time_point deadline, const cance
       throw error(errc::timeout, "write " + impl_->what() + ": " + std::to_string(held) +
                                      " reader(s) still in after " +
                                      detail::wait_text(start, deadline));
-    cancel.sleep_for(backoff(impl_->options, attempt, next_expiry_us, deadline));
+    cancel.sleep_for(detail::poll_sleep(impl_->options, attempt, next_expiry_us, deadline));
   }
 }
 

@@ -236,11 +236,7 @@ lease_guard semaphore::wait_until(detail::acquire_call& call, steady_clock::time
       throw error(errc::timeout, "acquire a permit of " + impl_->what() + ": none within " +
                                      detail::wait_text(start, deadline));
     // The one backoff, never past the first expiry of a held permit or the end of the wait.
-    nanoseconds sleep = detail::poll_backoff(o, attempt);
-    if (impl_->next_expiry_us >= 0)
-      sleep = std::min<nanoseconds>(sleep, std::chrono::microseconds(impl_->next_expiry_us + 1));
-    sleep = std::min<nanoseconds>(sleep, deadline - now);
-    cancel.sleep_for(sleep);
+    cancel.sleep_for(detail::poll_sleep(o, attempt, impl_->next_expiry_us, deadline));
   }
 }
 

@@ -84,6 +84,13 @@ nanoseconds poll_backoff(const lease_options& o, int round) {
   return full_jitter(std::min<nanoseconds>(std::max(cap, milliseconds(0)), poll_ceiling(o)));
 }
 
+nanoseconds poll_sleep(const lease_options& o, int round, long long limit_us,
+                       steady::time_point deadline) {
+  nanoseconds sleep = poll_backoff(o, round);
+  if (limit_us >= 0) sleep = std::min<nanoseconds>(sleep, std::chrono::microseconds(limit_us + 1));
+  return std::max(nanoseconds(0), std::min<nanoseconds>(sleep, deadline - steady::now()));
+}
+
 nanoseconds poll_ceiling(const lease_options& o) {
   return std::min<milliseconds>(o.poll_max, std::chrono::hours(24));
 }

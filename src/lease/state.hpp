@@ -136,6 +136,10 @@ std::chrono::nanoseconds full_jitter(std::chrono::nanoseconds cap);
 /// writer waiting for readers to leave): full jitter under a cap of poll_initial doubled per
 /// round, at most poll_max. Saturates: any round and any duration (no overflow).
 std::chrono::nanoseconds poll_backoff(const lease_options& o, int round);
+/// A polling wait's next sleep: poll_backoff(), never past `limit_us` microseconds (the first
+/// expiry of a holder it waits for; negative: none) nor `deadline`.
+std::chrono::nanoseconds poll_sleep(const lease_options& o, int round, long long limit_us,
+                                    steady::time_point deadline);
 /// poll_max as nanoseconds, at most a day (milliseconds::max() and the like cannot overflow).
 std::chrono::nanoseconds poll_ceiling(const lease_options& o);
 
