@@ -38,6 +38,14 @@
 #       (`backend ==`, `backend !=`).
 #   (f) One folder per layer: no *.cpp or *.hpp directly in src/ (ARCHITECTURE.md names the
 #       folders).
+#   (g) Includes go down the layers: a source file includes headers of its own folder or of a
+#       lower layer only, in this order (ARCHITECTURE.md):
+#           core < dialect < storage < wake < lease < kinds, data < ops < cli, prometheus
+#       (folders on one level, kinds and data, cli and prometheus, never include each other). So
+#       storage includes no lease/, wake/ or kinds/ header, dialect no storage/ header, and
+#       nothing includes cli/. Headers under include/dblock/ are the public API, open to all.
+#       One named exception: src/core/database.cpp, the public handle's constructor, which wires
+#       a handle's layers together (its storage and its wake-up hub).
 #
 # For (c), (d) and (e) the sources are read by a small tokenizer (perl, below), not a compiler: it
 # knows "..." literals with escapes (any prefix: L, u8, ...), raw literals R"d(...)d" (also over
@@ -374,12 +382,57 @@ check_layer_folders() {
     fi
 }
 
+# The layer of each folder under src/ (rule g).
+layer_of() {
+    case "$1" in
+        core) echo 0 ;;
+        dialect) echo 1 ;;
+        storage) echo 2 ;;
+        wake) echo 3 ;;
+        lease) echo 4 ;;
+        kinds | data) echo 5 ;;
+        ops) echo 6 ;;
+        cli | prometheus) echo 7 ;;
+        *) echo -1 ;;
+    esac
+}
+
+check_include_layers() {
+    local bad=() f dir inc to from_l to_l line
+    for f in "${SOURCES[@]}"; do
+        [ "$f" = src/core/database.cpp ] && continue # the named exception (see rule g)
+        dir=${f#src/}
+        dir=${dir%%/*}
+        from_l=$(layer_of "$dir")
+        while IFS= read -r line; do
+            inc=$(printf '%s' "$line" | sed -n 's/^[0-9]*:[[:space:]]*#[[:space:]]*include[[:space:]]*"\([a-z_]*\)\/.*/\1/p')
+            [ -n "$inc" ] || continue
+            [ "$inc" = "$dir" ] && continue
+            [ "$inc" = dblock ] && continue
+            to_l=$(layer_of "$inc")
+            [ "$to_l" -ge 0 ] || continue # not a folder of src/ (a system or test header)
+            if [ "$from_l" -lt 0 ] || [ "$to_l" -ge "$from_l" ]; then
+                to=$(printf '%s' "$line" | sed 's/^\([0-9]*\):[[:space:]]*/\1: /')
+                bad+=("$f:$to")
+            fi
+        done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$REPO_ROOT/$f" || true)
+    done
+    if [ "${#bad[@]}" -gt 0 ]; then
+        echo "(g) ${#bad[@]} include(s) of a header in the same or a higher layer of another folder:"
+        printf '    %s\n' "${bad[@]}"
+        failed+=(g)
+    else
+        echo "(g) ok: every include goes down the layers (core < dialect < storage < wake < lease < kinds, data < ops < cli, prometheus)"
+    fi
+}
+
 check_file_size
 check_function_size
 if [ "$ONLY_SIZE" -eq 0 ]; then
     check_sql
     check_backend_tests
     check_layer_folders
+    check_include_layers
 fi
 
 if [ "${#failed[@]}" -gt 0 ]; then

@@ -24,9 +24,8 @@ class waiting_acquire;
 class thread_check;
 class acquire_call;
 struct internal_name_t;
+struct lease_access;
 }  // namespace detail
-
-class semaphore;
 
 /// Settings of a lease lock; lease_lock's constructor checks them.
 /// Thread-safety: a plain value.
@@ -193,8 +192,7 @@ class lease_lock {
  private:
   friend class detail::waiting_acquire;
   friend class detail::thread_check;
-  friend class semaphore;
-  friend class election;
+  friend struct detail::lease_access;  // the kinds' one gate (src/lease/lock_impl.hpp)
   /// A lock on one of dblock's internal lease names (a semaphore permit's, which users cannot
   /// name); otherwise as the public constructor.
   lease_lock(database db, std::string name, lease_options options, const detail::internal_name_t&);
@@ -287,9 +285,7 @@ class lease_guard {
 
  private:
   friend class lease_lock;
-  friend class lock_set_guard;
-  friend class election;
-  friend class leadership;
+  friend struct detail::lease_access;
   explicit lease_guard(std::shared_ptr<detail::lease_state> s);
   std::shared_ptr<detail::lease_state> state_;
 };

@@ -2,7 +2,7 @@
 
 #include "dblock/deadline.hpp"
 
-#include "wake/cancel_access.hpp"
+#include "core/cancel_access.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -42,7 +42,7 @@ database::database(const std::string& url, database_options options) {
   impl->dia = &dia;
   impl->tables = detail::make_table_names(options.table_prefix);
   impl->statements = detail::build_lock_statements(dia, impl->tables);
-  impl->hub = std::make_unique<detail::wake_hub>(dia, dia.bell.target(parsed, options),
+  impl->hub = std::make_shared<detail::wake_hub>(dia, dia.bell.target(parsed, options),
                                                  impl->tables, options.events);
   impl->keeper = dia.conn.keep_open(impl->connect_strings);
   impl_ = std::move(impl);

@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "core/identifier.hpp"
-#include "core/values.hpp"
+#include "storage/values.hpp"
 #include "storage/session.hpp"
 #include "storage/write_scope.hpp"
 

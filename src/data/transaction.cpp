@@ -9,8 +9,8 @@
 #include <tuple>
 
 #include "core/identifier.hpp"
-#include "core/values.hpp"
 #include "storage/lock_table.hpp"
+#include "storage/values.hpp"
 #include "storage/write_scope.hpp"
 
 namespace dblock {

@@ -9,7 +9,6 @@
 #include <cstdlib>
 
 #include "core/identifier.hpp"
-#include "core/values.hpp"
 #include "dblock/error.hpp"
 
 namespace dblock::detail {
@@ -48,7 +47,24 @@ std::string vocabulary::quote(std::string_view ident) const {
 }
 
 value vocabulary::decode_value(const soci::row& r, std::size_t i) const {
-  return value_from_row(r, i);
+  if (r.get_indicator(i) == soci::i_null) return std::monostate{};
+  const auto& props = r.get_properties(i);
+  switch (props.get_data_type()) {
+    case soci::dt_string:
+      return r.get<std::string>(i);
+    case soci::dt_double:
+      return r.get<double>(i);
+    case soci::dt_integer:
+      return static_cast<long long>(r.get<int>(i));
+    case soci::dt_long_long:
+      return r.get<long long>(i);
+    case soci::dt_unsigned_long_long:
+      return static_cast<long long>(r.get<unsigned long long>(i));
+    default:
+      throw error(errc::invalid_argument,
+                  "column '" + props.get_name() +
+                      "' has a type dblock cannot carry (use integer, floating-point or text)");
+  }
 }
 
 std::optional<value> vocabulary::decode_text(const std::optional<std::string>& cell,

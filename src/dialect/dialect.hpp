@@ -42,7 +42,6 @@ class backend_factory;
 namespace dblock::detail {
 
 struct parsed_url;
-class session_scope;
 
 /// Table names after applying the validated prefix (already safe to splice).
 struct table_names {
@@ -411,21 +410,34 @@ class vocabulary {
   virtual fence_check check_fence_native(const table_names& t) const = 0;
 };
 
+/// What an executor needs of a borrowed connection: the SOCI session, the connection's state as
+/// the connector made it, and a way to have it closed when given back. storage's session_scope
+/// is the one implementation; the dialect layer never sees the pool.
+class exec_session {
+ public:
+  virtual soci::session& sql() = 0;
+  virtual connection_state& state() = 0;
+  virtual void mark_broken() noexcept = 0;
+
+ protected:
+  ~exec_session() = default;
+};
+
 /// Runs statements with bound values on a pooled connection.
 class executor {
  public:
   virtual ~executor() = default;
   /// Runs `st` with `values` (in the order of st.params). Throws what the backend's SOCI
   /// backend would throw, so that the classifier treats both paths alike.
-  virtual sql_result run(session_scope&, const statement& st,
+  virtual sql_result run(exec_session&, const statement& st,
                          const std::vector<sql_param>& values) const = 0;
   /// A single autocommit write statement runs between these (SQLite: BEGIN IMMEDIATE and COMMIT,
   /// prepared once, so it waits for the write lock instead of failing on a stale snapshot; a
   /// no-op elsewhere). `no_flush_wait`: a write whose commit need not wait for the disk (a
   /// release, a waiter-queue write; see write_kind::unflushed).
-  virtual void begin_statement(session_scope&, bool /*no_flush_wait*/) const {}
-  virtual void commit_statement(session_scope&) const {}
-  virtual void rollback_statement(session_scope&) const noexcept {}
+  virtual void begin_statement(exec_session&, bool /*no_flush_wait*/) const {}
+  virtual void commit_statement(exec_session&) const {}
+  virtual void rollback_statement(exec_session&) const noexcept {}
   /// True when begin_statement() really opens a write transaction (SQLite).
   virtual bool statement_in_transaction() const { return false; }
 };

@@ -80,7 +80,7 @@ struct leadership::impl {
                             "' ended: the lease was lost or no renewal was confirmed in time"),
                   loss_reason::connection);  // (a loss the watchdog found is reported already)
     ended();
-    detail::ring_followers(lease->state_->db, name);
+    detail::ring_followers(detail::lease_access::state(*lease)->db, name);
     lost.cancel();
   }
 
@@ -89,12 +89,14 @@ struct leadership::impl {
   std::atomic<bool> leading{false};
   void began() {
     if (!leading.exchange(true))
-      lease->state_->db->notify([&](listener& l) { l.leadership(name, true); });
-    detail::ring_followers(lease->state_->db, name);
+      detail::lease_access::state(*lease)->db->notify(
+          [&](listener& l) { l.leadership(name, true); });
+    detail::ring_followers(detail::lease_access::state(*lease)->db, name);
   }
   void ended() {
     if (leading.exchange(false))
-      lease->state_->db->notify([&](listener& l) { l.leadership(name, false); });
+      detail::lease_access::state(*lease)->db->notify(
+          [&](listener& l) { l.leadership(name, false); });
   }
 
   void stop_monitor() {
@@ -108,7 +110,7 @@ struct leadership::impl {
 };
 
 leadership::leadership(std::unique_ptr<impl> i) : impl_(std::move(i)) {
-  auto st = impl_->lease->state_;
+  auto st = detail::lease_access::state(*impl_->lease);
   impl_->began();
   impl* self = impl_.get();
   impl_->monitor = std::thread([self, st] { self->watch(st); });
@@ -129,7 +131,7 @@ leadership::~leadership() {
   impl_->stop_monitor();
   impl_->ended();
   impl_->lost.cancel();
-  auto db = impl_->lease->state_->db;
+  auto db = detail::lease_access::state(*impl_->lease)->db;
   impl_->lease.reset();  // releases; failures go to the error handler
   detail::ring_followers(db, impl_->name);
 }
@@ -176,7 +178,7 @@ void leadership::resign() {
     std::shared_ptr<detail::database_impl> db;
     const impl& i;
     ~after_release() { detail::ring_followers(db, i.name); }
-  } signal{g.state_->db, *i};
+  } signal{detail::lease_access::state(g)->db, *i};
   g.release();
 }
 
@@ -197,13 +199,13 @@ struct election::impl {
 
   static lease_lock make_lock(const database& d, const std::string& name, lease_options o) {
     o.watchdog = true;
-    return lease_lock(d, election::lease_name(name), std::move(o), detail::internal_name_t{});
+    return detail::lease_access::internal(d, election::lease_name(name), std::move(o));
   }
 
   // Announces the identity under the new lease; the leadership, or nothing when the lease was
   // lost before the announcement could commit.
   std::optional<leadership> won(lease_guard g) {
-    auto& st = *g.state_;
+    auto& st = *detail::lease_access::state(g);
     try {
       detail::write_transaction(
           st.db, "announce the leader of election '" + detail::printable(name) + "'", std::nullopt,

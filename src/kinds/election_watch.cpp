@@ -15,6 +15,7 @@
 #include "storage/session.hpp"
 #include "storage/wait_queue.hpp"
 #include "wake/hub.hpp"
+#include "wake/ring.hpp"
 
 namespace dblock {
 

@@ -7,6 +7,7 @@
 
 #include "core/identifier.hpp"
 #include "core/no_throw.hpp"
+#include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
 #include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
@@ -106,7 +107,7 @@ void lock_set_guard::release() {
 void lock_set_guard::fenced(const std::function<void(soci::session&)>& write) {
   if (leases_.empty())
     throw error(errc::not_owner, "fenced write: the lock set guard holds no lease");
-  auto& db = leases_.front().state_->db;
+  auto& db = detail::lease_access::state(leases_.front())->db;
   const std::string what =
       "fenced write under a lock set of " + std::to_string(leases_.size()) + " leases";
   // One write transaction: every lock row locked and checked in the set's order (the order
@@ -115,7 +116,7 @@ void lock_set_guard::fenced(const std::function<void(soci::session&)>& write) {
   try {
     detail::write_transaction(db, what, std::nullopt, [&](detail::session_scope& s) {
       for (const auto& g : leases_) {
-        auto& st = *g.state_;
+        auto& st = *detail::lease_access::state(g);
         auto fence = detail::lock_table::fenced_check(s, st.name, st.token);
         if (!fence || *fence != st.fence) {
           lost = &st;

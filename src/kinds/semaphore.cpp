@@ -75,8 +75,8 @@ struct semaphore::impl {
   }
 
   std::optional<lease_guard> try_slot(int slot) {
-    lease_lock lk(db, lease_names[static_cast<std::size_t>(slot)], options,
-                  detail::internal_name_t{});
+    lease_lock lk =
+        detail::lease_access::internal(db, lease_names[static_cast<std::size_t>(slot)], options);
     return lk.try_acquire();
   }
 
@@ -115,7 +115,7 @@ struct semaphore::impl {
       throw error(errc::invalid_argument,
                   "semaphore '" + detail::printable(name) +
                       "': lease_options::fair is not supported (waiters of a semaphore poll)");
-    return lease_lock(db, detail::permit_lease_name(name, 0), options, detail::internal_name_t{})
+    return detail::lease_access::internal(db, detail::permit_lease_name(name, 0), options)
         .options();
   }
 

@@ -12,6 +12,7 @@
 #include "storage/write_scope.hpp"
 #include "wake/gate.hpp"
 #include "wake/hub.hpp"
+#include "wake/ring.hpp"
 
 namespace dblock {
 

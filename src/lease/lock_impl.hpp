@@ -105,6 +105,20 @@ struct lease_lock::impl {
 
 namespace detail {
 
+/// The one gate through which the lock kinds (src/kinds/) reach a lease's internals: a lock on
+/// an internal name (U+FFFF suffixes, which users cannot name) and a guard's state. A new kind
+/// needs no friend declaration in lease_lock.hpp.
+struct lease_access {
+  static lease_lock internal(database db, std::string name, lease_options options) {
+    return lease_lock(std::move(db), std::move(name), std::move(options), internal_name_t{});
+  }
+  static const std::shared_ptr<lease_state>& state(const lease_guard& g) { return g.state_; }
+};
+
+}  // namespace detail
+
+namespace detail {
+
 /**
  * Refuses, loudly (errc::invalid_argument), a lease_lock used by two threads at once, or
  * re-entered by a thread other than the one that holds its current acquisition: reentrancy is per

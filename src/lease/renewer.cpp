@@ -323,7 +323,7 @@ void lease_renewer::leave_queue_later(std::shared_ptr<wait_queue::deferred_exit>
 
 lease_renewer& renewer_of(const std::shared_ptr<database_impl>& db) {
   std::lock_guard<std::mutex> lk(db->renewer_mu);
-  if (!db->renewer) db->renewer = std::make_unique<lease_renewer>(db);
+  if (!db->renewer) db->renewer = std::make_shared<lease_renewer>(db);
   return *db->renewer;
 }
 

@@ -8,6 +8,7 @@
 #include "storage/lock_table.hpp"
 #include "storage/wait_queue.hpp"
 #include "storage/write_scope.hpp"
+#include "wake/ring.hpp"
 
 namespace dblock {
 

@@ -5,9 +5,7 @@
 #include <condition_variable>
 #include <thread>
 
-#include "lease/renewer.hpp"
 #include "storage/write_scope.hpp"
-#include "wake/hub.hpp"
 
 namespace dblock::detail {
 

@@ -40,10 +40,13 @@ struct database_impl {
   lock_statements statements;  // dblock's statements for these tables, built once
   soci::connection_pool pool;
   /// Wake-ups of waiters (see wake/hub.hpp); its channel opens when the first waiter enlists.
-  std::unique_ptr<wake_hub> hub;
+  /// Owned here but made by the layers above (core/database.cpp, renewer_of()): a shared_ptr
+  /// carries its deleter, so storage never needs the complete types (storage includes neither
+  /// wake/ nor lease/). Never copied out: the handle's destruction ends both.
+  std::shared_ptr<wake_hub> hub;
   /// The watchdog of this handle's leases (see lease/renewer.hpp and renewer_of()).
   std::mutex renewer_mu;
-  std::unique_ptr<lease_renewer> renewer;
+  std::shared_ptr<lease_renewer> renewer;
   /// The largest failure-detection window a connection's server reported (connection_state::
   /// failure_detection), its source, and the (ttl, margin) pairs already reported short.
   mutable std::mutex failover_mu;
@@ -103,7 +106,7 @@ struct database_impl {
  * One pooled connection, borrowed until destruction. On return it is rolled back if a
  * transaction is still open, and closed (to be reopened on the next lease) if it broke.
  */
-class session_scope {
+class session_scope final : public exec_session {
  public:
   session_scope(std::shared_ptr<database_impl> db, std::size_t pos)
       : db_(std::move(db)), pos_(pos) {}
@@ -111,9 +114,9 @@ class session_scope {
   session_scope& operator=(const session_scope&) = delete;
   ~session_scope();
 
-  soci::session& sql() { return db_->pool.at(pos_); }
+  soci::session& sql() override { return db_->pool.at(pos_); }
   /// The connection's state, as made by the dialect's connector.
-  connection_state& state() { return *db_->slots[pos_].state; }
+  connection_state& state() override { return *db_->slots[pos_].state; }
   /// The server session behind the connection (no round trip).
   const session_ref& server() { return state().server; }
   database_impl& db() { return *db_; }
@@ -123,7 +126,7 @@ class session_scope {
   const lock_statements& statements() const { return db_->statements; }
 
   /// Marks the connection broken: it is closed when given back.
-  void mark_broken() noexcept { broken_ = true; }
+  void mark_broken() noexcept override { broken_ = true; }
   bool broken() const noexcept { return broken_; }
 
   /// Bounds the use of this connection by `until` (see storage/deadline.hpp).

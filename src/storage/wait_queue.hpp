@@ -71,28 +71,6 @@ struct queue_head {
 };
 /// The head of `name`'s live queue, the releaser's own entry (`token`) excluded.
 queue_head head_of(session_scope&, const std::string& name, const std::string& token);
-/// Where a release rings a sleeping connection (MySQL, statement bell_ring): interrupts the
-/// sleep of server session `id` (from lock_table::release()). False where the dialect rings
-/// otherwise.
-bool ring(session_scope&, std::int64_t id);
-/// After this handle freed the lease of `name` at `fence` (the releaser's entries, `token`, are
-/// not the head): wakes a local waiter through the hub and rings the head waiter's process where
-/// the database does not, from what the release returned (`wake`, lock_table::release_wake):
-/// the doorbell with the head of the queue (SQLite; one local read), or an interrupt of the
-/// sleeping connection of the head waiter's handle (MySQL, `wake.sleeper` the session id; -1:
-/// look it up, for a forced release); on PostgreSQL, `wake.sleeper` is the handle of a head on
-/// this host that the release did not notify (vocabulary::release_returning()), rung through
-/// the host relay's directory, or notified now when that fails. A failure only costs the
-/// wake-up. When the release handed the lease over (`wake.granted`), only that waiter is rung,
-/// and the ring carries the grant (wake_hub::handed_to()).
-void ring_freed(const std::shared_ptr<database_impl>& db, const std::string& name,
-                std::int64_t fence, const std::string& token, const lock_table::release_wake& wake);
-/// Rings every live entry of the broadcast queue `name` (broadcast_suffix, dialect/doorbell.hpp),
-/// in this handle and in other processes (vocabulary::queue_ring_all()): the followers of an
-/// election hear of a change. Its statements end within `bound`; a failure only costs the
-/// wake-ups (the followers read again at their safety net) and is logged.
-void ring_all(const std::shared_ptr<database_impl>& db, const std::string& name,
-              std::chrono::milliseconds bound) noexcept;
 /// A ticket above every entry's: with it, acquire_dequeue() in order takes a free lease only
 /// when nobody waits in its queue, and deletes no entry (a fair try before queueing).
 constexpr std::int64_t behind_everyone = INT64_MAX;

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "wake/cancel_access.hpp"
+#include "core/cancel_access.hpp"
 
 namespace dblock::detail {
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "wake/cancel_access.hpp"
+#include "core/cancel_access.hpp"
 
 namespace dblock::detail {
 

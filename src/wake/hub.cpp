@@ -2,8 +2,8 @@
 
 #include <limits>
 
+#include "core/cancel_access.hpp"
 #include "dialect/host_doorbell.hpp"
-#include "wake/cancel_access.hpp"
 
 namespace dblock::detail {
 

@@ -137,10 +137,10 @@ void set_lock_wait(soci::session& sql, const connection_state& st, long long sec
 
 class executor final : public detail::executor {
  public:
-  sql_result run(session_scope&, const statement& st,
+  sql_result run(exec_session&, const statement& st,
                  const std::vector<sql_param>& values) const override;
   /// Outside a transaction, gives the session the server's lock wait back (set_lock_wait()).
-  void begin_statement(session_scope&, bool no_flush_wait) const override;
+  void begin_statement(exec_session&, bool no_flush_wait) const override;
 };
 
 }  // namespace dblock::detail::my

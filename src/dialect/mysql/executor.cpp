@@ -3,7 +3,6 @@
 #include <memory>
 
 #include "backend.hpp"
-#include "storage/session.hpp"
 
 namespace dblock::detail::my {
 namespace {
@@ -45,12 +44,12 @@ std::string substitute(MYSQL* c, const statement& st, const std::vector<sql_para
 
 }  // namespace
 
-void executor::begin_statement(session_scope& s, bool) const {
+void executor::begin_statement(exec_session& s, bool) const {
   if (!(raw(s.sql())->server_status & SERVER_STATUS_IN_TRANS))
     set_lock_wait(s.sql(), s.state(), -1);
 }
 
-sql_result executor::run(session_scope& s, const statement& st,
+sql_result executor::run(exec_session& s, const statement& st,
                          const std::vector<sql_param>& values) const {
   MYSQL* c = raw(s.sql());
   // A statement of its own: with the server's lock wait, not a past transaction's.

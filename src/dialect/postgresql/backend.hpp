@@ -240,7 +240,7 @@ bool routine_missing(PGresult* r);
 
 class executor final : public detail::executor {
  public:
-  sql_result run(session_scope&, const statement& st,
+  sql_result run(exec_session&, const statement& st,
                  const std::vector<sql_param>& values) const override;
 
  private:

@@ -18,7 +18,6 @@
 #include <memory>
 
 #include "backend.hpp"
-#include "storage/session.hpp"
 
 namespace dblock::detail::pg {
 void fail(PGconn* c, PGresult* r) {
@@ -173,7 +172,7 @@ std::string name_on(const state& cs, const statement& st) {
 
 }  // namespace
 
-sql_result executor::run(session_scope& s, const statement& st,
+sql_result executor::run(exec_session& s, const statement& st,
                          const std::vector<sql_param>& values) const {
   PGconn* c = raw(s.sql());
   std::vector<std::string> text;

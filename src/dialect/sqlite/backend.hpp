@@ -145,11 +145,11 @@ class vocabulary final : public detail::vocabulary {
 
 class executor final : public detail::executor {
  public:
-  sql_result run(session_scope&, const statement& st,
+  sql_result run(exec_session&, const statement& st,
                  const std::vector<sql_param>& values) const override;
-  void begin_statement(session_scope&, bool no_flush_wait) const override;
-  void commit_statement(session_scope&) const override;
-  void rollback_statement(session_scope&) const noexcept override;
+  void begin_statement(exec_session&, bool no_flush_wait) const override;
+  void commit_statement(exec_session&) const override;
+  void rollback_statement(exec_session&) const noexcept override;
   bool statement_in_transaction() const override { return true; }
 };
 

@@ -2,7 +2,6 @@
 // (SQLITE_PREPARE_PERSISTENT) and reused: SOCI prepares and finalizes a one-time query on every
 // call. Statements without a cache key are prepared, run and finalized.
 #include "backend.hpp"
-#include "storage/session.hpp"
 
 namespace dblock::detail::lite {
 namespace {
@@ -78,7 +77,7 @@ void state::exec(const std::string& key, const char* text) const {
   if (rc != SQLITE_DONE && rc != SQLITE_ROW) fail(db, sqlite3_extended_errcode(db));
 }
 
-sql_result executor::run(session_scope& s, const statement& st,
+sql_result executor::run(exec_session& s, const statement& st,
                          const std::vector<sql_param>& values) const {
   auto& c = static_cast<state&>(s.state());
   sqlite3_stmt* prepared = nullptr;
@@ -117,7 +116,7 @@ namespace {
 // Back to the connection's own durability after an unflushed commit (or its failure). SQLite
 // refuses to change it inside a transaction, hence before BEGIN and after COMMIT; a connection
 // that could not go back is closed, never used for a grant that would not wait for the disk.
-void restore_synchronous(session_scope& s, state& c) noexcept {
+void restore_synchronous(exec_session& s, state& c) noexcept {
   if (!c.relaxed) return;
   const std::string sql = "PRAGMA synchronous = " + std::to_string(c.synchronous);
   if (sqlite3_exec(c.db, sql.c_str(), nullptr, nullptr, nullptr) != SQLITE_OK) s.mark_broken();
@@ -126,7 +125,7 @@ void restore_synchronous(session_scope& s, state& c) noexcept {
 
 }  // namespace
 
-void executor::begin_statement(session_scope& s, bool no_flush_wait) const {
+void executor::begin_statement(exec_session& s, bool no_flush_wait) const {
   auto& c = static_cast<state&>(s.state());
   restore_synchronous(s, c);  // never left lowered, whatever ended the last such write
   c.own_write = sqlite3_get_autocommit(c.db) != 0;  // inside a caller's transaction: join it
@@ -149,7 +148,7 @@ void executor::begin_statement(session_scope& s, bool no_flush_wait) const {
   }
 }
 
-void executor::commit_statement(session_scope& s) const {
+void executor::commit_statement(exec_session& s) const {
   auto& c = static_cast<state&>(s.state());
   try {
     if (c.own_write) c.exec("commit", "COMMIT");
@@ -161,7 +160,7 @@ void executor::commit_statement(session_scope& s) const {
   restore_synchronous(s, c);
 }
 
-void executor::rollback_statement(session_scope& s) const noexcept {
+void executor::rollback_statement(exec_session& s) const noexcept {
   auto& c = static_cast<state&>(s.state());
   if (c.own_write && !sqlite3_get_autocommit(c.db)) {
     sqlite3_exec(c.db, "ROLLBACK", nullptr, nullptr, nullptr);

@@ -54,9 +54,6 @@ class value_binder {
   std::deque<soci::indicator> indicators_;
 };
 
-/// Column `i` of a row as a value; throws errc::invalid_argument for unsupported types.
-value value_from_row(const soci::row& r, std::size_t i);
-
 /// Renders a value for messages (text quoted, NULL as NULL).
 std::string describe(const value& v);
 

@@ -1,4 +1,4 @@
-#include "core/values.hpp"
+#include "storage/values.hpp"
 
 #include <array>
 #include <string_view>
@@ -24,27 +24,6 @@ void value_binder::bind(soci::statement& st, const value& v, const std::string& 
   } else {
     strings_.push_back(std::get<std::string>(v));
     st.exchange(soci::use(strings_.back(), ind, name));
-  }
-}
-
-value value_from_row(const soci::row& r, std::size_t i) {
-  if (r.get_indicator(i) == soci::i_null) return std::monostate{};
-  const auto& props = r.get_properties(i);
-  switch (props.get_data_type()) {
-    case soci::dt_string:
-      return r.get<std::string>(i);
-    case soci::dt_double:
-      return r.get<double>(i);
-    case soci::dt_integer:
-      return static_cast<long long>(r.get<int>(i));
-    case soci::dt_long_long:
-      return r.get<long long>(i);
-    case soci::dt_unsigned_long_long:
-      return static_cast<long long>(r.get<unsigned long long>(i));
-    default:
-      throw error(errc::invalid_argument,
-                  "column '" + props.get_name() +
-                      "' has a type dblock cannot carry (use integer, floating-point or text)");
   }
 }
 
