@@ -57,10 +57,14 @@ struct versioned_result {
  *         bad identifiers, empty `columns`, the key or version column among `columns`, a column
  *         of an unsupported type, a version column that is not a non-NULL integer, a `mutate`
  *         that adds or removes columns, or a policy with max_attempts < 1; errc::not_found when
- *         no row has the key; errc::in_doubt when the connection broke (the update may or may
- *         not have been applied: read the row, do not retry blindly); other classified errors,
- *         such as the rest of the @ref database_errors "database errors". Exceptions of
- *         `mutate` propagate as they are (a dblock::error with a retryable code is retried).
+ *         no row has the key; errc::in_doubt when the connection broke after the UPDATE was
+ *         sent and the row then holds another version (this call's write or another writer's:
+ *         read the row, do not retry blindly; the server session has been ended first, so the
+ *         read is final, unless the message says it could not be). A lost reply whose row still
+ *         holds the version read did not take effect and is sent again, as is a broken read;
+ *         errc::connection_lost only when three sends broke (nothing was written); other classified
+ * errors, such as the rest of the @ref database_errors "database errors". Exceptions of `mutate`
+ * propagate as they are (a dblock::error with a retryable code is retried).
  */
 versioned_result versioned_update(const database& db, const versioned_table& spec, const value& key,
                                   const std::function<void(record&)>& mutate,
@@ -76,9 +80,10 @@ versioned_result versioned_update(const database& db, const versioned_table& spe
  * Thread-safety: as the connection's (one thread at a time).
  * @throws dblock::error errc::version_conflict; errc::not_found and errc::invalid_argument as
  *         versioned_update() above; the classified errors of its statements (a broken connection
- *         is errc::connection_lost here: inside a transaction nothing was committed; without
- *         one the update may or may not have been applied). Exceptions of `mutate` propagate
- *         as they are.
+ *         is errc::connection_lost when nothing was written: inside a transaction, or without
+ *         one when the lost UPDATE was read back as not applied; nothing is sent again on the
+ *         caller's connection; errc::in_doubt as versioned_update() above). Exceptions of `mutate`
+ * propagate as they are.
  */
 versioned_result versioned_update(database::connection& conn, const versioned_table& spec,
                                   const value& key, const std::function<void(record&)>& mutate);
@@ -112,7 +117,10 @@ struct cas_update {
  * @throws dblock::error errc::invalid_argument for a bad table or parameter name, an empty `set`
  *         or `where`, or a policy with max_attempts < 1; the last attempt's own code
  *         (attempts() > 0) when the policy is exhausted; errc::in_doubt when the connection
- *         broke (the update may or may not have been applied); the
+ *         broke after the statement was sent (the update may or may not have been applied; the
+ *         caller's `set` and `where` are all dblock knows, so it cannot read the outcome back:
+ *         the server session is ended first and the message says whether a read of the row now
+ *         gives the final outcome); the
  *         classified errors of the statement (errc::unique_violation, errc::backend_error for
  *         bad SQL in `set` or `where`, ...) and the @ref database_errors "database errors".
  */
@@ -122,8 +130,8 @@ std::uint64_t compare_and_set(const database& db, const cas_update& update,
 /// compare_and_set() on the caller's connection (inside its transaction, if open); no retry.
 /// Thread-safety: as the connection's (one thread at a time).
 /// @throws dblock::error as compare_and_set() above, except that nothing is retried and a broken
-///         connection is errc::connection_lost (without an open transaction the update may or
-///         may not have been applied).
+///         connection inside the caller's transaction is errc::connection_lost (rolled back:
+///         nothing was written); without one a lost reply is errc::in_doubt, as above.
 std::uint64_t compare_and_set(database::connection& conn, const cas_update& update);
 
 }  // namespace dblock

@@ -71,7 +71,11 @@ class segmented_stock {
    * @return true when taken; false when less than `k` was left (nothing changed).
    * @throws dblock::error errc::not_found when no stock has this name; errc::invalid_argument
    *         unless k >= 1; errc::in_doubt when the connection broke after a decrement was sent
-   *         (it may or may not have been applied: read total(), do not retry blindly); the
+   *         (it may or may not have been applied, and a segment's amount cannot tell this call's
+   *         take from another's: read total(), do not retry blindly; the server session is ended
+   *         first and the message says whether the read is then final); a connection that broke
+   *         before any write was sent is sent again (three sends; then errc::connection_lost,
+   *         nothing written); the
    *         @ref database_errors "database errors" (deadlocks and serialization failures are
    *         retried under `policy` first).
    */

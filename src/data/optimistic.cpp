@@ -6,8 +6,8 @@
 #include <optional>
 
 #include "core/identifier.hpp"
-#include "storage/values.hpp"
 #include "storage/session.hpp"
+#include "storage/values.hpp"
 #include "storage/write_scope.hpp"
 
 namespace dblock {
@@ -107,9 +107,69 @@ void write_row(detail::session_scope& s, const versioned_table& spec, const valu
                                             " was changed by someone else");
 }
 
-// One read-modify-conditional-write attempt. `write` runs the conditional UPDATE (in a write
-// scope of its own, or as it is inside the caller's transaction); the read and `mutate` come
-// before it, outside any write, so that no lock is held while the caller's code runs.
+// The version of the row with `key`, read on another pooled connection (nothing: no row, or no
+// integer version); the read is sent again when its own connection breaks.
+std::optional<long long> read_version(detail::session_scope& s, const versioned_table& spec,
+                                      const value& key, const std::string& what) {
+  return detail::read_retried(
+      s.db_ptr(), what + " (reading the version back after a lost reply)",
+      [&](detail::session_scope& other) -> std::optional<long long> {
+        const auto& d = other.dia().sql;
+        const detail::fetched_rows f = detail::fetch_rows(
+            other,
+            "SELECT " + d.select_value(spec.version_column) + " FROM " + d.quote(spec.table) +
+                " WHERE " + d.quote(spec.key_column) + " = :k",
+            {{"k", key}});
+        if (f.rows.empty() || !std::holds_alternative<long long>(f.rows.front().at(0)))
+          return std::nullopt;
+        return std::get<long long>(f.rows.front().at(0));
+      });
+}
+
+// The conditional UPDATE's reply was lost. The server session that ran it is ended first
+// (nothing it ran can land later); then the row's version decides: still `old_version`, the
+// UPDATE did not take effect (every versioned write moves the version on, never back), and
+// this returns. Any other version may be this call's write or another writer's, which nothing
+// in the row tells apart: in_doubt.
+void decide_lost_update(detail::session_scope& s, const detail::session_ref& server,
+                        const versioned_table& spec, const value& key, long long old_version,
+                        const std::string& what, const error& cause) {
+  if (!detail::end_broken_session(s.db_ptr(), server))
+    throw error(errc::in_doubt,
+                what + ": the connection broke after the UPDATE was sent and " +
+                    detail::session_not_ended(s.db()) +
+                    ", so it may still take effect (read the row back later; do not retry "
+                    "blindly): " +
+                    cause.what(),
+                cause.backend(), cause.sqlstate(), cause.native_code());
+  std::optional<long long> now;
+  try {
+    now = read_version(s, spec, key, what);
+  } catch (const error& e) {
+    throw error(errc::in_doubt,
+                what + ": the connection broke after the UPDATE was sent, and its row could not "
+                       "be read back (" +
+                    e.what() + "); the server session has been ended, so a read later gives the "
+                               "final outcome (do not retry blindly): " +
+                    cause.what(),
+                cause.backend(), cause.sqlstate(), cause.native_code());
+  }
+  if (now && *now == old_version) return;  // not applied: connection_lost, nothing written
+  throw error(errc::in_doubt,
+              what + ": the connection broke after the UPDATE was sent; the row now " +
+                  (now ? "holds version " + std::to_string(*now) : std::string("is gone")) +
+                  " (this update would have made it " + std::to_string(old_version + 1) +
+                  "), which this call's write and another writer's cannot be told apart by; the "
+                  "server session has been ended, so reading the row now gives the final "
+                  "outcome (do not retry blindly): " +
+                  cause.what(),
+              cause.backend(), cause.sqlstate(), cause.native_code());
+}
+
+// One read-modify-conditional-write attempt. `write(update, old_version)` runs the conditional
+// UPDATE (in a write scope of its own, or as it is inside the caller's transaction); the read
+// and `mutate` come before it, outside any write, so that no lock is held while the caller's
+// code runs.
 template <class W>
 versioned_result attempt(detail::session_scope& s, const versioned_table& spec, const value& key,
                          const std::function<void(record&)>& mutate, W&& write) {
@@ -117,7 +177,7 @@ versioned_result attempt(detail::session_scope& s, const versioned_table& spec, 
   const long long old_version = read_row(s, spec, key, values);
   mutate(values);
   check_mutation(spec, values);
-  write([&] { write_row(s, spec, key, values, old_version); });
+  write([&] { write_row(s, spec, key, values, old_version); }, old_version);
   versioned_result r;
   r.version = old_version + 1;
   r.values = std::move(values);
@@ -150,15 +210,23 @@ versioned_result versioned_update(const database& db, const versioned_table& spe
   // database-wide write lock is the UPDATE's own BEGIN IMMEDIATE, whose fresh snapshot makes a
   // row changed since the read a version conflict (never a stale-snapshot BUSY), as the affected
   // rows do on the servers.
+  // A lost reply of the UPDATE is decided by the version read back (decide_lost_update): not
+  // applied, it is connection_lost, and like a broken read (nothing written) it is sent again.
   auto one_attempt = [&](detail::session_scope& s) {
-    return attempt(s, spec, key, mutate, [&](auto&& update) {
-      detail::write_scope w(s, detail::write_kind::statement, what);
-      update();
-      w.commit();
+    return attempt(s, spec, key, mutate, [&](auto&& update, long long old_version) {
+      detail::statement_write(
+          s, what,
+          [&] {
+            update();
+            return true;
+          },
+          [&](const detail::session_ref& server, const error& e) {
+            decide_lost_update(s, server, spec, key, old_version, what, e);
+          });
     });
   };
   retry_stats stats;
-  auto r = detail::unknown_outcome_is_in_doubt(what, [&] {
+  auto r = detail::resend_unwritten([&] {
     return retry(
         policy, [&] { return detail::with_session(impl, what, one_attempt); }, &stats);
   });
@@ -170,35 +238,39 @@ versioned_result versioned_update(database::connection& conn, const versioned_ta
                                   const value& key, const std::function<void(record&)>& mutate) {
   validate(spec);
   auto& s = detail::access::scope(conn);
-  // Outside a transaction the statement commits by itself: a lost reply is then in_doubt.
-  // Inside one, a lost connection rolls it back, so nothing was written (connection_lost).
+  const std::string what = "versioned update of " + spec.table;
+  // Inside the caller's transaction a lost connection rolls it back: nothing was written
+  // (connection_lost). Outside one the UPDATE commits by itself, and a lost reply is decided by
+  // the version read back, as in the form above (but not sent again on the caller's connection).
   const bool autocommit = !s.dia().conn.in_transaction(s.sql());
-  auto run = [&] {
-    try {
-      // The caller's transaction (if open) is the caller's choice of locks; without one the
-      // read and the UPDATE each commit by themselves, as above.
-      return attempt(s, spec, key, mutate, [](auto&& update) { update(); });
-    } catch (const soci::soci_error&) {
-      throw s.failure("versioned update of " + spec.table);
-    }
-  };
-  return autocommit ? detail::unknown_outcome_is_in_doubt("versioned update of " + spec.table, run)
-                    : run();
+  try {
+    return attempt(s, spec, key, mutate, [&](auto&& update, long long old_version) {
+      if (!autocommit) return update();
+      detail::statement_write(
+          s, what,
+          [&] {
+            update();
+            return true;
+          },
+          [&](const detail::session_ref& server, const error& e) {
+            decide_lost_update(s, server, spec, key, old_version, what, e);
+          });
+    });
+  } catch (const soci::soci_error&) {
+    throw s.failure(what);
+  }
 }
 
 std::uint64_t compare_and_set(const database& db, const cas_update& update,
                               const retry_policy& policy) {
   validate(update);
   const auto& impl = detail::access::impl(db);
-  return detail::unknown_outcome_is_in_doubt("compare_and_set on " + update.table, [&] {
-    return retry(policy, [&] {
-      return detail::with_session(impl, "compare_and_set on " + update.table,
-                                  [&](detail::session_scope& s) {
-                                    detail::write_scope w(s, detail::write_kind::statement);
-                                    const std::uint64_t rows = run_cas(s, update);
-                                    w.commit();
-                                    return rows;
-                                  });
+  const std::string what = "compare_and_set on " + update.table;
+  // The caller's SET and WHERE are all there is: a lost reply cannot be decided by reading the
+  // row, and is in_doubt (detail::undecided_write).
+  return retry(policy, [&] {
+    return detail::with_session(impl, what, [&](detail::session_scope& s) {
+      return detail::statement_write(s, what, [&] { return run_cas(s, update); });
     });
   });
 }
@@ -206,18 +278,15 @@ std::uint64_t compare_and_set(const database& db, const cas_update& update,
 std::uint64_t compare_and_set(database::connection& conn, const cas_update& update) {
   validate(update);
   auto& s = detail::access::scope(conn);
+  const std::string what = "compare_and_set on " + update.table;
   // Outside a transaction the statement commits by itself: a lost reply is then in_doubt.
   // Inside one, a lost connection rolls it back, so nothing was written (connection_lost).
-  const bool autocommit = !s.dia().conn.in_transaction(s.sql());
-  auto run = [&] {
-    try {
-      return run_cas(s, update);
-    } catch (const soci::soci_error&) {
-      throw s.failure("compare_and_set on " + update.table);
-    }
-  };
-  return autocommit ? detail::unknown_outcome_is_in_doubt("compare_and_set on " + update.table, run)
-                    : run();
+  try {
+    if (s.dia().conn.in_transaction(s.sql())) return run_cas(s, update);
+    return detail::statement_write(s, what, [&] { return run_cas(s, update); });
+  } catch (const soci::soci_error&) {
+    throw s.failure(what);
+  }
 }
 
 }  // namespace dblock

@@ -44,14 +44,12 @@ int segment_count(session_scope& s, const std::string& name, std::atomic<int>& c
 }
 
 // Each probe is a write of its own: a write scope per statement (SQLite: BEGIN IMMEDIATE), or
-// nothing inside the caller's transaction.
+// nothing inside the caller's transaction. A lost reply of a probe is in_doubt: a segment's
+// amount cannot tell this call's take or put from another's (detail::undecided_write).
 template <class F>
 auto write(session_scope& s, bool in_transaction, const std::string& what, F&& f) {
   if (in_transaction) return f();
-  write_scope w(s, write_kind::statement, what);
-  auto out = f();
-  w.commit();
-  return out;
+  return detail::statement_write(s, what, std::forward<F>(f));
 }
 
 // Every segment locked; k taken from the whole and the rest spread evenly. False when the
@@ -162,20 +160,17 @@ void put_on(session_scope& s, bool in_transaction, const std::string& name, std:
   throw no_such_stock(name);
 }
 
-// Runs f(session, in_transaction) on the caller's connection, classifying SOCI's errors and
-// reporting a lost connection outside a transaction as in_doubt (a write may have committed).
+// Runs f(session, in_transaction) on the caller's connection, classifying SOCI's errors (a
+// lost reply of a write outside a transaction is in_doubt where it is sent, see write()).
 template <class F>
 auto on_connection(database::connection& conn, const std::string& what, F&& f) {
   auto& s = detail::access::scope(conn);
   const bool in_tx = s.dia().conn.in_transaction(s.sql());
-  auto run = [&] {
-    try {
-      return f(s, in_tx);
-    } catch (const soci::soci_error&) {
-      throw s.failure(what);
-    }
-  };
-  return in_tx ? run() : detail::unknown_outcome_is_in_doubt(what, run);
+  try {
+    return f(s, in_tx);
+  } catch (const soci::soci_error&) {
+    throw s.failure(what);
+  }
 }
 
 }  // namespace
@@ -205,7 +200,8 @@ void segmented_stock::create(std::int64_t total, int segments) const {
 bool segmented_stock::take(std::int64_t k, const retry_policy& policy) const {
   check_amount(k, "segmented_stock::take");
   const std::string what = "take from stock '" + name_ + "'";
-  return detail::unknown_outcome_is_in_doubt(what, [&] {
+  // connection_lost: nothing was written (a lost reply of a write is in_doubt): sent again.
+  return detail::resend_unwritten([&] {
     return retry(policy, [&] {
       return detail::with_session(detail::access::impl(db_), what, [&](session_scope& s) {
         return take_on(s, false, name_, k, *segments_);
@@ -224,7 +220,8 @@ bool segmented_stock::take(database::connection& conn, std::int64_t k) const {
 void segmented_stock::put(std::int64_t k, const retry_policy& policy) const {
   check_amount(k, "segmented_stock::put");
   const std::string what = "put into stock '" + name_ + "'";
-  detail::unknown_outcome_is_in_doubt(what, [&] {
+  // connection_lost: nothing was written (a lost reply of a write is in_doubt): sent again.
+  detail::resend_unwritten([&] {
     retry(policy, [&] {
       detail::with_session(detail::access::impl(db_), what,
                            [&](session_scope& s) { put_on(s, false, name_, k, *segments_); });

@@ -306,6 +306,17 @@ std::string in_doubt_finality(const std::shared_ptr<database_impl>& db, const se
          "later";
 }
 
+error undecided_write(session_scope& s, const session_ref& server, const std::string& what,
+                      const error& cause) {
+  return error(errc::in_doubt,
+               what +
+                   ": the connection broke after the write was sent; it may or may not have been "
+                   "applied, and the data cannot tell this call's change from another writer's "
+                   "(read back to find out; do not retry blindly)" +
+                   in_doubt_finality(s.db_ptr(), server) + ": " + cause.what(),
+               cause.backend(), cause.sqlstate(), cause.native_code());
+}
+
 // ---- write_scope ------------------------------------------------------------------------------
 write_scope::write_scope(session_scope& s, write_kind kind, std::string what,
                          std::optional<std::chrono::milliseconds> lock_timeout)

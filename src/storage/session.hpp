@@ -196,23 +196,6 @@ std::string in_doubt_finality(const std::shared_ptr<database_impl>& db, const se
 /// not be confirmed ended", or that a transaction-mode pooler hides it).
 std::string session_not_ended(const database_impl& db);
 
-/// Runs f() and reports a lost connection as errc::in_doubt: for a write sent in autocommit
-/// mode, a broken connection leaves the outcome unknown, and retrying could apply it twice.
-template <class F>
-auto unknown_outcome_is_in_doubt(const std::string& what, F&& f) {
-  try {
-    return f();
-  } catch (const error& e) {
-    if (e.code() != errc::connection_lost) throw;
-    throw error(errc::in_doubt,
-                what +
-                    ": the connection broke; the write may or may not have been applied "
-                    "(read the row to find out, do not retry blindly): " +
-                    e.what(),
-                e.backend(), e.sqlstate(), e.native_code());
-  }
-}
-
 /// The gate through which dblock's components reach the internals of the public handles.
 struct access {
   static const std::shared_ptr<database_impl>& impl(const database& db) noexcept {

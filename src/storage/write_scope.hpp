@@ -79,6 +79,66 @@ const retry_policy& grant_conflict_policy();
 ///   queue): up to 3 tries, backoff up to 8 ms, well within the lease's bound.
 const retry_policy& bookkeeping_conflict_policy();
 
+/// For an autocommit write whose reply was lost (the connection broke after it was sent), when
+/// the data cannot tell this call's change from another writer's (a compare-and-set, a stock
+/// take or put): errc::in_doubt, saying whether the outcome is final by now (the server session
+/// `server` that ran it is ended first, in_doubt_finality()).
+error undecided_write(session_scope& s, const session_ref& server, const std::string& what,
+                      const error& cause);
+
+/// Runs f(), one autocommit write on `s` in a write scope of write_kind::statement, and returns
+/// what f returns. When the connection breaks before the reply, `on_lost(server, cause)` decides
+/// the outcome: it throws (errc::in_doubt), or returns when the write certainly did not take
+/// effect, and errc::connection_lost ("nothing was written") is thrown. Any other failure passes.
+template <class F, class L>
+auto statement_write(session_scope& s, const std::string& what, F&& f, L&& on_lost) {
+  const session_ref server = s.server();
+  std::optional<error> lost;
+  try {
+    write_scope w(s, write_kind::statement, what);
+    auto out = f();
+    w.commit();
+    return out;
+  } catch (const error& e) {
+    if (e.code() != errc::connection_lost) throw;
+    lost = e;
+  } catch (const soci::soci_error&) {
+    error e = s.failure(what);
+    if (e.code() != errc::connection_lost) throw e;
+    lost = e;
+  }
+  on_lost(server, *lost);
+  throw error(errc::connection_lost,
+              what +
+                  ": the connection broke, and the write was found not to have taken effect "
+                  "(nothing was written): " +
+                  lost->what(),
+              lost->backend(), lost->sqlstate(), lost->native_code());
+}
+
+/// statement_write() for a write whose outcome the data cannot decide (undecided_write()).
+template <class F>
+auto statement_write(session_scope& s, const std::string& what, F&& f) {
+  return statement_write(s, what, std::forward<F>(f),
+                         [&](const session_ref& server, const error& e) {
+                           throw undecided_write(s, server, what, e);
+                         });
+}
+
+/// Runs f() and sends it again when it fails with errc::connection_lost, which the writes of
+/// dblock's data features report only when nothing was written (a lost reply of a write is
+/// resolved or reported in_doubt where it happens): three sends in all.
+template <class F>
+auto resend_unwritten(F&& f) {
+  for (int send = 0;; ++send) {
+    try {
+      return f();
+    } catch (const error& e) {
+      if (e.code() != errc::connection_lost || send >= 2) throw;
+    }
+  }
+}
+
 /// Runs body(session_scope&) in a write transaction on a pooled connection and commits.
 template <class F>
 auto write_transaction(const std::shared_ptr<database_impl>& db, const std::string& what,
