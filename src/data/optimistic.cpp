@@ -147,10 +147,12 @@ void decide_lost_update(detail::session_scope& s, const detail::session_ref& ser
     now = read_version(s, spec, key, what);
   } catch (const error& e) {
     throw error(errc::in_doubt,
-                what + ": the connection broke after the UPDATE was sent, and its row could not "
-                       "be read back (" +
-                    e.what() + "); the server session has been ended, so a read later gives the "
-                               "final outcome (do not retry blindly): " +
+                what +
+                    ": the connection broke after the UPDATE was sent, and its row could not "
+                    "be read back (" +
+                    e.what() +
+                    "); the server session has been ended, so a read later gives the "
+                    "final outcome (do not retry blindly): " +
                     cause.what(),
                 cause.backend(), cause.sqlstate(), cause.native_code());
   }
