@@ -168,6 +168,22 @@ void decide_lost_update(detail::session_scope& s, const detail::session_ref& ser
               cause.backend(), cause.sqlstate(), cause.native_code());
 }
 
+// The conditional UPDATE `update` as one autocommit write, a lost reply decided by the version
+// read back (decide_lost_update).
+template <class U>
+void write_decided(detail::session_scope& s, const versioned_table& spec, const value& key,
+                   long long old_version, const std::string& what, U&& update) {
+  detail::statement_write(
+      s, what,
+      [&] {
+        update();
+        return true;
+      },
+      [&](const detail::session_ref& server, const error& e) {
+        decide_lost_update(s, server, spec, key, old_version, what, e);
+      });
+}
+
 // One read-modify-conditional-write attempt. `write(update, old_version)` runs the conditional
 // UPDATE (in a write scope of its own, or as it is inside the caller's transaction); the read
 // and `mutate` come before it, outside any write, so that no lock is held while the caller's
@@ -216,15 +232,7 @@ versioned_result versioned_update(const database& db, const versioned_table& spe
   // applied, it is connection_lost, and like a broken read (nothing written) it is sent again.
   auto one_attempt = [&](detail::session_scope& s) {
     return attempt(s, spec, key, mutate, [&](auto&& update, long long old_version) {
-      detail::statement_write(
-          s, what,
-          [&] {
-            update();
-            return true;
-          },
-          [&](const detail::session_ref& server, const error& e) {
-            decide_lost_update(s, server, spec, key, old_version, what, e);
-          });
+      write_decided(s, spec, key, old_version, what, update);
     });
   };
   retry_stats stats;
@@ -248,15 +256,7 @@ versioned_result versioned_update(database::connection& conn, const versioned_ta
   try {
     return attempt(s, spec, key, mutate, [&](auto&& update, long long old_version) {
       if (!autocommit) return update();
-      detail::statement_write(
-          s, what,
-          [&] {
-            update();
-            return true;
-          },
-          [&](const detail::session_ref& server, const error& e) {
-            decide_lost_update(s, server, spec, key, old_version, what, e);
-          });
+      write_decided(s, spec, key, old_version, what, update);
     });
   } catch (const soci::soci_error&) {
     throw s.failure(what);

@@ -56,6 +56,19 @@ std::pair<long long, long long> read_acct(const database& db, const std::string&
   return {balance, version};
 }
 
+// The account table, and a handle that reaches the server through a proxy.
+struct accounts_via_proxy {
+  tcp_proxy proxy;
+  table_cleanup cleanup;
+  std::string table;
+  database via;
+  explicit accounts_via_proxy(const context& ctx)
+      : proxy(url_host_port(ctx.url).first, url_host_port(ctx.url).second),
+        cleanup{ctx, {}},
+        table(create_acct(ctx, cleanup)),
+        via(open_db(url_via(ctx.url, proxy.port()), ctx.prefix, 2)) {}
+};
+
 // What a call threw, with its message.
 struct outcome {
   std::optional<errc> code;
@@ -85,13 +98,12 @@ outcome run(F&& f) {
 // applied exactly once. (Before this was decided, the call said in_doubt.)
 DBLOCK_TEST_SERVERS("a versioned update whose UPDATE never reached the server is sent again",
                     "[faults][lost-reply]") {
-  tcp_proxy proxy(url_host_port(ctx.url).first, url_host_port(ctx.url).second);
-  table_cleanup cleanup{ctx, {}};
-  const std::string t = create_acct(ctx, cleanup);
-  auto via = open_db(url_via(ctx.url, proxy.port()), ctx.prefix, 2);
+  accounts_via_proxy a(ctx);
+  tcp_proxy& proxy = a.proxy;
+  const std::string& t = a.table;
   proxy.cut_request_to(amount_text, false);
   std::optional<versioned_result> r;
-  const outcome o = run([&] { r = versioned_update(via, acct_spec(t), 1LL, add_amount); });
+  const outcome o = run([&] { r = versioned_update(a.via, acct_spec(t), 1LL, add_amount); });
   const long long cuts = proxy.cuts();
   proxy.cut_request_to("", false);
   INFO("versioned_update: " << said(o));
@@ -107,12 +119,11 @@ DBLOCK_TEST_SERVERS("a versioned update whose UPDATE never reached the server is
 // ended), and the update was applied exactly once, never sent again.
 DBLOCK_TEST_SERVERS("a versioned update whose reply is lost is in_doubt and never sent again",
                     "[faults][lost-reply]") {
-  tcp_proxy proxy(url_host_port(ctx.url).first, url_host_port(ctx.url).second);
-  table_cleanup cleanup{ctx, {}};
-  const std::string t = create_acct(ctx, cleanup);
-  auto via = open_db(url_via(ctx.url, proxy.port()), ctx.prefix, 2);
+  accounts_via_proxy a(ctx);
+  tcp_proxy& proxy = a.proxy;
+  const std::string& t = a.table;
   proxy.cut_reply_to(amount_text);
-  const outcome o = run([&] { versioned_update(via, acct_spec(t), 1LL, add_amount); });
+  const outcome o = run([&] { versioned_update(a.via, acct_spec(t), 1LL, add_amount); });
   const long long cuts = proxy.cuts();
   proxy.cut_reply_to("");
   INFO("versioned_update: " << said(o));
@@ -129,11 +140,10 @@ DBLOCK_TEST_SERVERS(
     "a versioned update on the caller's connection whose UPDATE was lost is "
     "connection_lost with nothing written",
     "[faults][lost-reply]") {
-  tcp_proxy proxy(url_host_port(ctx.url).first, url_host_port(ctx.url).second);
-  table_cleanup cleanup{ctx, {}};
-  const std::string t = create_acct(ctx, cleanup);
-  auto via = open_db(url_via(ctx.url, proxy.port()), ctx.prefix, 2);
-  auto conn = via.connect();
+  accounts_via_proxy a(ctx);
+  tcp_proxy& proxy = a.proxy;
+  const std::string& t = a.table;
+  auto conn = a.via.connect();
   proxy.cut_request_to(amount_text, false);
   const outcome o = run([&] { versioned_update(conn, acct_spec(t), 1LL, add_amount); });
   const long long cuts = proxy.cuts();
@@ -150,10 +160,9 @@ DBLOCK_TEST_SERVERS(
 // server did: nothing when the request was dropped, one decrement when the reply was.
 DBLOCK_TEST_SERVERS("a compare-and-set whose request or reply is lost is in_doubt, finally",
                     "[faults][lost-reply]") {
-  tcp_proxy proxy(url_host_port(ctx.url).first, url_host_port(ctx.url).second);
-  table_cleanup cleanup{ctx, {}};
-  const std::string t = create_acct(ctx, cleanup);
-  auto via = open_db(url_via(ctx.url, proxy.port()), ctx.prefix, 2);
+  accounts_via_proxy a(ctx);
+  tcp_proxy& proxy = a.proxy;
+  const std::string& t = a.table;
   const cas_update add{
       t, "balance = balance + :amount", "id = :id", {{"amount", amount}, {"id", 1LL}}};
   for (const bool reply : {false, true}) {
@@ -162,7 +171,7 @@ DBLOCK_TEST_SERVERS("a compare-and-set whose request or reply is lost is in_doub
     else
       proxy.cut_request_to(amount_text, false);
     const long long before = proxy.cuts();
-    const outcome o = run([&] { compare_and_set(via, add); });
+    const outcome o = run([&] { compare_and_set(a.via, add); });
     const long long cuts = proxy.cuts() - before;
     proxy.cut_reply_to("");
     proxy.cut_request_to("", false);
