@@ -228,12 +228,13 @@ EOF
         "127.0.0.1:$(pp_port "$TOPO_DIR" 2) ready in $(elapsed "$t0"), directory $TOPO_DIR"
 }
 
-pp_kill_primary() {
-    local dir=$1 n t0
+# pp_stop_role DIR primary|standby: pg_ctl -m immediate stop of the node in that role now.
+pp_stop_role() {
+    local dir=$1 role=$2 n t0
     t0=$(now_ms)
-    n=$(pp_find "$dir" primary) || die "no running primary in $dir"
+    n=$(pp_find "$dir" "$role") || die "no running $role in $dir"
     pp_stop_server "$dir" "$n" immediate
-    msg "primary pg$n (127.0.0.1:$(pp_port "$dir" "$n")) stopped with -m immediate ($(elapsed "$t0"))"
+    msg "$role pg$n (127.0.0.1:$(pp_port "$dir" "$n")) stopped with -m immediate ($(elapsed "$t0"))"
 }
 
 pp_promote() { # promote the standby and wait until it accepts writes
@@ -248,14 +249,6 @@ pp_promote() { # promote the standby and wait until it accepts writes
         sleep 0.05
     done
     msg "pg$n (127.0.0.1:$(pp_port "$dir" "$n")) promoted, accepts writes ($(elapsed "$t0"))"
-}
-
-pp_stop_standby() {
-    local dir=$1 n t0
-    t0=$(now_ms)
-    n=$(pp_find "$dir" standby) || die "no running standby in $dir"
-    pp_stop_server "$dir" "$n" immediate
-    msg "standby pg$n (127.0.0.1:$(pp_port "$dir" "$n")) stopped with -m immediate ($(elapsed "$t0"))"
 }
 
 # What Patroni or repmgr do when the synchronous standby is gone: the primary stops waiting for
@@ -291,13 +284,13 @@ cmd_pgpair_node() {
             t0=$(now_ms)
             # Check first: a failover without a standby would only kill the primary.
             pp_find "$dir" standby >/dev/null || die "no running standby in $dir to fail over to"
-            pp_kill_primary "$dir"
+            pp_stop_role "$dir" primary
             pp_promote "$dir"
             msg "failover done in $(elapsed "$t0")"
             ;;
-        kill-primary) pp_kill_primary "$dir" ;;
+        kill-primary) pp_stop_role "$dir" primary ;;
         promote) pp_promote "$dir" ;;
-        stop-standby) pp_stop_standby "$dir" ;;
+        stop-standby) pp_stop_role "$dir" standby ;;
         desync) pp_desync "$dir" ;;
         status) pp_status "$dir" ;;
         *) usage ;;
