@@ -58,7 +58,7 @@
 set -euo pipefail
 
 SCRIPT=$(readlink -f "${BASH_SOURCE[0]}")
-# shellcheck source=topology/common.sh
+# shellcheck source=scripts/topology/common.sh
 . "$(dirname "$SCRIPT")/topology/common.sh"
 
 main() {

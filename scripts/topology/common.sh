@@ -4,6 +4,7 @@
 # pgpair.sh or pgbouncer.sh. Messages, the DIR marker, free ports, the process waits, the
 # exports and "stop DIR" for any topology are here; nothing here starts a server.
 
+# shellcheck disable=SC2034 # the settings below are used by the topology files
 TOPOLOGY_LIB=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
 PG_BIN=${DBLOCK_TEST_PG_BIN:-/usr/lib/postgresql/15/bin}
 
@@ -130,8 +131,8 @@ port_in_use() {
 
 # pick_port [EXCLUDED_PORT...]: a random free TCP port in PORT_MIN..PORT_MAX.
 pick_port() {
-    local port attempt excluded
-    for attempt in $(seq 1 200); do
+    local port excluded
+    for _ in $(seq 1 200); do
         port=$((PORT_MIN + (RANDOM * 32768 + RANDOM) % (PORT_MAX - PORT_MIN + 1)))
         for excluded in "$@"; do
             [ "$port" != "$excluded" ] || continue 2
