@@ -827,9 +827,9 @@ DBLOCK_TEST_ONLY("postgresql",
 }
 
 // TD2 on Galera: the same workload with a TTL of 10 s (above the cluster's failure detection,
-// evs.suspect_timeout 3 s + the view change, scripts/topologies.sh) while node 2 is killed with
-// SIGKILL; the processes start on different nodes. The waits ride out the lost node; no holder's
-// lease is lost; node 2 rejoins at the end.
+// evs.suspect_timeout 3 s + the view change, scripts/topology/galera.sh) while node 2 is killed
+// with SIGKILL; the processes start on different nodes. The waits ride out the lost node; no
+// holder's lease is lost; node 2 rejoins at the end.
 DBLOCK_TEST_ONLY("mysql",
                  "galera: dblock exec --wait from 4 processes rides out a node killed with "
                  "SIGKILL; no lease lost with a TTL above the detection window",
@@ -877,7 +877,7 @@ DBLOCK_TEST_ONLY("mysql",
 }
 
 // TD2's rule made visible: a Galera node says how long the cluster takes to drop a lost node
-// (evs.suspect_timeout, 3 s in scripts/topologies.sh, + 1 s for the view change), and a lease
+// (evs.suspect_timeout, 3 s in scripts/topology/galera.sh, + 1 s for the view change), and a lease
 // whose TTL cannot be renewed through another node within it is warned about: by the listener
 // once per TTL, and by `dblock exec` on stderr. A TTL above it (the 10 s of the test above) is not.
 DBLOCK_TEST_ONLY("mysql",
