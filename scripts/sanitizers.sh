@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sanitizer runs against throwaway servers, each in its own build directory:
 #   asan: the whole suite (unit, all three backends, faults) built with
-#         AddressSanitizer + UndefinedBehaviorSanitizer (-DDBLOCK_ASAN=ON -DDBLOCK_UBSAN=ON);
+#         AddressSanitizer + UndefinedBehaviorSanitizer (-DDBLOCK_ASAN=ON -DDBLOCK_UBSAN=ON),
+#         but for the multi-process tests of the backend entries (tests/CMakeLists.txt: their
+#         workers run the library code the threaded tests run; the CLI's tests stay);
 #         the example programs and dblock-bench (-DDBLOCK_BENCH=OFF) and their tests are left
 #         out: they are clients of the library the suite already runs under ASan (the watchdog
 #         tests renew a thousand leases in batches from two threads, as the bench's watchdog row
