@@ -32,7 +32,7 @@ extern char** environ;
 
 using dblock::errc;
 using dblock::lease_lock;
-using dblock::test::code_of;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {
@@ -62,12 +62,7 @@ std::ostream& operator<<(std::ostream& os, const cli_result& r) {
 cli_result run_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
                    milliseconds timeout = std::chrono::seconds(60),
                    const std::string& program = DBLOCK_CLI_PATH) {
-  std::vector<std::string> argv_s = {program};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
+  exec_argv argv({program}, args);
   // The environment is built before fork(): the child only calls async-signal-safe functions.
   std::vector<std::string> env_s = env;
   std::vector<char*> envp;

@@ -47,12 +47,7 @@ struct cli_result {
 class cli_process {
  public:
   explicit cli_process(const std::vector<std::string>& args) {
-    std::vector<std::string> argv_s = {DBLOCK_CLI_PATH};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_s)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
+    dblock::test::exec_argv argv({DBLOCK_CLI_PATH}, args);
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     start_ = steady::now();

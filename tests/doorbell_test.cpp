@@ -19,7 +19,7 @@
 #include "harness.hpp"
 #include "waiting_support.hpp"
 
-using dblock::test::wait_for_waiters;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {

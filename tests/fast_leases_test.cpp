@@ -17,7 +17,7 @@
 using dblock::errc;
 using dblock::lease_durability;
 using dblock::lease_lock;
-using dblock::test::code_of;
+using namespace dblock::test;
 
 namespace {
 

@@ -25,14 +25,10 @@
 #include "harness.hpp"
 #include "waiting_support.hpp"
 
-using dblock::test::count_waiters;
-using dblock::test::monotonic_ns;
-using dblock::test::wait_for_waiters;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
 
 struct lock_row {
   std::string owner, thread;

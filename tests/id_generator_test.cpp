@@ -31,10 +31,7 @@
 using dblock::errc;
 using dblock::id_generator;
 using dblock::id_generator_options;
-using dblock::test::code_of;
-using dblock::test::full_run;
-using dblock::test::process_set;
-using dblock::test::temp_dir;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {

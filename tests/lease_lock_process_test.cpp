@@ -34,20 +34,11 @@
 #include "internals.hpp"
 
 using dblock::errc;
-using dblock::test::full_run;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using dblock::test::read_file;
-using dblock::test::sleep_until_monotonic;
-using dblock::test::temp_dir;
-using dblock::test::wait_for_file;
-using dblock::test::write_file_atomic;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {
 
-constexpr long long ns_per_ms = 1000000LL;
 constexpr long long ns_per_s = 1000000000LL;
 constexpr const char* faketime_lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 

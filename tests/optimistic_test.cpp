@@ -24,15 +24,10 @@
 
 using dblock::errc;
 using dblock::retry_policy;
-using dblock::test::code_of;
-using dblock::test::process_set;
-using dblock::test::sleep_until_monotonic;
-using dblock::test::table_cleanup;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000;
 
 // <prefix><stem> (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL, version INTEGER NOT NULL)
 // with the row (1, 0, 0).

@@ -13,7 +13,7 @@
 #include "internals.hpp"
 
 using dblock::errc;
-using dblock::test::full_run;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {

@@ -13,7 +13,7 @@
 
 using dblock::errc;
 using dblock::retry_policy;
-using dblock::test::table_cleanup;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {

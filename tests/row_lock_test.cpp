@@ -33,27 +33,16 @@
 #include "harness.hpp"
 #include "rows.hpp"
 
-using dblock::test::row_int;
+using namespace dblock::test;
 
 using dblock::errc;
 using dblock::lock_wait;
 using dblock::row_selector;
 using dblock::transaction;
 using dblock::transaction_options;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using dblock::test::read_file;
-using dblock::test::sleep_until_monotonic;
-using dblock::test::table_cleanup;
-using dblock::test::temp_dir;
-using dblock::test::wait_for_file;
-using dblock::test::write_file_atomic;
 using std::chrono::milliseconds;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
 
 double ms_since(long long t0_ns) {
   return static_cast<double>(monotonic_ns() - t0_ns) / 1e6;

@@ -25,25 +25,10 @@
 using dblock::errc;
 using dblock::lease_guard;
 using dblock::semaphore;
-using dblock::test::code_of;
-using dblock::test::full_run;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using dblock::test::read_file;
-using dblock::test::sleep_until_monotonic;
-using dblock::test::temp_dir;
-using dblock::test::wait_for_file;
-using dblock::test::write_file_atomic;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
-
-std::string sem_name(const std::string& stem) {
-  return stem + "/" + dblock::test::random_suffix();
-}
 
 int declared_permits(const dblock::test::context& ctx, const std::string& name) {
   auto c = ctx.db.connect();
@@ -227,7 +212,7 @@ DBLOCK_WORKER(semaphore_worker) {
 }
 
 DBLOCK_TEST("semaphore: N permits and no more; a released permit is taken again", "[semaphore]") {
-  const std::string name = sem_name("pool");
+  const std::string name = unique_name("pool");
   semaphore a(ctx.db, name, 3), b(ctx.db, name, 3);
   std::vector<lease_guard> held;
   std::set<int> slots;
@@ -260,7 +245,7 @@ DBLOCK_TEST("semaphore: N permits and no more; a released permit is taken again"
 }
 
 DBLOCK_TEST("semaphore: another permit count is refused, never a silent resize", "[semaphore]") {
-  const std::string name = sem_name("declared");
+  const std::string name = unique_name("declared");
   semaphore three(ctx.db, name, 3);
   auto g = three.try_acquire();
   REQUIRE(g);
@@ -312,7 +297,7 @@ DBLOCK_TEST("semaphore: bad names, counts and options are refused clearly", "[se
 
 DBLOCK_TEST("semaphore: acquire waits for a released permit, times out, is cancelled",
             "[semaphore]") {
-  const std::string name = sem_name("wait");
+  const std::string name = unique_name("wait");
   semaphore holder(ctx.db, name, 2);
   auto g1 = holder.try_acquire();
   auto g2 = holder.try_acquire();
@@ -323,18 +308,12 @@ DBLOCK_TEST("semaphore: acquire waits for a released permit, times out, is cance
   CHECK(code_of([&] { (void)waiter.acquire(milliseconds(300)); }) == errc::timeout);
   CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
   dblock::cancellation cancel;
-  std::thread canceller([&] {
-    std::this_thread::sleep_for(milliseconds(200));
-    cancel.cancel();
-  });
+  std::thread canceller = run_after(milliseconds(200), [&] { cancel.cancel(); });
   CHECK(code_of([&] { (void)waiter.acquire(std::chrono::seconds(20), cancel); }) ==
         errc::cancelled);
   canceller.join();
   const long long t1 = monotonic_ns();  // before the releaser starts its 200 ms
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(milliseconds(200));
-    g2->release();
-  });
+  std::thread releaser = run_after(milliseconds(200), [&] { g2->release(); });
   auto g3 = waiter.acquire(std::chrono::seconds(20));
   const long long waited_ms = (monotonic_ns() - t1) / ns_per_ms;
   releaser.join();
@@ -345,7 +324,7 @@ DBLOCK_TEST("semaphore: acquire waits for a released permit, times out, is cance
 
 DBLOCK_TEST("semaphore: a permit never released comes back when its lease expires, not before",
             "[semaphore]") {
-  const std::string name = sem_name("expiry");
+  const std::string name = unique_name("expiry");
   dblock::lease_options lo;
   lo.ttl = milliseconds(600);
   semaphore holder(ctx.db, name, 1, lo);
@@ -364,7 +343,7 @@ DBLOCK_TEST("semaphore: a permit never released comes back when its lease expire
 
 DBLOCK_TEST("semaphore: the watchdog keeps a permit past its ttl; fenced writes need it",
             "[semaphore]") {
-  const std::string name = sem_name("watchdog");
+  const std::string name = unique_name("watchdog");
   ctx.exec("CREATE TABLE " + ctx.table("items") + " (id INT PRIMARY KEY)");
   dblock::lease_options lo;
   lo.ttl = milliseconds(1000);  // renewed every 333 ms: a loaded CI machine keeps up
@@ -403,7 +382,7 @@ DBLOCK_TEST("semaphore: processes on 3 permits: never more than 3 holders, reall
             "[semaphore][process]") {
   const int procs = full_run() ? 16 : 8;
   const int iterations = full_run() ? 60 : 20;
-  const std::string name = sem_name("procs");
+  const std::string name = unique_name("procs");
   // The first three holders wait for each other while holding: 3 at once, if 3 can hold.
   const auto r = run_workers(ctx, name, 3, procs, iterations, 5, 3);
   REQUIRE(r.sections.size() == static_cast<std::size_t>(procs * iterations));
@@ -427,7 +406,7 @@ DBLOCK_TEST("semaphore: processes on 3 permits: never more than 3 holders, reall
 // parent's check for 3 must catch it.
 DBLOCK_TEST("negative control: processes ignoring N are caught holding more than 3",
             "[semaphore][process][control]") {
-  const std::string name = sem_name("control");
+  const std::string name = unique_name("control");
   const auto r = run_workers(ctx, name, 16, 8, 5, 30, 0);
   const int most = max_concurrency(r.sections);
   INFO("at most " << most << " holders at once");
@@ -454,7 +433,7 @@ DBLOCK_WORKER(semaphore_holder) {
 
 DBLOCK_TEST("semaphore: the permit of a kill -9ed holder comes back within its TTL, not before",
             "[semaphore][process]") {
-  const std::string name = sem_name("killed");
+  const std::string name = unique_name("killed");
   const int ttl_ms = 1000;
   temp_dir dir("semaphore-kill");
   process_set ps;

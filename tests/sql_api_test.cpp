@@ -22,12 +22,10 @@
 #include "support/mysql_client.hpp"
 
 using dblock::errc;
-using dblock::test::code_of;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {
-
-using dblock::test::connect_mysql;
 
 // One call of the SQL API as any client makes it, on a connection of its own: PostgreSQL
 // SELECTs the function (libpq), MySQL/MariaDB CALLs the procedure (the C client, which reads

@@ -28,20 +28,10 @@
 #include "waiting_support.hpp"
 
 using dblock::errc;
-using dblock::test::code_of;
-using dblock::test::count_waiters;
-using dblock::test::counting_listener;
-using dblock::test::full_run;
-using dblock::test::monotonic_ns;
-using dblock::test::process_set;
-using dblock::test::read_file;
-using dblock::test::temp_dir;
-using dblock::test::wait_for_waiters;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
 
 // Runs body(0..n-1) on n threads and returns the errors they threw (what()).
 std::vector<std::string> on_threads(int n, const std::function<void(int)>& body) {
@@ -745,10 +735,7 @@ DBLOCK_TEST_ONLY("mysql",
   CHECK(ticket > 0);
   std::this_thread::sleep_for(milliseconds(300));
   CHECK(count_waiters(ctx, name) == 1);  // the deletion is stalled
-  std::thread unblock([&] {
-    std::this_thread::sleep_for(milliseconds(500));
-    blocker.session().commit();
-  });
+  std::thread unblock = run_after(milliseconds(500), [&] { blocker.session().commit(); });
   const long long before = monotonic_ns();
   got->release();
   const long long took_ms = (monotonic_ns() - before) / ns_per_ms;
@@ -1067,10 +1054,7 @@ DBLOCK_TEST("local gate: waits there end on their timeout or cancellation; reent
   CHECK(ms1 >= 140);
   CHECK(ms1 < 3000);
   dblock::cancellation cancel;
-  std::thread canceller([&] {
-    std::this_thread::sleep_for(milliseconds(100));
-    cancel.cancel();
-  });
+  std::thread canceller = run_after(milliseconds(100), [&] { cancel.cancel(); });
   const auto [c2, ms2] = timed([&] { auto g = other.acquire(std::chrono::seconds(30), cancel); });
   canceller.join();
   CHECK(c2 == errc::cancelled);

@@ -24,17 +24,10 @@
 #include "harness.hpp"
 #include "waiting_support.hpp"
 
-using dblock::test::counting_listener;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using dblock::test::temp_dir;
-using dblock::test::wait_for_waiters;
+using namespace dblock::test;
 using std::chrono::milliseconds;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
 
 // `url` whose connections are named `tag` (application_name), to find them on the server.
 std::string tagged(const std::string& url, const std::string& tag) {

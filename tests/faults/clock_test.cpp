@@ -166,13 +166,7 @@ struct skew_result {
 skew_result run_skewed_counter(context& ctx, const clock_variant& v, int ms, int ttl_ms) {
   reset_workload_tables(ctx);
   temp_dir dir("faults-skew");
-  workload w;
-  w.url = ctx.url;
-  w.direct_url = ctx.url;
-  w.prefix = ctx.prefix;
-  w.lock = "skew-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = ttl_ms;
+  auto w = make_workload(ctx, "skew", dir, ttl_ms);
   w.work_ms = 2;
   process_set ps;
   std::vector<int> pids;
@@ -542,13 +536,7 @@ DBLOCK_TEST_ONLY("postgresql",
   const int ttl_ms = 1000, jumps = count(4, 16);
   create_workload_tables(f);
   temp_dir dir("faults-srvclock");
-  workload w;
-  w.url = srv.url;
-  w.direct_url = srv.url;
-  w.prefix = f.prefix;
-  w.lock = "jump-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = ttl_ms;
+  auto w = make_workload(srv.url, f.prefix, "jump", dir, ttl_ms);
   w.work_ms = 2;
   process_set ps;
   for (int i = 0; i < 4; ++i)
@@ -563,12 +551,7 @@ DBLOCK_TEST_ONLY("postgresql",
   }
   std::this_thread::sleep_for(milliseconds(1500));
   stop_workers(w);
-  auto st = ps.wait_all(std::chrono::seconds(90));
-  for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i] << "; the end of its log:\n"
-                   << worker_log_tail(w, static_cast<int>(i)));
-    CHECK(st[i] == 0);
-  }
+  require_clean_exit(ps, w, std::chrono::seconds(90));
   // No overlap check: a jump of the server's clock by an hour ends every lease at once, while
   // their holders' local validity (measured on their own clocks) still runs: sections overlap
   // by design. The fences (a stale holder's write is refused) and exact counts are promised.

@@ -120,13 +120,7 @@ delay_result run_delays(context& ctx, int trials, bool fenced) {
   const int ttl_ms = 400;
   create_workload_tables(ctx);
   temp_dir dir("faults-delay");
-  workload w;
-  w.url = ctx.url;
-  w.direct_url = ctx.url;
-  w.prefix = ctx.prefix;
-  w.lock = "delay-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = ttl_ms;
+  auto w = make_workload(ctx, "delay", dir, ttl_ms);
   w.work_ms = 5;
   w.poll_max_ms = 20;
   // Without a pause between the two contenders' leases (their hand-offs are wake-ups, not

@@ -95,6 +95,20 @@ void stop_workers(const workload& w);
 /// The last `lines` lines of worker `id`'s log, for the message of a failed exit check.
 std::string worker_log_tail(const workload& w, int id, int lines = 12);
 
+/// The counter workload on `url` (checked on the same server) with table prefix `prefix`, lock
+/// "<stem>-<random suffix>", its logs in `dir` and leases of `ttl_ms`; the rest as declared above.
+workload make_workload(const std::string& url, const std::string& prefix, const std::string& stem,
+                       const temp_dir& dir, int ttl_ms);
+/// The same on the test's own database.
+inline workload make_workload(const context& ctx, const std::string& stem, const temp_dir& dir,
+                              int ttl_ms) {
+  return make_workload(ctx.url, ctx.prefix, stem, dir, ttl_ms);
+}
+
+/// Waits for every worker of `ps` (at most `timeout`) and checks that each exited with 0, showing
+/// the end of its log when not.
+void require_clean_exit(process_set& ps, const workload& w, std::chrono::seconds timeout);
+
 /// What the parent found.
 struct analysis {
   long long counter = 0, rows = 0, grants = 0, acked = 0, lost = 0, rolled_back = 0;

@@ -35,13 +35,7 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
   const int ttl_ms = 300;
   create_workload_tables(ctx);
   temp_dir dir("faults-pause");
-  workload w;
-  w.url = ctx.url;
-  w.direct_url = ctx.url;
-  w.prefix = ctx.prefix;
-  w.lock = "pause-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = ttl_ms;
+  auto w = make_workload(ctx, "pause", dir, ttl_ms);
   w.work_ms = 120;
   w.fenced = fenced;
   w.kind = kind;
@@ -90,12 +84,7 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
     std::this_thread::sleep_for(milliseconds(rnd(0, ttl_ms)));
   }
   stop_workers(w);
-  auto st = ps.wait_all(std::chrono::seconds(90));
-  for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i] << "; the end of its log:\n"
-                   << worker_log_tail(w, static_cast<int>(i)));
-    CHECK(st[i] == 0);
-  }
+  require_clean_exit(ps, w, std::chrono::seconds(90));
   // No overlap check: a holder stopped past its TTL still thinks it holds the lease when it
   // wakes, so its section overlaps its successor's in time by design (S2 assumes a running
   // process); what is promised, and checked, is that its write is refused (its fence is stale).

@@ -179,12 +179,7 @@ int run_worker(const std::string& name, const std::vector<std::string>& args) {
 
 int spawn_worker(const std::string& name, const std::vector<std::string>& args,
                  const std::vector<std::string>& extra_env) {
-  std::vector<std::string> argv_s = {"/proc/self/exe", "--worker", name};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
+  exec_argv argv({"/proc/self/exe", "--worker", name}, args);
   // Inherited variables that extra_env sets again are dropped: getenv() returns the first match.
   auto key_of = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
   std::vector<std::string> env_s;
@@ -227,8 +222,6 @@ void sleep_until_monotonic(long long t_ns) {
 // ---- process_set -------------------------------------------------------------------------------
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
 
 // Prints what a worker that outlived its deadline is doing, before it is killed: each thread's
 // kernel wait channel and, where gdb is installed, every thread's backtrace. A hang in CI then

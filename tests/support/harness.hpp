@@ -15,6 +15,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace dblock::test {
@@ -51,6 +53,21 @@ inline database_options with_prefix(const std::string& prefix) {
 /// A random lower-case identifier fragment (for names of tables and locks).
 std::string random_suffix(std::size_t n = 8);
 
+/// A lock name of its own for one test: "<stem>/<random suffix>".
+inline std::string unique_name(const std::string& stem) {
+  return stem + "/" + random_suffix();
+}
+
+/// Nanoseconds in a millisecond (monotonic_ns() arithmetic).
+constexpr long long ns_per_ms = 1000000LL;
+
+/// Lease options with this TTL.
+inline lease_options ttl_of(std::chrono::milliseconds ttl) {
+  lease_options o;
+  o.ttl = ttl;
+  return o;
+}
+
 /// True under DBLOCK_TEST_FULL=1: the full trial counts instead of CI's reduced ones.
 inline bool full_run() {
   const char* v = std::getenv("DBLOCK_TEST_FULL");
@@ -65,6 +82,23 @@ constexpr bool sanitized_build() {
 #else
   return false;
 #endif
+}
+
+/// How often `needle` occurs in `text` (overlapping occurrences counted).
+inline std::size_t count_of(const std::string& text, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1))
+    ++n;
+  return n;
+}
+
+/// Runs `f` on a thread of its own after `delay` (a canceller, a releaser); join the thread before
+/// checking what `f` did.
+inline std::thread run_after(std::chrono::milliseconds delay, std::function<void()> f) {
+  return std::thread([delay, f = std::move(f)] {
+    std::this_thread::sleep_for(delay);
+    f();
+  });
 }
 
 /// Runs `body` on `backend` (skipping loudly when it is not configured, failing under CI).
@@ -84,6 +118,27 @@ using worker_fn = int (*)(const std::vector<std::string>& args);
 /// Registers a worker (use DBLOCK_WORKER).
 struct worker_registration {
   worker_registration(const char* name, worker_fn fn);
+};
+
+/// The argument vector of a program to exec or posix_spawn: `head` then `tail`, ending in a null
+/// pointer; argv[0] is the program's path. The strings live as long as the object.
+class exec_argv {
+ public:
+  exec_argv(std::vector<std::string> head, const std::vector<std::string>& tail)
+      : words_(std::move(head)) {
+    words_.insert(words_.end(), tail.begin(), tail.end());
+    for (auto& w : words_)
+      ptrs_.push_back(w.data());
+    ptrs_.push_back(nullptr);
+  }
+  exec_argv(const exec_argv&) = delete;
+  exec_argv& operator=(const exec_argv&) = delete;
+  char* const* data() const { return ptrs_.data(); }
+  char* operator[](std::size_t i) const { return ptrs_[i]; }
+
+ private:
+  std::vector<std::string> words_;
+  std::vector<char*> ptrs_;
 };
 
 /// Starts the test binary as a worker process; returns its pid.
