@@ -21,24 +21,10 @@ int peak_of(const std::string& out) {
 
 DBLOCK_TEST("example api_client_limit: at most K calls at once, every call recorded",
             "[examples][semaphore]") {
-  const std::string prefix = ctx.prefix + "acl_";
-  ctx.prefixes.push_back(prefix);  // the harness drops dblock's tables of this prefix
-  struct drop {
-    const dblock::test::context& ctx;
-    std::string prefix;
-    ~drop() {
-      if (ctx.backend == "sqlite") return;
-      for (const char* t : {"api_gauge", "api_calls"}) {
-        try {
-          ctx.exec("DROP TABLE IF EXISTS " + prefix + t);
-        } catch (...) {
-        }
-      }
-    }
-  } dropper{ctx, prefix};
+  const std::string prefix = dblock::test::example_prefix(ctx, "acl_");
+  dblock::test::table_cleanup drop{ctx, {prefix + "api_gauge", prefix + "api_calls"}};
   const std::string cmd =
-      std::string(DBLOCK_EXAMPLES_BIN) + "/api_client_limit/api_client_limit --url " +
-      dblock::test::shell_quote(ctx.url) + " --table-prefix " + prefix + " --permits 3 --workers 8";
+      dblock::test::example_command("api_client_limit", ctx.url, prefix, "--permits 3 --workers 8");
   {
     auto r = dblock::test::run_program(cmd + " --calls 8 --call-ms 20");
     INFO(r.output);

@@ -6,22 +6,10 @@
 #include "run_program.hpp"
 
 DBLOCK_TEST("example cache_rebuild: no reader sees a half-rebuilt cache", "[examples][rwlock]") {
-  const std::string prefix = ctx.prefix + "cr_";
-  ctx.prefixes.push_back(prefix);  // the harness drops dblock's tables of this prefix
-  struct drop {
-    const dblock::test::context& ctx;
-    std::string prefix;
-    ~drop() {
-      if (ctx.backend == "sqlite") return;
-      try {
-        ctx.exec("DROP TABLE IF EXISTS " + prefix + "cache");
-      } catch (...) {
-      }
-    }
-  } dropper{ctx, prefix};
-  const std::string cmd = std::string(DBLOCK_EXAMPLES_BIN) + "/cache_rebuild/cache_rebuild --url " +
-                          dblock::test::shell_quote(ctx.url) + " --table-prefix " + prefix +
-                          " --readers 4 --rows 20";
+  const std::string prefix = dblock::test::example_prefix(ctx, "cr_");
+  dblock::test::table_cleanup drop{ctx, {prefix + "cache"}};
+  const std::string cmd =
+      dblock::test::example_command("cache_rebuild", ctx.url, prefix, "--readers 4 --rows 20");
   {
     auto r = dblock::test::run_program(cmd + " --rebuilds 4 --reads 30");
     INFO(r.output);

@@ -44,32 +44,14 @@ summary parse(const std::string& out) {
   return s;
 }
 
-// Drops the example's own tables after the test (SQLite: the file goes away anyway).
-struct drop_tables {
-  const dblock::test::context& ctx;
-  std::vector<std::string> names;
-  ~drop_tables() {
-    if (ctx.backend == "sqlite") return;
-    for (const auto& n : names) {
-      try {
-        ctx.exec("DROP TABLE IF EXISTS " + n);
-      } catch (...) {
-      }
-    }
-  }
-};
-
 }  // namespace
 
 DBLOCK_TEST("example one_order_per_user: one order per user, no unique violation with the lock",
             "[examples]") {
-  const std::string prefix = ctx.prefix + "oo_";
-  ctx.prefixes.push_back(prefix);  // the harness drops dblock's tables of this prefix
-  drop_tables drop{ctx, {prefix + "orders"}};
-  const std::string cmd = std::string(DBLOCK_EXAMPLES_BIN) +
-                          "/one_order_per_user/one_order_per_user --url " +
-                          dblock::test::shell_quote(ctx.url) + " --table-prefix " + prefix +
-                          " --workers 6 --users 15 --attempts 2";
+  const std::string prefix = dblock::test::example_prefix(ctx, "oo_");
+  dblock::test::table_cleanup drop{ctx, {prefix + "orders"}};
+  const std::string cmd = dblock::test::example_command("one_order_per_user", ctx.url, prefix,
+                                                        "--workers 6 --users 15 --attempts 2");
   {
     auto r = dblock::test::run_program(cmd);
     INFO(r.output);

@@ -5,7 +5,11 @@
 
 #include <array>
 #include <cstdio>
+#include <regex>
+#include <sstream>
 #include <string>
+
+#include "harness.hpp"
 
 namespace dblock::test {
 
@@ -35,6 +39,34 @@ inline std::string shell_quote(const std::string& s) {
   for (char c : s)
     out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
+}
+
+/// Calls `f(m)` with the match of `line` in each line of `out` where it is found (regex_search).
+template <class F>
+void for_each_match(const std::string& out, const std::regex& line, F&& f) {
+  std::istringstream in(out);
+  std::string l;
+  while (std::getline(in, l)) {
+    std::smatch m;
+    if (std::regex_search(l, m, line)) f(m);
+  }
+}
+
+#ifdef DBLOCK_EXAMPLES_BIN
+/// The command line that runs example program `name` (as built in DBLOCK_EXAMPLES_BIN) on `url`
+/// with table prefix `prefix`, then `args`.
+inline std::string example_command(const std::string& name, const std::string& url,
+                                   const std::string& prefix, const std::string& args) {
+  return std::string(DBLOCK_EXAMPLES_BIN) + "/" + name + "/" + name + " --url " + shell_quote(url) +
+         " --table-prefix " + prefix + " " + args;
+}
+#endif
+
+/// The table prefix of an example's run: the test's prefix and `stem`; the harness drops dblock's
+/// tables of it like the test's own.
+inline std::string example_prefix(context& ctx, const std::string& stem) {
+  ctx.prefixes.push_back(ctx.prefix + stem);
+  return ctx.prefix + stem;
 }
 
 }  // namespace dblock::test
