@@ -96,16 +96,14 @@ DBLOCK_TEST("election: a campaign waits, times out, is cancelled, and wins on a 
   const long long t0 = monotonic_ns();
   CHECK(code_of([&] { (void)b.campaign(milliseconds(300)); }) == errc::timeout);
   CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
-  dblock::cancellation cancel;
-  std::thread canceller = run_after(milliseconds(200), [&] { cancel.cancel(); });
-  CHECK(code_of([&] { (void)b.campaign(std::chrono::seconds(20), cancel); }) == errc::cancelled);
-  canceller.join();
-  const long long t1 = monotonic_ns();
-  std::thread resigner = run_after(milliseconds(200), [&] { la->resign(); });
-  auto lb = b.campaign(std::chrono::seconds(20));
-  const long long waited_ms = (monotonic_ns() - t1) / ns_per_ms;
-  resigner.join();
-  CHECK(lb.valid());
+  CHECK(code_when_cancelled(milliseconds(200), [&](const dblock::cancellation& c) {
+          (void)b.campaign(std::chrono::seconds(20), c);
+        }) == errc::cancelled);
+  std::optional<leadership> lb;
+  const long long waited_ms = ms_until_ended(
+      milliseconds(200), [&] { la->resign(); },
+      [&] { lb.emplace(b.campaign(std::chrono::seconds(20))); });
+  CHECK(lb->valid());
   CHECK(waited_ms >= 195);
   CHECK(waited_ms < 5000);
   auto seen = election::observe(ctx.db, name);

@@ -108,11 +108,9 @@ DBLOCK_TEST("rwlock: waits time out and are cancelled; a timed-out writer keeps 
   CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
   CHECK_FALSE(writer_row_held(ctx, name));  // given back
   CHECK(other.try_acquire_shared());        // readers are admitted again
-  dblock::cancellation cancel;
-  std::thread canceller = run_after(milliseconds(200), [&] { cancel.cancel(); });
-  CHECK(code_of([&] { (void)writer.acquire(std::chrono::seconds(20), cancel); }) ==
-        errc::cancelled);
-  canceller.join();
+  CHECK(code_when_cancelled(milliseconds(200), [&](const dblock::cancellation& c) {
+          (void)writer.acquire(std::chrono::seconds(20), c);
+        }) == errc::cancelled);
   r->release();
   auto wg = writer.try_acquire();
   REQUIRE(wg);

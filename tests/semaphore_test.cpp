@@ -307,17 +307,14 @@ DBLOCK_TEST("semaphore: acquire waits for a released permit, times out, is cance
   const long long t0 = monotonic_ns();
   CHECK(code_of([&] { (void)waiter.acquire(milliseconds(300)); }) == errc::timeout);
   CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
-  dblock::cancellation cancel;
-  std::thread canceller = run_after(milliseconds(200), [&] { cancel.cancel(); });
-  CHECK(code_of([&] { (void)waiter.acquire(std::chrono::seconds(20), cancel); }) ==
-        errc::cancelled);
-  canceller.join();
-  const long long t1 = monotonic_ns();  // before the releaser starts its 200 ms
-  std::thread releaser = run_after(milliseconds(200), [&] { g2->release(); });
-  auto g3 = waiter.acquire(std::chrono::seconds(20));
-  const long long waited_ms = (monotonic_ns() - t1) / ns_per_ms;
-  releaser.join();
-  CHECK(g3.valid());
+  CHECK(code_when_cancelled(milliseconds(200), [&](const dblock::cancellation& c) {
+          (void)waiter.acquire(std::chrono::seconds(20), c);
+        }) == errc::cancelled);
+  std::optional<lease_guard> g3;
+  const long long waited_ms = ms_until_ended(
+      milliseconds(200), [&] { g2->release(); },
+      [&] { g3.emplace(waiter.acquire(std::chrono::seconds(20))); });
+  CHECK(g3->valid());
   CHECK(waited_ms >= 195);
   CHECK(waited_ms < 5000);
 }

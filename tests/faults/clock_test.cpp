@@ -52,10 +52,7 @@
 #include "fault_support.hpp"
 #include "harness.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 

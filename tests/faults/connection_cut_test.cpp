@@ -19,9 +19,7 @@
 #include "harness.hpp"
 #include "proxy.hpp"
 
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 
@@ -121,10 +119,8 @@ void run_cuts(context& ctx, int seconds, const std::string& lock_kind, const std
   w.pool = 2;
   w.kind = lock_kind;
   process_set ps;
-  std::vector<int> pids;
   const int cpp_workers = 4 - sql_workers;
-  for (int i = 0; i < 4; ++i)
-    pids.push_back(i < cpp_workers ? spawn_counter_worker(ps, w, i) : spawn_sql_worker(ps, w, i));
+  const std::vector<int> pids = spawn_mixed_workers(ps, w, 4, sql_workers);
   std::this_thread::sleep_for(milliseconds(800));
   // With SQL workers, the one-shot reply cuts aim at their routines half of the time.
   const bool sql = sql_workers > 0;

@@ -17,10 +17,7 @@
 #include "harness.hpp"
 #include "proxy.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 // args: url prefix lock trials ttl_ms fenced(0|1) log_file
 // Log lines as fault_counter_worker's, plus

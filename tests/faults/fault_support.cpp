@@ -93,6 +93,14 @@ int spawn_sql_worker(process_set& ps, const workload& w, int id) {
   return ps.spawn("sql_counter_worker", w.args(id));
 }
 
+std::vector<int> spawn_mixed_workers(process_set& ps, const workload& w, int n, int sql_workers) {
+  std::vector<int> pids;
+  for (int i = 0; i < n; ++i)
+    pids.push_back(i < n - sql_workers ? spawn_counter_worker(ps, w, i)
+                                       : spawn_sql_worker(ps, w, i));
+  return pids;
+}
+
 void mark_killed(const workload& w, int id) {
   write_file_atomic(w.dir + "/w" + std::to_string(id) + ".killed", "");
 }

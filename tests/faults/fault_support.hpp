@@ -33,6 +33,12 @@
 
 namespace dblock::test::faults {
 
+// The fault tests' vocabulary: `using namespace dblock::test::faults` brings dblock's API, the
+// harness and std::chrono::milliseconds along with the helpers below.
+using namespace dblock;
+using namespace dblock::test;
+using std::chrono::milliseconds;
+
 /// True with DBLOCK_FAULTS_FULL=1: run the full trial counts instead of the reduced CI ones.
 bool full();
 /// `reduced`, or `full_count` under DBLOCK_FAULTS_FULL=1.
@@ -85,6 +91,10 @@ int spawn_counter_worker(process_set& ps, const workload& w, int id,
 /// psycopg2 or MySQLdb, the same loop and log lines, the lease taken, fence-checked and released
 /// through the routines of docs/sql-api.md); `w.kind` must be "lease". PostgreSQL and MySQL only.
 int spawn_sql_worker(process_set& ps, const workload& w, int id);
+
+/// Starts `n` workers of `w` (ids 0..n-1): counter workers, except the last `sql_workers`, which
+/// are SQL API workers. Returns their pids by id.
+std::vector<int> spawn_mixed_workers(process_set& ps, const workload& w, int n, int sql_workers);
 
 /// Records that worker `id` was killed on purpose (SIGKILL): analyze() does not require its log.
 void mark_killed(const workload& w, int id);

@@ -15,9 +15,7 @@
 #include "fault_support.hpp"
 #include "harness.hpp"
 
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 
@@ -44,10 +42,8 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
   w.slots = dir.file("slots");
   shared_slots slots(w.slots, 64, true);
   process_set ps;
-  std::vector<int> pids;
   const int cpp_workers = 4 - sql_workers;
-  for (int i = 0; i < 4; ++i)
-    pids.push_back(i < cpp_workers ? spawn_counter_worker(ps, w, i) : spawn_sql_worker(ps, w, i));
+  const std::vector<int> pids = spawn_mixed_workers(ps, w, 4, sql_workers);
   std::this_thread::sleep_for(milliseconds(800));
   pause_result r;
   std::set<long long> paused_fences;

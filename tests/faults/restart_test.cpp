@@ -17,9 +17,7 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -238,6 +238,29 @@ std::optional<errc> code_of(F&& f) {
   return std::nullopt;
 }
 
+/// The code of the dblock::error that `wait(c)` throws when another thread cancels `c` after
+/// `delay` (nothing when it returns).
+inline std::optional<errc> code_when_cancelled(
+    std::chrono::milliseconds delay, const std::function<void(const cancellation&)>& wait) {
+  cancellation cancel;
+  std::thread canceller = run_after(delay, [&] { cancel.cancel(); });
+  auto code = code_of([&] { wait(cancel); });
+  canceller.join();
+  return code;
+}
+
+/// How many milliseconds `wait()` took while another thread ran `end()` after `delay` (a release
+/// that ends the wait); the clock starts before that thread does.
+inline long long ms_until_ended(std::chrono::milliseconds delay, const std::function<void()>& end,
+                                const std::function<void()>& wait) {
+  const long long t0 = monotonic_ns();
+  std::thread ender = run_after(delay, end);
+  wait();
+  const long long ms = (monotonic_ns() - t0) / ns_per_ms;
+  ender.join();
+  return ms;
+}
+
 }  // namespace dblock::test
 
 /// Skips the rest of the current test body (see dblock::test::skip()).
