@@ -21,12 +21,10 @@
 #include <dblock/prometheus.hpp>
 #endif
 
-using dblock::errc;
 using dblock::lease_lock;
 using dblock::lease_options;
 using dblock::list_options;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -30,10 +30,8 @@
 
 extern char** environ;
 
-using dblock::errc;
 using dblock::lease_lock;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 
@@ -85,10 +83,7 @@ cli_result run_cli(const std::vector<std::string>& args, const std::vector<std::
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, 0);
+    redirect_child_stdio(out[1], err[1]);
     ::execve(argv[0], argv.data(), envp.data());
     const char msg[] = "cli_ops_test: execve of the dblock CLI failed\n";
     (void)!::write(2, msg, sizeof msg - 1);

@@ -54,10 +54,7 @@ class cli_process {
     pid_ = ::fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
-      ::dup2(fds[1], 1);
-      ::dup2(fds[1], 2);
-      int devnull = ::open("/dev/null", O_RDONLY);
-      if (devnull >= 0) ::dup2(devnull, 0);
+      dblock::test::redirect_child_stdio(fds[1], fds[1]);
       ::execv(argv[0], argv.data());
       const char msg[] = "cli_test: execv of the dblock CLI failed\n";
       (void)!::write(2, msg, sizeof msg - 1);

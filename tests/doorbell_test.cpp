@@ -20,7 +20,6 @@
 #include "waiting_support.hpp"
 
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -26,10 +26,8 @@
 #include "rows.hpp"
 
 using dblock::election;
-using dblock::errc;
 using dblock::leadership;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -14,7 +14,6 @@
 #include "internals.hpp"
 #include "waiting_support.hpp"
 
-using dblock::errc;
 using dblock::lease_durability;
 using dblock::lease_lock;
 using namespace dblock::test;

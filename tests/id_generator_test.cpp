@@ -28,11 +28,9 @@
 
 #include "harness.hpp"
 
-using dblock::errc;
 using dblock::id_generator;
 using dblock::id_generator_options;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

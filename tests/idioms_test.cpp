@@ -17,13 +17,11 @@
 #include "dblock/lockable.hpp"
 #include "harness.hpp"
 
-using dblock::errc;
 using dblock::lease_lock;
 using dblock::lockable;
 using dblock::shared_lockable;
 using dblock::steady_clock;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -33,9 +33,7 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -15,11 +15,9 @@
 #include "internals.hpp"
 #include "lease/lock_impl.hpp"
 
-using dblock::errc;
 using dblock::lease_lock;
 using dblock::lease_options;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

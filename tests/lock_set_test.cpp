@@ -19,11 +19,9 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
 using dblock::lease_guard;
 using dblock::lock_set;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

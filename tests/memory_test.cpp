@@ -22,9 +22,7 @@
 #include "dblock/dblock.hpp"
 #include "harness.hpp"
 
-using dblock::errc;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

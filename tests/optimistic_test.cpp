@@ -22,10 +22,8 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
 using dblock::retry_policy;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -12,9 +12,7 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

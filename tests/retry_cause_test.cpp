@@ -11,10 +11,8 @@
 
 #include "harness.hpp"
 
-using dblock::errc;
 using dblock::retry_policy;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -17,11 +17,9 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
 using dblock::lease_guard;
 using dblock::rwlock;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

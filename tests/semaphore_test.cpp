@@ -22,11 +22,9 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
 using dblock::lease_guard;
 using dblock::semaphore;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

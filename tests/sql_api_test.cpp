@@ -21,9 +21,7 @@
 #include "support/harness.hpp"
 #include "support/mysql_client.hpp"
 
-using dblock::errc;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -25,9 +25,7 @@
 #include "internals.hpp"
 #include "waiting_support.hpp"
 
-using dblock::errc;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 // ---- the local gate ----------------------------------------------------------------------------
 // Waiting acquires of one handle that are not fair line up in the process before they go to the

@@ -25,7 +25,6 @@
 #include "waiting_support.hpp"
 
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

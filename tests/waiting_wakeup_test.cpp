@@ -25,9 +25,7 @@
 #include "internals.hpp"
 #include "waiting_support.hpp"
 
-using dblock::errc;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -30,12 +30,9 @@ std::vector<kill_row> parse_kills(const std::string& out) {
 
 DBLOCK_TEST("example leader_election: one leader at a time, prompt and safe takeovers",
             "[examples]") {
-  const std::string prefix = dblock::test::example_prefix(ctx, "le_");
-  dblock::test::table_cleanup drop{ctx, {prefix + "leader_log"}};
-
-  const std::string cmd = dblock::test::example_command("leader_election", ctx.url, prefix,
-                                                        "--candidates 4 --ttl-ms 1000 --kills 2");
-  auto r = dblock::test::run_program(cmd);
+  const dblock::test::example_run ex(ctx, "leader_election", "le_", {"leader_log"},
+                                     "--candidates 4 --ttl-ms 1000 --kills 2");
+  auto r = dblock::test::run_program(ex.cmd);
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK(dblock::test::count_of(r.output, "invariant held:") == 3);

@@ -48,12 +48,10 @@ summary parse(const std::string& out) {
 
 DBLOCK_TEST("example one_order_per_user: one order per user, no unique violation with the lock",
             "[examples]") {
-  const std::string prefix = dblock::test::example_prefix(ctx, "oo_");
-  dblock::test::table_cleanup drop{ctx, {prefix + "orders"}};
-  const std::string cmd = dblock::test::example_command("one_order_per_user", ctx.url, prefix,
-                                                        "--workers 6 --users 15 --attempts 2");
+  const dblock::test::example_run ex(ctx, "one_order_per_user", "oo_", {"orders"},
+                                     "--workers 6 --users 15 --attempts 2");
   {
-    auto r = dblock::test::run_program(cmd);
+    auto r = dblock::test::run_program(ex.cmd);
     INFO(r.output);
     CHECK(r.status == 0);
     auto s = parse(r.output);
@@ -74,7 +72,7 @@ DBLOCK_TEST("example one_order_per_user: one order per user, no unique violation
   {
     // Without the lock, concurrent check-then-insert passes the check several times per user;
     // the UNIQUE constraint rejects the duplicates and still keeps one order per user.
-    auto r = dblock::test::run_program(cmd + " --no-lock");
+    auto r = dblock::test::run_program(ex.cmd + " --no-lock");
     INFO(r.output);
     CHECK(r.status == 0);
     auto s = parse(r.output);

@@ -28,11 +28,9 @@ std::map<std::string, prize_row> parse(const std::string& out) {
 }  // namespace
 
 DBLOCK_TEST("example prize_pool: wins == initial - remaining for every prize", "[examples]") {
-  const std::string prefix = dblock::test::example_prefix(ctx, "pp_");
-  dblock::test::table_cleanup drop{ctx, {prefix + "wins", prefix + "prize_pool"}};
-  const std::string cmd =
-      dblock::test::example_command("prize_pool", ctx.url, prefix, "--workers 6 --draws 40");
-  auto r = dblock::test::run_program(cmd);
+  const dblock::test::example_run ex(ctx, "prize_pool", "pp_", {"wins", "prize_pool"},
+                                     "--workers 6 --draws 40");
+  auto r = dblock::test::run_program(ex.cmd);
   INFO(r.output);
   CHECK(r.status == 0);
   auto rows = parse(r.output);

@@ -8,6 +8,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "harness.hpp"
 
@@ -60,13 +61,25 @@ inline std::string example_command(const std::string& name, const std::string& u
   return std::string(DBLOCK_EXAMPLES_BIN) + "/" + name + "/" + name + " --url " + shell_quote(url) +
          " --table-prefix " + prefix + " " + args;
 }
-#endif
 
-/// The table prefix of an example's run: the test's prefix and `stem`; the harness drops dblock's
-/// tables of it like the test's own.
-inline std::string example_prefix(context& ctx, const std::string& stem) {
-  ctx.prefixes.push_back(ctx.prefix + stem);
-  return ctx.prefix + stem;
-}
+/// An example program's run on the test's database: a table prefix of its own (the test's prefix
+/// and `stem`, whose dblock tables the harness drops like the test's own), the example's own
+/// `tables` of that prefix dropped after the test, and the command line that runs `name` with
+/// `args`.
+struct example_run {
+  std::string prefix;
+  table_cleanup drop;
+  std::string cmd;
+  example_run(context& ctx, const std::string& name, const std::string& stem,
+              const std::vector<std::string>& tables, const std::string& args)
+      : prefix(ctx.prefix + stem),
+        drop{ctx, {}},
+        cmd(example_command(name, ctx.url, prefix, args)) {
+    ctx.prefixes.push_back(prefix);
+    for (const auto& t : tables)
+      drop.add(prefix + t);
+  }
+};
+#endif
 
 }  // namespace dblock::test

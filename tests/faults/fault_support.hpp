@@ -33,11 +33,10 @@
 
 namespace dblock::test::faults {
 
-// The fault tests' vocabulary: `using namespace dblock::test::faults` brings dblock's API, the
-// harness and std::chrono::milliseconds along with the helpers below.
+// The fault tests' vocabulary: `using namespace dblock::test::faults` brings dblock's API and the
+// harness along with the helpers below.
 using namespace dblock;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 /// True with DBLOCK_FAULTS_FULL=1: run the full trial counts instead of the reduced CI ones.
 bool full();

@@ -23,7 +23,6 @@
 
 extern char** environ;
 
-using dblock::errc;
 using dblock::lease_lock;
 using namespace dblock::test;
 

@@ -92,6 +92,16 @@ restart_run run_with_restarts(context& ctx, const workload& w, const char* cmd_v
   return out;
 }
 
+// What every run with restarts shows: each restart made and seen, no broken invariant, no late
+// recovery, and acknowledged writes.
+void check_restart_run(const restart_run& run, int restarts) {
+  CHECK(run.failed == 0);
+  CHECK(run.restarted == restarts);
+  CHECK(run.a.violations == 0);
+  CHECK(run.late == 0);
+  CHECK(run.a.acked > 0);
+}
+
 // The variable naming the command that restarts the test's server (test-servers.sh sets it).
 const char* restart_cmd_var(const context& ctx) {
   const char* var =
@@ -118,11 +128,7 @@ DBLOCK_TEST_SERVERS("server restart mid-run: 8 fenced counter processes survive 
   const analysis& a = run.a;
   INFO(a.summary());
   INFO("restart duration + recovery after it:" << run.recovery);
-  CHECK(run.failed == 0);
-  CHECK(run.restarted == restarts);
-  CHECK(a.violations == 0);
-  CHECK(run.late == 0);
-  CHECK(a.acked > 0);
+  check_restart_run(run, restarts);
   report("1-server-restart", ctx.backend, restarts, restarts - run.failed, a.violations + run.late,
          "acked=" + std::to_string(a.acked) + " in_doubt=" +
              std::to_string(a.doubt_written + a.doubt_not_written) + " recovery=" + run.recovery);
@@ -366,11 +372,7 @@ DBLOCK_TEST_ONLY("postgresql", "fast lease mode: kill -9 of the server under 8 f
   const analysis& a = run.a;
   INFO(a.summary());
   INFO("crash duration + recovery after it:" << run.recovery);
-  CHECK(run.failed == 0);
-  CHECK(run.restarted == crashes);
-  CHECK(a.violations == 0);
-  CHECK(run.late == 0);
-  CHECK(a.acked > 0);
+  check_restart_run(run, crashes);
   // The epoch went up at least once per crash (every worker connection after it raised it).
   long long epoch = 0, top = 0;
   {

@@ -1,5 +1,6 @@
 #include "harness.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <soci/soci.h>
 #include <spawn.h>
@@ -175,6 +176,13 @@ int run_worker(const std::string& name, const std::vector<std::string>& args) {
     std::cerr << "worker " << name << ": " << e.what() << "\n";
     return 3;
   }
+}
+
+void redirect_child_stdio(int out, int err) {
+  ::dup2(out, 1);
+  ::dup2(err, 2);
+  int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull >= 0) ::dup2(devnull, 0);
 }
 
 int spawn_worker(const std::string& name, const std::vector<std::string>& args,

@@ -21,6 +21,10 @@
 
 namespace dblock::test {
 
+// The names nearly every test uses; `using namespace dblock::test` brings them in.
+using dblock::errc;
+using std::chrono::milliseconds;
+
 /// Everything a backend-parametrised test body needs.
 struct context {
   std::string backend;                     // "postgresql", "mysql", "sqlite"
@@ -140,6 +144,10 @@ class exec_argv {
   std::vector<std::string> words_;
   std::vector<char*> ptrs_;
 };
+
+/// In a child between fork() and exec: stdout to `out`, stderr to `err`, stdin from /dev/null
+/// (async-signal-safe calls only).
+void redirect_child_stdio(int out, int err);
 
 /// Starts the test binary as a worker process; returns its pid.
 int spawn_worker(const std::string& name, const std::vector<std::string>& args,

@@ -27,12 +27,10 @@
 namespace dblock::test::rowlock {
 
 // The names every row-lock test uses (`using namespace dblock::test::rowlock` brings them in).
-using dblock::errc;
 using dblock::lock_wait;
 using dblock::row_selector;
 using dblock::transaction;
 using dblock::transaction_options;
-using std::chrono::milliseconds;
 
 inline double ms_since(long long t0_ns) {
   return static_cast<double>(monotonic_ns() - t0_ns) / 1e6;
