@@ -92,10 +92,7 @@ void increment(dblock::database& db, const std::string& table, std::mt19937_64& 
 // Runs one client's iterations and returns its critical sections.
 std::vector<record> run_counter_client(dblock::database& db, const counter_setup& s) {
   std::mt19937_64 rng(std::random_device{}());
-  dblock::lease_options lo;
-  lo.ttl = std::chrono::seconds(5);
-  lo.poll_initial = milliseconds(1);
-  lo.poll_max = s.poll_max;
+  const auto lo = polling_lease(std::chrono::seconds(5), s.poll_max);
   dblock::lease_lock lock(db, s.lock_name, lo);
   std::vector<record> out;
   out.reserve(static_cast<std::size_t>(s.iterations));

@@ -64,11 +64,7 @@ void check_gave_up(const dblock::error& e, errc cause, int max_attempts,
 
 // `attempts` attempts, no time budget (so only the attempt count ends the loop), tiny backoff.
 retry_policy policy(int attempts, std::vector<errc>* causes = nullptr) {
-  retry_policy p;
-  p.max_attempts = attempts;
-  p.time_budget = milliseconds(0);
-  p.initial_backoff = milliseconds(1);
-  p.max_backoff = milliseconds(2);
+  retry_policy p = retry_of(attempts, milliseconds(0), milliseconds(1), milliseconds(2));
   if (causes)
     p.on_retry = [causes](const dblock::retry_event& e) { causes->push_back(e.cause.kind()); };
   return p;

@@ -205,10 +205,7 @@ DBLOCK_WORKER(rwlock_worker) {
   const int iterations = std::stoi(args.at(4));
   auto db = open_db(args.at(0), args.at(1), 3);
   db.ping();
-  dblock::lease_options lo;
-  lo.ttl = std::chrono::seconds(10);
-  lo.poll_initial = milliseconds(1);
-  lo.poll_max = milliseconds(10);
+  const auto lo = polling_lease(std::chrono::seconds(10), milliseconds(10));
   rwlock l(db, name, lo);
   dblock::lease_lock plain(db, name, lo);
   std::ostringstream out;
@@ -314,17 +311,10 @@ int writer_overlaps(const std::vector<interval>& all) {
 }
 
 int max_readers_at_once(const std::vector<interval>& all) {
-  std::vector<std::pair<long long, int>> ev;
+  std::vector<std::pair<long long, long long>> readers;
   for (const auto& v : all)
-    if (v.kind == 'R') {
-      ev.emplace_back(v.enter, 1);
-      ev.emplace_back(v.exit, -1);
-    }
-  std::sort(ev.begin(), ev.end());
-  int open = 0, most = 0;
-  for (const auto& e : ev)
-    most = std::max(most, open += e.second);
-  return most;
+    if (v.kind == 'R') readers.emplace_back(v.enter, v.exit);
+  return most_at_once(readers);
 }
 
 long long longest_writer_wait_ms(const std::vector<interval>& all) {

@@ -47,16 +47,10 @@ struct section {
 
 // The most sections open at one instant (exits before enters at equal instants).
 int max_concurrency(const std::vector<section>& all) {
-  std::vector<std::pair<long long, int>> ev;
-  for (const auto& s : all) {
-    ev.emplace_back(s.enter_ns, 1);
-    ev.emplace_back(s.exit_ns, -1);
-  }
-  std::sort(ev.begin(), ev.end());
-  int open = 0, most = 0;
-  for (const auto& e : ev)
-    most = std::max(most, open += e.second);
-  return most;
+  std::vector<std::pair<long long, long long>> spans;
+  for (const auto& s : all)
+    spans.emplace_back(s.enter_ns, s.exit_ns);
+  return most_at_once(spans);
 }
 
 // Per permit slot: sections never overlap and fences strictly increase in time order. Returns
@@ -176,10 +170,7 @@ DBLOCK_WORKER(semaphore_worker) {
   const int barrier = std::stoi(args.at(9));
   auto db = open_db(args.at(0), args.at(1), 3);
   db.ping();
-  dblock::lease_options lo;
-  lo.ttl = std::chrono::seconds(10);
-  lo.poll_initial = milliseconds(1);
-  lo.poll_max = milliseconds(10);
+  const auto lo = polling_lease(std::chrono::seconds(10), milliseconds(10));
   semaphore sem(db, name, permits, lo);
   std::ostringstream out;
   sleep_until_monotonic(start_ns);

@@ -248,10 +248,7 @@ DBLOCK_WORKER(clock_probe_holder) {
 DBLOCK_WORKER(clock_probe_waiter) {
   const std::string url = args.at(0), prefix = args.at(1), name = args.at(2), dir = args.at(5);
   auto db = open_db(url, prefix, 2);
-  lease_options lo;
-  lo.ttl = milliseconds(std::stoi(args.at(3)));
-  lo.poll_initial = milliseconds(1);
-  lo.poll_max = milliseconds(50);
+  const auto lo = polling_lease(milliseconds(std::stoi(args.at(3))), milliseconds(50));
   lease_lock lock(db, name, lo);
   std::string out;
   try {

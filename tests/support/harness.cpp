@@ -178,6 +178,19 @@ int run_worker(const std::string& name, const std::vector<std::string>& args) {
   }
 }
 
+int most_at_once(const std::vector<std::pair<long long, long long>>& intervals) {
+  std::vector<std::pair<long long, int>> ev;
+  for (const auto& [enter, exit] : intervals) {
+    ev.emplace_back(enter, 1);
+    ev.emplace_back(exit, -1);
+  }
+  std::sort(ev.begin(), ev.end());
+  int open = 0, most = 0;
+  for (const auto& e : ev)
+    most = std::max(most, open += e.second);
+  return most;
+}
+
 void redirect_child_stdio(int out, int err) {
   ::dup2(out, 1);
   ::dup2(err, 2);

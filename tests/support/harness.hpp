@@ -65,6 +65,16 @@ inline std::string unique_name(const std::string& stem) {
 /// Nanoseconds in a millisecond (monotonic_ns() arithmetic).
 constexpr long long ns_per_ms = 1000000LL;
 
+/// Lease options of a waiting worker: leases of `ttl`, polls from 1 ms up to `poll_max`.
+inline lease_options polling_lease(std::chrono::milliseconds ttl,
+                                   std::chrono::milliseconds poll_max) {
+  lease_options o;
+  o.ttl = ttl;
+  o.poll_initial = std::chrono::milliseconds(1);
+  o.poll_max = poll_max;
+  return o;
+}
+
 /// Lease options with this TTL.
 inline lease_options ttl_of(std::chrono::milliseconds ttl) {
   lease_options o;
@@ -94,6 +104,22 @@ inline std::size_t count_of(const std::string& text, const std::string& needle) 
   for (auto p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1))
     ++n;
   return n;
+}
+
+/// The most of the intervals [enter, exit) open at one instant (at an instant where one ends and
+/// another begins, the one ending first).
+int most_at_once(const std::vector<std::pair<long long, long long>>& intervals);
+
+/// A retry policy of `attempts` attempts within `budget` (0: no time budget), its backoff growing
+/// from `initial` to at most `max`.
+inline retry_policy retry_of(int attempts, std::chrono::milliseconds budget,
+                             std::chrono::milliseconds initial, std::chrono::milliseconds max) {
+  retry_policy p;
+  p.max_attempts = attempts;
+  p.time_budget = budget;
+  p.initial_backoff = initial;
+  p.max_backoff = max;
+  return p;
 }
 
 /// Runs `f` on a thread of its own after `delay` (a canceller, a releaser); join the thread before
