@@ -21,12 +21,10 @@
 #include <dblock/prometheus.hpp>
 #endif
 
-using dblock::errc;
 using dblock::lease_lock;
 using dblock::lease_options;
 using dblock::list_options;
-using dblock::test::code_of;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
 
@@ -38,23 +36,6 @@ std::string this_host() {
 
 std::string this_thread_label() {
   return std::to_string(static_cast<long long>(::syscall(SYS_gettid)));
-}
-
-lease_options ttl_of(milliseconds ttl) {
-  lease_options o;
-  o.ttl = ttl;
-  return o;
-}
-
-// Makes the row look expired on the database clock (as if its holder paused past the TTL).
-void expire_row(const dblock::test::context& ctx, const std::string& name) {
-  const auto& d = dblock::test::dialect_of(ctx.db);
-  auto c = ctx.db.connect();
-  long long minus = -3600LL * 1000000;
-  c.session() << "UPDATE " << ctx.db.lock_table()
-              << " SET expires_at = " << d.sql.plus_us(d.sql.now(), "ttl")
-              << " WHERE resource_name = :name",
-      soci::use(minus, "ttl"), soci::use(name, "name");
 }
 
 std::vector<std::string> names_of(const std::vector<dblock::lock_info>& v) {

@@ -30,10 +30,8 @@
 
 extern char** environ;
 
-using dblock::errc;
 using dblock::lease_lock;
-using dblock::test::code_of;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
 
@@ -62,12 +60,7 @@ std::ostream& operator<<(std::ostream& os, const cli_result& r) {
 cli_result run_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
                    milliseconds timeout = std::chrono::seconds(60),
                    const std::string& program = DBLOCK_CLI_PATH) {
-  std::vector<std::string> argv_s = {program};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
+  exec_argv argv({program}, args);
   // The environment is built before fork(): the child only calls async-signal-safe functions.
   std::vector<std::string> env_s = env;
   std::vector<char*> envp;
@@ -90,10 +83,7 @@ cli_result run_cli(const std::vector<std::string>& args, const std::vector<std::
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, 0);
+    redirect_child_stdio(out[1], err[1]);
     ::execve(argv[0], argv.data(), envp.data());
     const char msg[] = "cli_ops_test: execve of the dblock CLI failed\n";
     (void)!::write(2, msg, sizeof msg - 1);

@@ -47,22 +47,14 @@ struct cli_result {
 class cli_process {
  public:
   explicit cli_process(const std::vector<std::string>& args) {
-    std::vector<std::string> argv_s = {DBLOCK_CLI_PATH};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_s)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
+    dblock::test::exec_argv argv({DBLOCK_CLI_PATH}, args);
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     start_ = steady::now();
     pid_ = ::fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
-      ::dup2(fds[1], 1);
-      ::dup2(fds[1], 2);
-      int devnull = ::open("/dev/null", O_RDONLY);
-      if (devnull >= 0) ::dup2(devnull, 0);
+      dblock::test::redirect_child_stdio(fds[1], fds[1]);
       ::execv(argv[0], argv.data());
       const char msg[] = "cli_test: execv of the dblock CLI failed\n";
       (void)!::write(2, msg, sizeof msg - 1);

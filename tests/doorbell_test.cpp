@@ -19,8 +19,7 @@
 #include "harness.hpp"
 #include "waiting_support.hpp"
 
-using dblock::test::wait_for_waiters;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
 

@@ -26,22 +26,10 @@
 #include "rows.hpp"
 
 using dblock::election;
-using dblock::errc;
 using dblock::leadership;
-using dblock::test::code_of;
-using dblock::test::full_run;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
-
-std::string election_name(const std::string& stem) {
-  return stem + "/" + dblock::test::random_suffix();
-}
 
 // One counted write (as the fault suite's): reads the counter row, writes it back incremented and
 // logs the new value with `fence`. Run inside a transaction (a fenced one, by the leaders).
@@ -59,7 +47,7 @@ void counted_write(soci::session& sql, const std::string& counter, const std::st
 
 DBLOCK_TEST("election: one leader, observed with identity, fence and since; resign hands over",
             "[election]") {
-  const std::string name = election_name("primary");
+  const std::string name = unique_name("primary");
   election a(ctx.db, name, "node-a http://10.0.0.1:8080"), b(ctx.db, name, "node-b");
   CHECK_FALSE(election::observe(ctx.db, name));  // nobody yet
   const auto before = std::chrono::system_clock::now();
@@ -99,29 +87,21 @@ DBLOCK_TEST("election: one leader, observed with identity, fence and since; resi
 
 DBLOCK_TEST("election: a campaign waits, times out, is cancelled, and wins on a resignation",
             "[election]") {
-  const std::string name = election_name("wait");
+  const std::string name = unique_name("wait");
   election a(ctx.db, name, "a"), b(ctx.db, name, "b");
   auto la = a.try_campaign();
   REQUIRE(la);
   const long long t0 = monotonic_ns();
   CHECK(code_of([&] { (void)b.campaign(milliseconds(300)); }) == errc::timeout);
   CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
-  dblock::cancellation cancel;
-  std::thread canceller([&] {
-    std::this_thread::sleep_for(milliseconds(200));
-    cancel.cancel();
-  });
-  CHECK(code_of([&] { (void)b.campaign(std::chrono::seconds(20), cancel); }) == errc::cancelled);
-  canceller.join();
-  const long long t1 = monotonic_ns();
-  std::thread resigner([&] {
-    std::this_thread::sleep_for(milliseconds(200));
-    la->resign();
-  });
-  auto lb = b.campaign(std::chrono::seconds(20));
-  const long long waited_ms = (monotonic_ns() - t1) / ns_per_ms;
-  resigner.join();
-  CHECK(lb.valid());
+  CHECK(code_when_cancelled(milliseconds(200), [&](const dblock::cancellation& c) {
+          (void)b.campaign(std::chrono::seconds(20), c);
+        }) == errc::cancelled);
+  std::optional<leadership> lb;
+  const long long waited_ms = ms_until_ended(
+      milliseconds(200), [&] { la->resign(); },
+      [&] { lb.emplace(b.campaign(std::chrono::seconds(20))); });
+  CHECK(lb->valid());
   CHECK(waited_ms >= 195);
   CHECK(waited_ms < 5000);
   auto seen = election::observe(ctx.db, name);
@@ -156,7 +136,7 @@ DBLOCK_TEST("election: bad names and identities are refused clearly", "[election
 
 DBLOCK_TEST("election: lost() fires and on_lost is called when the leadership is taken away",
             "[election]") {
-  const std::string name = election_name("taken");
+  const std::string name = unique_name("taken");
   std::atomic<int> on_lost{0};
   dblock::lease_options lo;
   lo.ttl = milliseconds(600);
@@ -182,7 +162,7 @@ DBLOCK_TEST("election: lost() fires and on_lost is called when the leadership is
 
 DBLOCK_TEST("election: lost() fires at the local validity deadline when renewals are held back",
             "[election]") {
-  const std::string name = election_name("stalled");
+  const std::string name = unique_name("stalled");
   std::atomic<int> on_lost{0};
   dblock::lease_options lo;
   lo.ttl = milliseconds(1000);
@@ -312,7 +292,7 @@ TEST_CASE("election: the write-order check catches a stale leader's write and a 
 
 DBLOCK_TEST("election: kill -9 of the leader, repeatedly: one leader at a time, takeover in time",
             "[election][processes]") {
-  const std::string name = election_name("killed");
+  const std::string name = unique_name("killed");
   const std::string counter = ctx.table("counter"), items = ctx.table("items");
   ctx.exec("CREATE TABLE " + counter + " (id INT PRIMARY KEY, n BIGINT NOT NULL)");
   ctx.exec("INSERT INTO " + counter + " (id, n) VALUES (1, 0)");
@@ -442,7 +422,7 @@ std::string shown(const std::optional<leader_info>& l) {
 
 DBLOCK_TEST("election: await_change is woken at once by changes in this process; nothing else",
             "[election]") {
-  const std::string name = election_name("await");
+  const std::string name = unique_name("await");
   const auto hour = std::chrono::hours(1);  // the poll: only a wake-up can end these waits early
   // Control: with no change the wait runs to its deadline.
   auto t0 = steady::now();
@@ -502,7 +482,7 @@ DBLOCK_TEST("election: await_change is woken at once by changes in this process;
 
 DBLOCK_TEST("election: watch follows a leader of another process: none, won, resigned",
             "[election][processes]") {
-  const std::string name = election_name("watched");
+  const std::string name = unique_name("watched");
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::string> seen;
@@ -542,7 +522,7 @@ DBLOCK_TEST(
   const milliseconds poll = pooled ? milliseconds(100) : milliseconds(std::chrono::hours(1));
   for (const std::string mode : {"resign", "crash"}) {
     INFO(mode);
-    const std::string name = election_name("rung");
+    const std::string name = unique_name("rung");
     const std::string ttl = mode == "resign" ? "20000" : "3000";
     std::mutex mu;
     std::condition_variable cv;

@@ -14,10 +14,9 @@
 #include "internals.hpp"
 #include "waiting_support.hpp"
 
-using dblock::errc;
 using dblock::lease_durability;
 using dblock::lease_lock;
-using dblock::test::code_of;
+using namespace dblock::test;
 
 namespace {
 

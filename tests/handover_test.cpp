@@ -25,14 +25,9 @@
 #include "harness.hpp"
 #include "waiting_support.hpp"
 
-using dblock::test::count_waiters;
-using dblock::test::monotonic_ns;
-using dblock::test::wait_for_waiters;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
 
 struct lock_row {
   std::string owner, thread;

@@ -28,14 +28,9 @@
 
 #include "harness.hpp"
 
-using dblock::errc;
 using dblock::id_generator;
 using dblock::id_generator_options;
-using dblock::test::code_of;
-using dblock::test::full_run;
-using dblock::test::process_set;
-using dblock::test::temp_dir;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
 

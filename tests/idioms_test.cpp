@@ -17,13 +17,11 @@
 #include "dblock/lockable.hpp"
 #include "harness.hpp"
 
-using dblock::errc;
 using dblock::lease_lock;
 using dblock::lockable;
 using dblock::shared_lockable;
 using dblock::steady_clock;
-using dblock::test::code_of;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
 
@@ -287,10 +285,7 @@ DBLOCK_TEST("waits take any duration: max() waits for ever, zero or negative tri
   auto held = holder.acquire(milliseconds::max());  // free: at once
   const std::int64_t first = held.fence();
   // A wait for ever ends when the holder releases (on another thread, after 300 ms).
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(milliseconds(300));
-    held.release();
-  });
+  std::thread releaser = run_after(milliseconds(300), [&] { held.release(); });
   lease_lock waiter(ctx.db, name);
   auto t0 = steady_clock::now();
   auto g = waiter.acquire(std::chrono::hours::max());

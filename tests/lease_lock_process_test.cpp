@@ -33,21 +33,10 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
-using dblock::test::full_run;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using dblock::test::read_file;
-using dblock::test::sleep_until_monotonic;
-using dblock::test::temp_dir;
-using dblock::test::wait_for_file;
-using dblock::test::write_file_atomic;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
 
-constexpr long long ns_per_ms = 1000000LL;
 constexpr long long ns_per_s = 1000000000LL;
 constexpr const char* faketime_lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -103,10 +92,7 @@ void increment(dblock::database& db, const std::string& table, std::mt19937_64& 
 // Runs one client's iterations and returns its critical sections.
 std::vector<record> run_counter_client(dblock::database& db, const counter_setup& s) {
   std::mt19937_64 rng(std::random_device{}());
-  dblock::lease_options lo;
-  lo.ttl = std::chrono::seconds(5);
-  lo.poll_initial = milliseconds(1);
-  lo.poll_max = s.poll_max;
+  const auto lo = polling_lease(std::chrono::seconds(5), s.poll_max);
   dblock::lease_lock lock(db, s.lock_name, lo);
   std::vector<record> out;
   out.reserve(static_cast<std::size_t>(s.iterations));

@@ -15,30 +15,11 @@
 #include "internals.hpp"
 #include "lease/lock_impl.hpp"
 
-using dblock::errc;
 using dblock::lease_lock;
 using dblock::lease_options;
-using dblock::test::code_of;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
-
-lease_options ttl_of(milliseconds ttl) {
-  lease_options o;
-  o.ttl = ttl;
-  return o;
-}
-
-// Makes the row look expired on the database clock (as if its holder paused past the TTL).
-void expire_row(dblock::test::context& ctx, const std::string& name) {
-  const auto& d = dblock::test::dialect_of(ctx.db);
-  auto c = ctx.db.connect();
-  long long minus = -3600LL * 1000000;
-  c.session() << "UPDATE " << ctx.db.lock_table()
-              << " SET expires_at = " << d.sql.plus_us(d.sql.now(), "ttl")
-              << " WHERE resource_name = :name",
-      soci::use(minus, "ttl"), soci::use(name, "name");
-}
 
 int counter_value(dblock::test::context& ctx) {
   auto c = ctx.db.connect();

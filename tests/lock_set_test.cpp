@@ -19,23 +19,11 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
 using dblock::lease_guard;
 using dblock::lock_set;
-using dblock::test::code_of;
-using dblock::test::full_run;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using dblock::test::read_file;
-using dblock::test::sleep_until_monotonic;
-using dblock::test::temp_dir;
-using dblock::test::write_file_atomic;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
 
 // True when a lease_lock can take `name` now (and gives it back at once).
 bool free_now(const dblock::database& db, const std::string& name) {
@@ -104,24 +92,16 @@ DBLOCK_TEST("lock set: a wait gets every lease, or times out or is cancelled kee
   CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
   CHECK(free_now(ctx.db, p + "a"));  // taken while waiting for b, and given back
   CHECK(free_now(ctx.db, p + "c"));  // never taken
-  dblock::cancellation cancel;
-  std::thread canceller([&] {
-    std::this_thread::sleep_for(milliseconds(200));
-    cancel.cancel();
-  });
-  CHECK(code_of([&] { (void)set.acquire(std::chrono::seconds(20), cancel); }) == errc::cancelled);
-  canceller.join();
+  CHECK(code_when_cancelled(milliseconds(200), [&](const dblock::cancellation& c) {
+          (void)set.acquire(std::chrono::seconds(20), c);
+        }) == errc::cancelled);
   CHECK(free_now(ctx.db, p + "a"));
-  const long long t1 = monotonic_ns();
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(milliseconds(200));
-    held->release();
-  });
-  auto g = set.acquire(std::chrono::seconds(20));
-  const long long waited_ms = (monotonic_ns() - t1) / ns_per_ms;
-  releaser.join();
-  CHECK(g.size() == 3);
-  CHECK(g.valid());
+  std::optional<dblock::lock_set_guard> g;
+  const long long waited_ms = ms_until_ended(
+      milliseconds(200), [&] { held->release(); },
+      [&] { g.emplace(set.acquire(std::chrono::seconds(20))); });
+  CHECK(g->size() == 3);
+  CHECK(g->valid());
   CHECK(waited_ms >= 195);
   CHECK(waited_ms < 5000);
 }

@@ -22,9 +22,7 @@
 #include "dblock/dblock.hpp"
 #include "harness.hpp"
 
-using dblock::errc;
-using dblock::test::code_of;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
 
@@ -167,10 +165,7 @@ TEST_CASE("sqlite::memory: every kind works", "[unit][memory]") {
   dblock::lease_lock holder(db, "wait"), waiter(db, "wait");
   auto h = holder.try_acquire();
   REQUIRE(h);
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(milliseconds(100));
-    h->release();
-  });
+  std::thread releaser = run_after(milliseconds(100), [&] { h->release(); });
   auto got = waiter.acquire(std::chrono::seconds(10));
   releaser.join();
   CHECK(got.valid());

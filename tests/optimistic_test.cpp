@@ -22,17 +22,10 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
 using dblock::retry_policy;
-using dblock::test::code_of;
-using dblock::test::process_set;
-using dblock::test::sleep_until_monotonic;
-using dblock::test::table_cleanup;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000;
 
 // <prefix><stem> (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL, version INTEGER NOT NULL)
 // with the row (1, 0, 0).
@@ -237,12 +230,7 @@ DBLOCK_WORKER(optimistic_buyer_worker) {
 namespace {
 
 retry_policy fast_policy(int max_attempts) {
-  retry_policy p;
-  p.max_attempts = max_attempts;
-  p.time_budget = milliseconds(0);
-  p.initial_backoff = milliseconds(0);
-  p.max_backoff = milliseconds(0);
-  return p;
+  return retry_of(max_attempts, milliseconds(0), milliseconds(0), milliseconds(0));
 }
 
 }  // namespace
@@ -284,11 +272,7 @@ TEST_CASE("retry: success after failures returns the value and stops",
 }
 
 TEST_CASE("retry: the time budget stops the loop early", "[unit][retry][optimistic]") {
-  retry_policy p;
-  p.max_attempts = 1000000;
-  p.time_budget = milliseconds(60);
-  p.initial_backoff = milliseconds(1);
-  p.max_backoff = milliseconds(4);
+  retry_policy p = retry_of(1000000, milliseconds(60), milliseconds(1), milliseconds(4));
   int calls = 0;
   const long long t0 = dblock::test::monotonic_ns();
   try {
@@ -367,11 +351,7 @@ TEST_CASE("retry: a non-retryable error propagates at once, unchanged",
 }
 
 TEST_CASE("retry: on_retry sees attempts 1..n-1", "[unit][retry][optimistic]") {
-  retry_policy p;
-  p.max_attempts = 6;
-  p.time_budget = milliseconds(0);
-  p.initial_backoff = milliseconds(1);
-  p.max_backoff = milliseconds(3);
+  retry_policy p = retry_of(6, milliseconds(0), milliseconds(1), milliseconds(3));
   std::vector<int> seen;
   std::vector<errc> causes;
   std::vector<std::chrono::microseconds> elapsed;
@@ -475,11 +455,7 @@ TEST_CASE("retry: max_attempts below 1 is invalid_argument and nothing runs",
 }
 
 TEST_CASE("retry: backoff never exceeds max_backoff", "[unit][retry][optimistic]") {
-  retry_policy p;
-  p.max_attempts = 12;
-  p.time_budget = milliseconds(0);
-  p.initial_backoff = milliseconds(4);
-  p.max_backoff = milliseconds(5);
+  retry_policy p = retry_of(12, milliseconds(0), milliseconds(4), milliseconds(5));
   std::vector<std::chrono::microseconds> backoffs;
   p.on_retry = [&](const dblock::retry_event& ev) { backoffs.push_back(ev.backoff); };
   const long long t0 = dblock::test::monotonic_ns();
@@ -658,11 +634,7 @@ DBLOCK_TEST("bounded retries: failed calls leave no trace, successes are exact",
   auto db = ctx.open(o);
   db.ping();
   const auto spec = acct_spec(table);
-  retry_policy p;
-  p.max_attempts = 3;
-  p.time_budget = milliseconds(0);
-  p.initial_backoff = milliseconds(0);
-  p.max_backoff = milliseconds(0);
+  retry_policy p = retry_of(3, milliseconds(0), milliseconds(0), milliseconds(0));
 
   struct outcome {
     std::vector<long long> versions;

@@ -12,9 +12,7 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
-using dblock::test::full_run;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
 

@@ -11,10 +11,8 @@
 
 #include "harness.hpp"
 
-using dblock::errc;
 using dblock::retry_policy;
-using dblock::test::table_cleanup;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
 
@@ -54,13 +52,19 @@ acct_state read_acct(const dblock::database& db, const std::string& table, long 
   return s;
 }
 
+// The error of a retry loop that ran out of attempts, each on `cause`: `cause` itself after
+// `max_attempts` attempts that took time, and every retry (`causes`) caused by it.
+void check_gave_up(const dblock::error& e, errc cause, int max_attempts,
+                   const std::vector<errc>& causes) {
+  CHECK(e.code() == cause);
+  CHECK(e.attempts() == max_attempts);
+  CHECK(e.elapsed().count() > 0);
+  CHECK(causes == std::vector<errc>(max_attempts - 1, cause));
+}
+
 // `attempts` attempts, no time budget (so only the attempt count ends the loop), tiny backoff.
 retry_policy policy(int attempts, std::vector<errc>* causes = nullptr) {
-  retry_policy p;
-  p.max_attempts = attempts;
-  p.time_budget = milliseconds(0);
-  p.initial_backoff = milliseconds(1);
-  p.max_backoff = milliseconds(2);
+  retry_policy p = retry_of(attempts, milliseconds(0), milliseconds(1), milliseconds(2));
   if (causes)
     p.on_retry = [causes](const dblock::retry_event& e) { causes->push_back(e.cause.kind()); };
   return p;
@@ -116,19 +120,13 @@ DBLOCK_TEST_ONLY("sqlite", "exhausted retries keep the cause: SQLite BUSY is loc
   }
   REQUIRE(vu);
   INFO("versioned_update: " << vu->what());
-  CHECK(vu->code() == errc::lock_not_available);
-  CHECK(vu->attempts() == 2);
-  CHECK(vu->elapsed().count() > 0);
-  CHECK(vu_causes == std::vector<errc>{errc::lock_not_available});
+  check_gave_up(*vu, errc::lock_not_available, 2, vu_causes);
   // The read and `mutate` run outside the write lock (docs/safety.md D3); each attempt's UPDATE
   // then met BUSY at its BEGIN IMMEDIATE.
   CHECK(mutate_calls == 2);
   REQUIRE(cs);
   INFO("compare_and_set: " << cs->what());
-  CHECK(cs->code() == errc::lock_not_available);
-  CHECK(cs->attempts() == 2);
-  CHECK(cs->elapsed().count() > 0);
-  CHECK(cas_causes == std::vector<errc>{errc::lock_not_available});
+  check_gave_up(*cs, errc::lock_not_available, 2, cas_causes);
 
   // Nothing of the failed calls was written; without the blocker both succeed again.
   CHECK(read_acct(ctx.db, table).version == 1);
@@ -208,10 +206,7 @@ DBLOCK_TEST_SERVERS("exhausted versioned_update on real conflicts is still versi
   });
   REQUIRE(e);
   INFO(ctx.backend << ": " << e->what());
-  CHECK(e->code() == errc::version_conflict);
-  CHECK(e->attempts() == max_attempts);
-  CHECK(e->elapsed().count() > 0);
-  CHECK(causes == std::vector<errc>(max_attempts - 1, errc::version_conflict));
+  check_gave_up(*e, errc::version_conflict, max_attempts, causes);
   CHECK(mutate_calls == max_attempts);
   auto s = read_acct(ctx.db, table);
   CHECK(s.balance == 0);             // none of our writes landed
@@ -249,10 +244,7 @@ DBLOCK_TEST("exhausted run_transaction on real conflicts is still version_confli
       error_of([&] { (void)dblock::run_transaction(ctx.db, body, policy(max_attempts, &causes)); });
   REQUIRE(e);
   INFO(ctx.backend << ": " << e->what());
-  CHECK(e->code() == errc::version_conflict);
-  CHECK(e->attempts() == max_attempts);
-  CHECK(e->elapsed().count() > 0);
-  CHECK(causes == std::vector<errc>(max_attempts - 1, errc::version_conflict));
+  check_gave_up(*e, errc::version_conflict, max_attempts, causes);
   CHECK(bodies == max_attempts);
   auto s = read_acct(ctx.db, table);
   CHECK(s.balance == 0);

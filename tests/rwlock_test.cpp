@@ -17,27 +17,11 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
 using dblock::lease_guard;
 using dblock::rwlock;
-using dblock::test::code_of;
-using dblock::test::full_run;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using dblock::test::read_file;
-using dblock::test::sleep_until_monotonic;
-using dblock::test::temp_dir;
-using dblock::test::write_file_atomic;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
-
-std::string rw_name(const std::string& stem) {
-  return stem + "/" + dblock::test::random_suffix();
-}
 
 // True while the writer row of `name` is held (a writer holds or waits).
 bool writer_row_held(const dblock::test::context& ctx, const std::string& name) {
@@ -49,7 +33,7 @@ bool writer_row_held(const dblock::test::context& ctx, const std::string& name) 
 
 DBLOCK_TEST("rwlock: readers share, a writer excludes readers and writers, fences grow",
             "[rwlock]") {
-  const std::string name = rw_name("cache");
+  const std::string name = unique_name("cache");
   rwlock a(ctx.db, name), b(ctx.db, name), w(ctx.db, name), w2(ctx.db, name);
   auto r1 = a.try_acquire_shared();
   auto r2 = b.try_acquire_shared();
@@ -77,7 +61,7 @@ DBLOCK_TEST("rwlock: readers share, a writer excludes readers and writers, fence
 
 DBLOCK_TEST("rwlock: a waiting writer holds back new readers and gets in when readers leave",
             "[rwlock]") {
-  const std::string name = rw_name("prefer");
+  const std::string name = unique_name("prefer");
   rwlock reader(ctx.db, name), late(ctx.db, name), writer(ctx.db, name);
   auto r = reader.try_acquire_shared();
   REQUIRE(r);
@@ -107,7 +91,7 @@ DBLOCK_TEST("rwlock: a waiting writer holds back new readers and gets in when re
 
 DBLOCK_TEST("rwlock: waits time out and are cancelled; a timed-out writer keeps nothing",
             "[rwlock]") {
-  const std::string name = rw_name("wait");
+  const std::string name = unique_name("wait");
   rwlock reader(ctx.db, name), writer(ctx.db, name), other(ctx.db, name);
   auto r = reader.try_acquire_shared();
   REQUIRE(r);
@@ -122,14 +106,9 @@ DBLOCK_TEST("rwlock: waits time out and are cancelled; a timed-out writer keeps 
   CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
   CHECK_FALSE(writer_row_held(ctx, name));  // given back
   CHECK(other.try_acquire_shared());        // readers are admitted again
-  dblock::cancellation cancel;
-  std::thread canceller([&] {
-    std::this_thread::sleep_for(milliseconds(200));
-    cancel.cancel();
-  });
-  CHECK(code_of([&] { (void)writer.acquire(std::chrono::seconds(20), cancel); }) ==
-        errc::cancelled);
-  canceller.join();
+  CHECK(code_when_cancelled(milliseconds(200), [&](const dblock::cancellation& c) {
+          (void)writer.acquire(std::chrono::seconds(20), c);
+        }) == errc::cancelled);
   r->release();
   auto wg = writer.try_acquire();
   REQUIRE(wg);
@@ -150,7 +129,7 @@ DBLOCK_TEST(
   dblock::lease_options huge;
   huge.poll_initial = std::chrono::hours(1);
   huge.poll_max = milliseconds::max();
-  const std::string name = rw_name("backoff");
+  const std::string name = unique_name("backoff");
   rwlock reader(ctx.db, name), writer(ctx.db, name, huge);
   auto timed_out_ms = [](auto&& wait) {
     const long long t0 = monotonic_ns();
@@ -226,10 +205,7 @@ DBLOCK_WORKER(rwlock_worker) {
   const int iterations = std::stoi(args.at(4));
   auto db = open_db(args.at(0), args.at(1), 3);
   db.ping();
-  dblock::lease_options lo;
-  lo.ttl = std::chrono::seconds(10);
-  lo.poll_initial = milliseconds(1);
-  lo.poll_max = milliseconds(10);
+  const auto lo = polling_lease(std::chrono::seconds(10), milliseconds(10));
   rwlock l(db, name, lo);
   dblock::lease_lock plain(db, name, lo);
   std::ostringstream out;
@@ -296,7 +272,7 @@ rw_run run_rw(const dblock::test::context& ctx, int readers, int writers, int re
               int writer_iterations, const std::string& writer_role) {
   ctx.exec("CREATE TABLE " + ctx.table("counter") + " (id INT PRIMARY KEY, n INT)");
   ctx.exec("INSERT INTO " + ctx.table("counter") + " (id, n) VALUES (1, 0)");
-  const std::string name = rw_name("procs");
+  const std::string name = unique_name("procs");
   temp_dir dir("rwlock");
   process_set ps;
   const long long start_ns = monotonic_ns() + 800 * ns_per_ms;
@@ -335,17 +311,10 @@ int writer_overlaps(const std::vector<interval>& all) {
 }
 
 int max_readers_at_once(const std::vector<interval>& all) {
-  std::vector<std::pair<long long, int>> ev;
+  std::vector<std::pair<long long, long long>> readers;
   for (const auto& v : all)
-    if (v.kind == 'R') {
-      ev.emplace_back(v.enter, 1);
-      ev.emplace_back(v.exit, -1);
-    }
-  std::sort(ev.begin(), ev.end());
-  int open = 0, most = 0;
-  for (const auto& e : ev)
-    most = std::max(most, open += e.second);
-  return most;
+    if (v.kind == 'R') readers.emplace_back(v.enter, v.exit);
+  return most_at_once(readers);
 }
 
 long long longest_writer_wait_ms(const std::vector<interval>& all) {

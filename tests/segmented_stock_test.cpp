@@ -17,8 +17,7 @@
 
 using dblock::errc;
 using dblock::segmented_stock;
-using dblock::test::code_of;  // nothing when the call returns: a check on its code fails
-using dblock::test::full_run;
+using namespace dblock::test;  // code_of: nothing when the call returns (a check on its code fails)
 
 namespace {
 

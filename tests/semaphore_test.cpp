@@ -22,28 +22,11 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using dblock::errc;
 using dblock::lease_guard;
 using dblock::semaphore;
-using dblock::test::code_of;
-using dblock::test::full_run;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using dblock::test::read_file;
-using dblock::test::sleep_until_monotonic;
-using dblock::test::temp_dir;
-using dblock::test::wait_for_file;
-using dblock::test::write_file_atomic;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
-
-std::string sem_name(const std::string& stem) {
-  return stem + "/" + dblock::test::random_suffix();
-}
 
 int declared_permits(const dblock::test::context& ctx, const std::string& name) {
   auto c = ctx.db.connect();
@@ -64,16 +47,10 @@ struct section {
 
 // The most sections open at one instant (exits before enters at equal instants).
 int max_concurrency(const std::vector<section>& all) {
-  std::vector<std::pair<long long, int>> ev;
-  for (const auto& s : all) {
-    ev.emplace_back(s.enter_ns, 1);
-    ev.emplace_back(s.exit_ns, -1);
-  }
-  std::sort(ev.begin(), ev.end());
-  int open = 0, most = 0;
-  for (const auto& e : ev)
-    most = std::max(most, open += e.second);
-  return most;
+  std::vector<std::pair<long long, long long>> spans;
+  for (const auto& s : all)
+    spans.emplace_back(s.enter_ns, s.exit_ns);
+  return most_at_once(spans);
 }
 
 // Per permit slot: sections never overlap and fences strictly increase in time order. Returns
@@ -193,10 +170,7 @@ DBLOCK_WORKER(semaphore_worker) {
   const int barrier = std::stoi(args.at(9));
   auto db = open_db(args.at(0), args.at(1), 3);
   db.ping();
-  dblock::lease_options lo;
-  lo.ttl = std::chrono::seconds(10);
-  lo.poll_initial = milliseconds(1);
-  lo.poll_max = milliseconds(10);
+  const auto lo = polling_lease(std::chrono::seconds(10), milliseconds(10));
   semaphore sem(db, name, permits, lo);
   std::ostringstream out;
   sleep_until_monotonic(start_ns);
@@ -227,7 +201,7 @@ DBLOCK_WORKER(semaphore_worker) {
 }
 
 DBLOCK_TEST("semaphore: N permits and no more; a released permit is taken again", "[semaphore]") {
-  const std::string name = sem_name("pool");
+  const std::string name = unique_name("pool");
   semaphore a(ctx.db, name, 3), b(ctx.db, name, 3);
   std::vector<lease_guard> held;
   std::set<int> slots;
@@ -260,7 +234,7 @@ DBLOCK_TEST("semaphore: N permits and no more; a released permit is taken again"
 }
 
 DBLOCK_TEST("semaphore: another permit count is refused, never a silent resize", "[semaphore]") {
-  const std::string name = sem_name("declared");
+  const std::string name = unique_name("declared");
   semaphore three(ctx.db, name, 3);
   auto g = three.try_acquire();
   REQUIRE(g);
@@ -312,7 +286,7 @@ DBLOCK_TEST("semaphore: bad names, counts and options are refused clearly", "[se
 
 DBLOCK_TEST("semaphore: acquire waits for a released permit, times out, is cancelled",
             "[semaphore]") {
-  const std::string name = sem_name("wait");
+  const std::string name = unique_name("wait");
   semaphore holder(ctx.db, name, 2);
   auto g1 = holder.try_acquire();
   auto g2 = holder.try_acquire();
@@ -322,30 +296,21 @@ DBLOCK_TEST("semaphore: acquire waits for a released permit, times out, is cance
   const long long t0 = monotonic_ns();
   CHECK(code_of([&] { (void)waiter.acquire(milliseconds(300)); }) == errc::timeout);
   CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
-  dblock::cancellation cancel;
-  std::thread canceller([&] {
-    std::this_thread::sleep_for(milliseconds(200));
-    cancel.cancel();
-  });
-  CHECK(code_of([&] { (void)waiter.acquire(std::chrono::seconds(20), cancel); }) ==
-        errc::cancelled);
-  canceller.join();
-  const long long t1 = monotonic_ns();  // before the releaser starts its 200 ms
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(milliseconds(200));
-    g2->release();
-  });
-  auto g3 = waiter.acquire(std::chrono::seconds(20));
-  const long long waited_ms = (monotonic_ns() - t1) / ns_per_ms;
-  releaser.join();
-  CHECK(g3.valid());
+  CHECK(code_when_cancelled(milliseconds(200), [&](const dblock::cancellation& c) {
+          (void)waiter.acquire(std::chrono::seconds(20), c);
+        }) == errc::cancelled);
+  std::optional<lease_guard> g3;
+  const long long waited_ms = ms_until_ended(
+      milliseconds(200), [&] { g2->release(); },
+      [&] { g3.emplace(waiter.acquire(std::chrono::seconds(20))); });
+  CHECK(g3->valid());
   CHECK(waited_ms >= 195);
   CHECK(waited_ms < 5000);
 }
 
 DBLOCK_TEST("semaphore: a permit never released comes back when its lease expires, not before",
             "[semaphore]") {
-  const std::string name = sem_name("expiry");
+  const std::string name = unique_name("expiry");
   dblock::lease_options lo;
   lo.ttl = milliseconds(600);
   semaphore holder(ctx.db, name, 1, lo);
@@ -364,7 +329,7 @@ DBLOCK_TEST("semaphore: a permit never released comes back when its lease expire
 
 DBLOCK_TEST("semaphore: the watchdog keeps a permit past its ttl; fenced writes need it",
             "[semaphore]") {
-  const std::string name = sem_name("watchdog");
+  const std::string name = unique_name("watchdog");
   ctx.exec("CREATE TABLE " + ctx.table("items") + " (id INT PRIMARY KEY)");
   dblock::lease_options lo;
   lo.ttl = milliseconds(1000);  // renewed every 333 ms: a loaded CI machine keeps up
@@ -403,7 +368,7 @@ DBLOCK_TEST("semaphore: processes on 3 permits: never more than 3 holders, reall
             "[semaphore][process]") {
   const int procs = full_run() ? 16 : 8;
   const int iterations = full_run() ? 60 : 20;
-  const std::string name = sem_name("procs");
+  const std::string name = unique_name("procs");
   // The first three holders wait for each other while holding: 3 at once, if 3 can hold.
   const auto r = run_workers(ctx, name, 3, procs, iterations, 5, 3);
   REQUIRE(r.sections.size() == static_cast<std::size_t>(procs * iterations));
@@ -427,7 +392,7 @@ DBLOCK_TEST("semaphore: processes on 3 permits: never more than 3 holders, reall
 // parent's check for 3 must catch it.
 DBLOCK_TEST("negative control: processes ignoring N are caught holding more than 3",
             "[semaphore][process][control]") {
-  const std::string name = sem_name("control");
+  const std::string name = unique_name("control");
   const auto r = run_workers(ctx, name, 16, 8, 5, 30, 0);
   const int most = max_concurrency(r.sections);
   INFO("at most " << most << " holders at once");
@@ -454,7 +419,7 @@ DBLOCK_WORKER(semaphore_holder) {
 
 DBLOCK_TEST("semaphore: the permit of a kill -9ed holder comes back within its TTL, not before",
             "[semaphore][process]") {
-  const std::string name = sem_name("killed");
+  const std::string name = unique_name("killed");
   const int ttl_ms = 1000;
   temp_dir dir("semaphore-kill");
   process_set ps;

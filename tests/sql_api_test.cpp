@@ -21,13 +21,9 @@
 #include "support/harness.hpp"
 #include "support/mysql_client.hpp"
 
-using dblock::errc;
-using dblock::test::code_of;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
-
-using dblock::test::connect_mysql;
 
 // One call of the SQL API as any client makes it, on a connection of its own: PostgreSQL
 // SELECTs the function (libpq), MySQL/MariaDB CALLs the procedure (the C client, which reads

@@ -10,8 +10,10 @@
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 #include "dialect/dialect.hpp"
+#include "harness.hpp"
 
 using dblock::detail::parse_url;
+using dblock::test::count_of;
 
 namespace {
 dblock::errc code_of(const std::string& url) {
@@ -164,12 +166,6 @@ connection connection_of(const std::string& url) {
   dia.conn.adjust_options(u, c.options);
   c.strings = dia.conn.connect_strings(u, c.options);
   return c;
-}
-std::size_t count_of(const std::string& s, const std::string& needle) {
-  std::size_t n = 0;
-  for (auto p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1))
-    ++n;
-  return n;
 }
 }  // namespace
 

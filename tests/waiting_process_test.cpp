@@ -24,21 +24,9 @@
 #include "harness.hpp"
 #include "waiting_support.hpp"
 
-using dblock::test::count_waiters;
-using dblock::test::full_run;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using dblock::test::read_file;
-using dblock::test::temp_dir;
-using dblock::test::wait_for_file;
-using dblock::test::wait_for_waiters;
-using dblock::test::write_file_atomic;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
 
 // One grant as seen by the process that got it (CLOCK_MONOTONIC instants).
 struct grant {

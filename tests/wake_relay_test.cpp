@@ -24,17 +24,9 @@
 #include "harness.hpp"
 #include "waiting_support.hpp"
 
-using dblock::test::counting_listener;
-using dblock::test::monotonic_ns;
-using dblock::test::open_db;
-using dblock::test::process_set;
-using dblock::test::temp_dir;
-using dblock::test::wait_for_waiters;
-using std::chrono::milliseconds;
+using namespace dblock::test;
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
 
 // `url` whose connections are named `tag` (application_name), to find them on the server.
 std::string tagged(const std::string& url, const std::string& tag) {

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # The consumer_fetchcontent test: tests/consumer/fetchcontent, a project that builds dblock
 # inside itself with FetchContent_Declare(dblock SOURCE_DIR SOURCE_DIR), configured with only the
 # library's dependencies findable: CLI11, nlohmann-json, Catch2, yaml-cpp, prometheus-cpp and
@@ -18,25 +19,9 @@ if [ $# -ne 1 ]; then
     exit 2
 fi
 src=$(readlink -f "$1")
-export CXX=${CXX:-c++}
-work=$(mktemp -d "${TMPDIR:-/tmp}/dblock-fetchcontent.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# shellcheck source=common.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/common.sh" consumer_fetchcontent
 build=$work/build
-
-say() { echo "consumer_fetchcontent: $*"; }
-fail() {
-    echo "consumer_fetchcontent: FAIL: $*" >&2
-    exit 1
-}
-run_logged() { # LOG WHAT COMMAND...
-    local log=$1 what=$2
-    shift 2
-    if ! "$@" >"$log" 2>&1; then
-        echo "consumer_fetchcontent: FAIL: $what; its output (last 80 lines of $log):" >&2
-        tail -n 80 "$log" >&2
-        exit 1
-    fi
-}
 
 t0=$SECONDS
 hidden=()

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # The consumer test: installs the build BUILD_DIR into a temporary prefix and uses it as a
 # user would, on fresh SQLite files (no server needed).
 #   1. CMake: tests/consumer with find_package(dblock) while prometheus-cpp cannot be found
@@ -21,27 +22,11 @@ if [ $# -ne 3 ]; then
     exit 2
 fi
 build_dir=$(readlink -f "$1") src_dir=$(readlink -f "$2") readme=$3
-export CXX=${CXX:-c++}
 here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
-work=$(mktemp -d "${TMPDIR:-/tmp}/dblock-consumer.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# shellcheck source=common.sh
+. "$here/common.sh" consumer
 prefix=$work/prefix
 
-say() { echo "consumer: $*"; }
-fail() {
-    echo "consumer: FAIL: $*" >&2
-    exit 1
-}
-# run_logged LOG WHAT COMMAND...: runs COMMAND with its output in LOG; on failure shows LOG.
-run_logged() {
-    local log=$1 what=$2
-    shift 2
-    if ! "$@" >"$log" 2>&1; then
-        echo "consumer: FAIL: $what; its output (last 80 lines of $log):" >&2
-        tail -n 80 "$log" >&2
-        exit 1
-    fi
-}
 # expect_output WHAT EXPECTED COMMAND...: runs COMMAND, which must succeed and print EXPECTED.
 expect_output() {
     local what=$1 expected=$2 out

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # The consumer_shared test: builds dblock with -DBUILD_SHARED_LIBS=ON in a temporary directory
 # (the libraries only: no tests, examples, benchmarks or CLI; -O0 without debug information,
 # since only the packaging is checked), checks the SONAMEs and the symlink chains
@@ -16,25 +17,11 @@ if [ $# -ne 1 ]; then
     exit 2
 fi
 src=$(readlink -f "$1")
-export CXX=${CXX:-c++}
 soversion=0 # SOVERSION of dblock_lib and dblock_prometheus in CMakeLists.txt
-work=$(mktemp -d "${TMPDIR:-/tmp}/dblock-shared.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# shellcheck source=common.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/common.sh" consumer_shared
 build=$work/build
 
-fail() {
-    echo "consumer_shared: FAIL: $*" >&2
-    exit 1
-}
-run_logged() { # LOG WHAT COMMAND...
-    local log=$1 what=$2
-    shift 2
-    if ! "$@" >"$log" 2>&1; then
-        echo "consumer_shared: FAIL: $what; its output (last 80 lines of $log):" >&2
-        tail -n 80 "$log" >&2
-        exit 1
-    fi
-}
 # check_soname NAME: lib<NAME>.so -> lib<NAME>.so.$soversion -> lib<NAME>.so.$version,
 # the SONAME being lib<NAME>.so.$soversion.
 check_soname() {

@@ -21,26 +21,10 @@ int peak_of(const std::string& out) {
 
 DBLOCK_TEST("example api_client_limit: at most K calls at once, every call recorded",
             "[examples][semaphore]") {
-  const std::string prefix = ctx.prefix + "acl_";
-  ctx.prefixes.push_back(prefix);  // the harness drops dblock's tables of this prefix
-  struct drop {
-    const dblock::test::context& ctx;
-    std::string prefix;
-    ~drop() {
-      if (ctx.backend == "sqlite") return;
-      for (const char* t : {"api_gauge", "api_calls"}) {
-        try {
-          ctx.exec("DROP TABLE IF EXISTS " + prefix + t);
-        } catch (...) {
-        }
-      }
-    }
-  } dropper{ctx, prefix};
-  const std::string cmd =
-      std::string(DBLOCK_EXAMPLES_BIN) + "/api_client_limit/api_client_limit --url " +
-      dblock::test::shell_quote(ctx.url) + " --table-prefix " + prefix + " --permits 3 --workers 8";
+  const dblock::test::example_run ex(ctx, "api_client_limit", "acl_", {"api_gauge", "api_calls"},
+                                     "--permits 3 --workers 8");
   {
-    auto r = dblock::test::run_program(cmd + " --calls 8 --call-ms 20");
+    auto r = dblock::test::run_program(ex.cmd + " --calls 8 --call-ms 20");
     INFO(r.output);
     CHECK(r.status == 0);
     CHECK(r.output.find("calls 64 of 64, recorded 64") != std::string::npos);
@@ -50,7 +34,7 @@ DBLOCK_TEST("example api_client_limit: at most K calls at once, every call recor
     CHECK(r.output.find("verdict: invariant held") != std::string::npos);
   }
   {
-    auto r = dblock::test::run_program(cmd + " --calls 4 --call-ms 60 --no-semaphore");
+    auto r = dblock::test::run_program(ex.cmd + " --calls 4 --call-ms 60 --no-semaphore");
     INFO(r.output);
     CHECK(r.status == 1);
     CHECK(peak_of(r.output) > 3);

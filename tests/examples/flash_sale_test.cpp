@@ -19,14 +19,10 @@ std::map<std::string, row> parse(const std::string& out) {
   std::map<std::string, row> rows;
   std::regex line(
       R"(^(none|lease|for_update|optimistic|cas|segmented)\s+(\d+)\s+(-?\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s)");
-  std::istringstream in(out);
-  std::string l;
-  while (std::getline(in, l)) {
-    std::smatch m;
-    if (std::regex_search(l, m, line))
-      rows[m[1]] = {std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), std::stoi(m[5]),
-                    std::stoi(m[6])};
-  }
+  dblock::test::for_each_match(out, line, [&](const std::smatch& m) {
+    rows[m[1]] = {std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), std::stoi(m[5]),
+                  std::stoi(m[6])};
+  });
   return rows;
 }
 
@@ -34,9 +30,8 @@ std::map<std::string, row> parse(const std::string& out) {
 
 DBLOCK_TEST("example flash_sale: every strategy with a lock sells exactly the stock",
             "[examples]") {
-  const std::string cmd = std::string(DBLOCK_EXAMPLES_BIN) + "/flash_sale/flash_sale --url " +
-                          dblock::test::shell_quote(ctx.url) + " --table-prefix " + ctx.prefix +
-                          "fs_ --workers 8 --stock 60 --attempts 15";
+  const std::string cmd = dblock::test::example_command("flash_sale", ctx.url, ctx.prefix + "fs_",
+                                                        "--workers 8 --stock 60 --attempts 15");
   auto r = dblock::test::run_program(cmd);
   INFO(r.output);
   CHECK(r.status == 0);

@@ -19,51 +19,24 @@ struct kill_row {
 std::vector<kill_row> parse_kills(const std::string& out) {
   std::vector<kill_row> rows;
   std::regex line(R"(^\d+\s+(\d+)\s+(\d+)\s+\d+\s+(-?\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$)");
-  std::istringstream in(out);
-  std::string l;
-  while (std::getline(in, l)) {
-    std::smatch m;
-    if (std::regex_match(l, m, line))
-      rows.push_back({std::stoi(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]),
-                      std::stoll(m[5]), std::stoll(m[6])});
-  }
+  dblock::test::for_each_match(out, line, [&](const std::smatch& m) {
+    rows.push_back({std::stoi(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]),
+                    std::stoll(m[5]), std::stoll(m[6])});
+  });
   return rows;
-}
-
-std::size_t count(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1))
-    ++n;
-  return n;
 }
 
 }  // namespace
 
 DBLOCK_TEST("example leader_election: one leader at a time, prompt and safe takeovers",
             "[examples]") {
-  const std::string prefix = ctx.prefix + "le_";
-  ctx.prefixes.push_back(prefix);  // the harness drops dblock's tables of this prefix
-  struct drop_log {
-    const dblock::test::context& ctx;
-    std::string table;
-    ~drop_log() {
-      if (ctx.backend == "sqlite") return;
-      try {
-        ctx.exec("DROP TABLE IF EXISTS " + table);
-      } catch (...) {
-      }
-    }
-  } drop{ctx, prefix + "leader_log"};
-
-  const std::string cmd = std::string(DBLOCK_EXAMPLES_BIN) +
-                          "/leader_election/leader_election --url " +
-                          dblock::test::shell_quote(ctx.url) + " --table-prefix " + prefix +
-                          " --candidates 4 --ttl-ms 1000 --kills 2";
-  auto r = dblock::test::run_program(cmd);
+  const dblock::test::example_run ex(ctx, "leader_election", "le_", {"leader_log"},
+                                     "--candidates 4 --ttl-ms 1000 --kills 2");
+  auto r = dblock::test::run_program(ex.cmd);
   INFO(r.output);
   CHECK(r.status == 0);
-  CHECK(count(r.output, "invariant held:") == 3);
-  CHECK(count(r.output, "invariant BROKEN") == 0);
+  CHECK(dblock::test::count_of(r.output, "invariant held:") == 3);
+  CHECK(dblock::test::count_of(r.output, "invariant BROKEN") == 0);
   CHECK(r.output.find("problem:") == std::string::npos);
   CHECK(r.output.find("0 stopped uncleanly; 0 errors") != std::string::npos);
 

@@ -22,13 +22,9 @@ struct host_row {
 std::vector<host_row> parse_hosts(const std::string& out) {
   std::vector<host_row> rows;
   std::regex line(R"(^host\d+\s+(\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s*$)");
-  std::istringstream in(out);
-  std::string l;
-  while (std::getline(in, l)) {
-    std::smatch m;
-    if (std::regex_match(l, m, line))
-      rows.push_back({std::stoi(m[1]), m[2], std::stoi(m[3]), std::stoi(m[4])});
-  }
+  dblock::test::for_each_match(out, line, [&](const std::smatch& m) {
+    rows.push_back({std::stoi(m[1]), m[2], std::stoi(m[3]), std::stoi(m[4])});
+  });
   return rows;
 }
 

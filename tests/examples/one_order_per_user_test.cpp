@@ -44,34 +44,14 @@ summary parse(const std::string& out) {
   return s;
 }
 
-// Drops the example's own tables after the test (SQLite: the file goes away anyway).
-struct drop_tables {
-  const dblock::test::context& ctx;
-  std::vector<std::string> names;
-  ~drop_tables() {
-    if (ctx.backend == "sqlite") return;
-    for (const auto& n : names) {
-      try {
-        ctx.exec("DROP TABLE IF EXISTS " + n);
-      } catch (...) {
-      }
-    }
-  }
-};
-
 }  // namespace
 
 DBLOCK_TEST("example one_order_per_user: one order per user, no unique violation with the lock",
             "[examples]") {
-  const std::string prefix = ctx.prefix + "oo_";
-  ctx.prefixes.push_back(prefix);  // the harness drops dblock's tables of this prefix
-  drop_tables drop{ctx, {prefix + "orders"}};
-  const std::string cmd = std::string(DBLOCK_EXAMPLES_BIN) +
-                          "/one_order_per_user/one_order_per_user --url " +
-                          dblock::test::shell_quote(ctx.url) + " --table-prefix " + prefix +
-                          " --workers 6 --users 15 --attempts 2";
+  const dblock::test::example_run ex(ctx, "one_order_per_user", "oo_", {"orders"},
+                                     "--workers 6 --users 15 --attempts 2");
   {
-    auto r = dblock::test::run_program(cmd);
+    auto r = dblock::test::run_program(ex.cmd);
     INFO(r.output);
     CHECK(r.status == 0);
     auto s = parse(r.output);
@@ -92,7 +72,7 @@ DBLOCK_TEST("example one_order_per_user: one order per user, no unique violation
   {
     // Without the lock, concurrent check-then-insert passes the check several times per user;
     // the UNIQUE constraint rejects the duplicates and still keeps one order per user.
-    auto r = dblock::test::run_program(cmd + " --no-lock");
+    auto r = dblock::test::run_program(ex.cmd + " --no-lock");
     INFO(r.output);
     CHECK(r.status == 0);
     auto s = parse(r.output);

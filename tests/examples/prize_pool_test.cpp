@@ -19,41 +19,18 @@ std::map<std::string, prize_row> parse(const std::string& out) {
   std::map<std::string, prize_row> rows;
   std::regex line(
       R"(^(grand|gold|silver|bronze|sticker|total)\s+(\d+)\s+(\d+)\s+(-?\d+)\s+(-?\d+)\s+(ok|BROKEN)\s*$)");
-  std::istringstream in(out);
-  std::string l;
-  while (std::getline(in, l)) {
-    std::smatch m;
-    if (std::regex_search(l, m, line))
-      rows[m[1]] = {std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), std::stoll(m[5]), m[6]};
-  }
+  dblock::test::for_each_match(out, line, [&](const std::smatch& m) {
+    rows[m[1]] = {std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), std::stoll(m[5]), m[6]};
+  });
   return rows;
 }
-
-// Drops the example's own tables after the test (SQLite: the file goes away anyway).
-struct drop_tables {
-  const dblock::test::context& ctx;
-  std::vector<std::string> names;
-  ~drop_tables() {
-    if (ctx.backend == "sqlite") return;
-    for (const auto& n : names) {
-      try {
-        ctx.exec("DROP TABLE IF EXISTS " + n);
-      } catch (...) {
-      }
-    }
-  }
-};
 
 }  // namespace
 
 DBLOCK_TEST("example prize_pool: wins == initial - remaining for every prize", "[examples]") {
-  const std::string prefix = ctx.prefix + "pp_";
-  ctx.prefixes.push_back(prefix);  // the harness drops dblock's tables of this prefix
-  drop_tables drop{ctx, {prefix + "wins", prefix + "prize_pool"}};
-  const std::string cmd = std::string(DBLOCK_EXAMPLES_BIN) + "/prize_pool/prize_pool --url " +
-                          dblock::test::shell_quote(ctx.url) + " --table-prefix " + prefix +
-                          " --workers 6 --draws 40";
-  auto r = dblock::test::run_program(cmd);
+  const dblock::test::example_run ex(ctx, "prize_pool", "pp_", {"wins", "prize_pool"},
+                                     "--workers 6 --draws 40");
+  auto r = dblock::test::run_program(ex.cmd);
   INFO(r.output);
   CHECK(r.status == 0);
   auto rows = parse(r.output);

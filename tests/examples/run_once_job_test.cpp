@@ -54,32 +54,13 @@ result parse(const std::string& out) {
   return r;
 }
 
-// Drops the example's own tables after the test (SQLite: the file goes away anyway).
-struct drop_tables {
-  const dblock::test::context& ctx;
-  std::vector<std::string> names;
-  ~drop_tables() {
-    if (ctx.backend == "sqlite") return;
-    for (const auto& n : names) {
-      try {
-        ctx.exec("DROP TABLE IF EXISTS " + n);
-      } catch (...) {
-      }
-    }
-  }
-};
-
 }  // namespace
 
 DBLOCK_TEST("example run_once_job: exactly one run per period, fences increasing", "[examples]") {
-  const std::string prefix = ctx.prefix + "rj_";
-  ctx.prefixes.push_back(prefix);  // the harness drops dblock's tables of this prefix
-  drop_tables drop{ctx, {prefix + "job_runs"}};
-  const std::string cmd = std::string(DBLOCK_EXAMPLES_BIN) + "/run_once_job/run_once_job --url " +
-                          dblock::test::shell_quote(ctx.url) + " --table-prefix " + prefix +
-                          " --instances 4 --max-skew 200 --at-most-for 800 --job-ms 20";
+  const dblock::test::example_run ex(ctx, "run_once_job", "rj_", {"job_runs"},
+                                     "--instances 4 --max-skew 200 --at-most-for 800 --job-ms 20");
   {
-    auto r = dblock::test::run_program(cmd + " --periods 3 --period-ms 600 --at-least-for 300");
+    auto r = dblock::test::run_program(ex.cmd + " --periods 3 --period-ms 600 --at-least-for 300");
     INFO(r.output);
     CHECK(r.status == 0);
     auto res = parse(r.output);
@@ -105,7 +86,7 @@ DBLOCK_TEST("example run_once_job: exactly one run per period, fences increasing
   {
     // Negative control: released at once, the lock is free again when the late instances'
     // clocks reach the period start, and they run it again (with higher fences).
-    auto r = dblock::test::run_program(cmd + " --periods 2 --period-ms 500 --at-least-for 0");
+    auto r = dblock::test::run_program(ex.cmd + " --periods 2 --period-ms 500 --at-least-for 0");
     INFO(r.output);
     CHECK(r.status == 1);
     auto res = parse(r.output);

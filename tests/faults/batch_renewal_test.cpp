@@ -22,10 +22,7 @@
 #include "harness.hpp"
 #include "proxy.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -52,10 +52,7 @@
 #include "fault_support.hpp"
 #include "harness.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 
@@ -166,13 +163,7 @@ struct skew_result {
 skew_result run_skewed_counter(context& ctx, const clock_variant& v, int ms, int ttl_ms) {
   reset_workload_tables(ctx);
   temp_dir dir("faults-skew");
-  workload w;
-  w.url = ctx.url;
-  w.direct_url = ctx.url;
-  w.prefix = ctx.prefix;
-  w.lock = "skew-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = ttl_ms;
+  auto w = make_workload(ctx, "skew", dir, ttl_ms);
   w.work_ms = 2;
   process_set ps;
   std::vector<int> pids;
@@ -257,10 +248,7 @@ DBLOCK_WORKER(clock_probe_holder) {
 DBLOCK_WORKER(clock_probe_waiter) {
   const std::string url = args.at(0), prefix = args.at(1), name = args.at(2), dir = args.at(5);
   auto db = open_db(url, prefix, 2);
-  lease_options lo;
-  lo.ttl = milliseconds(std::stoi(args.at(3)));
-  lo.poll_initial = milliseconds(1);
-  lo.poll_max = milliseconds(50);
+  const auto lo = polling_lease(milliseconds(std::stoi(args.at(3))), milliseconds(50));
   lease_lock lock(db, name, lo);
   std::string out;
   try {
@@ -542,13 +530,7 @@ DBLOCK_TEST_ONLY("postgresql",
   const int ttl_ms = 1000, jumps = count(4, 16);
   create_workload_tables(f);
   temp_dir dir("faults-srvclock");
-  workload w;
-  w.url = srv.url;
-  w.direct_url = srv.url;
-  w.prefix = f.prefix;
-  w.lock = "jump-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = ttl_ms;
+  auto w = make_workload(srv.url, f.prefix, "jump", dir, ttl_ms);
   w.work_ms = 2;
   process_set ps;
   for (int i = 0; i < 4; ++i)
@@ -563,12 +545,7 @@ DBLOCK_TEST_ONLY("postgresql",
   }
   std::this_thread::sleep_for(milliseconds(1500));
   stop_workers(w);
-  auto st = ps.wait_all(std::chrono::seconds(90));
-  for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i] << "; the end of its log:\n"
-                   << worker_log_tail(w, static_cast<int>(i)));
-    CHECK(st[i] == 0);
-  }
+  require_clean_exit(ps, w, std::chrono::seconds(90));
   // No overlap check: a jump of the server's clock by an hour ends every lease at once, while
   // their holders' local validity (measured on their own clocks) still runs: sections overlap
   // by design. The fences (a stale holder's write is refused) and exact counts are promised.

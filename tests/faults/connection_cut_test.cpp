@@ -19,9 +19,7 @@
 #include "harness.hpp"
 #include "proxy.hpp"
 
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 
@@ -115,21 +113,14 @@ void run_cuts(context& ctx, int seconds, const std::string& lock_kind, const std
   auto [host, port] = url_host_port(ctx.url);
   tcp_proxy proxy(host, port);
   temp_dir dir("faults-cut");
-  workload w;
+  auto w = make_workload(ctx, "cut", dir, 700);
   w.url = url_via(ctx.url, proxy.port());
-  w.direct_url = ctx.url;
-  w.prefix = ctx.prefix;
-  w.lock = "cut-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = 700;
   w.try_mode = true;
   w.pool = 2;
   w.kind = lock_kind;
   process_set ps;
-  std::vector<int> pids;
   const int cpp_workers = 4 - sql_workers;
-  for (int i = 0; i < 4; ++i)
-    pids.push_back(i < cpp_workers ? spawn_counter_worker(ps, w, i) : spawn_sql_worker(ps, w, i));
+  const std::vector<int> pids = spawn_mixed_workers(ps, w, 4, sql_workers);
   std::this_thread::sleep_for(milliseconds(800));
   // With SQL workers, the one-shot reply cuts aim at their routines half of the time.
   const bool sql = sql_workers > 0;
@@ -182,12 +173,7 @@ void run_cuts(context& ctx, int seconds, const std::string& lock_kind, const std
     std::this_thread::sleep_for(milliseconds(100));
   // DBLOCK_FAULTS_SHOW_SESSIONS=1 prints them anyway (to check this report).
   if (running() || std::getenv("DBLOCK_FAULTS_SHOW_SESSIONS")) print_server_sessions(ctx);
-  auto st = ps.wait_all(std::chrono::seconds(60));
-  for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i] << "; the end of its log:\n"
-                   << worker_log_tail(w, static_cast<int>(i)));
-    CHECK(st[i] == 0);
-  }
+  require_clean_exit(ps, w, std::chrono::seconds(60));
   auto a = analyze(ctx.db, ctx, w, true);
   for (const auto& e : a.error_samples)
     std::cerr << scenario << " " << ctx.backend << " worker error: " << e << std::endl;

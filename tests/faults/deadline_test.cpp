@@ -30,10 +30,7 @@
 #include "proxy.hpp"
 #include "storage/deadline.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -17,10 +17,7 @@
 #include "harness.hpp"
 #include "proxy.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 // args: url prefix lock trials ttl_ms fenced(0|1) log_file
 // Log lines as fault_counter_worker's, plus
@@ -120,13 +117,7 @@ delay_result run_delays(context& ctx, int trials, bool fenced) {
   const int ttl_ms = 400;
   create_workload_tables(ctx);
   temp_dir dir("faults-delay");
-  workload w;
-  w.url = ctx.url;
-  w.direct_url = ctx.url;
-  w.prefix = ctx.prefix;
-  w.lock = "delay-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = ttl_ms;
+  auto w = make_workload(ctx, "delay", dir, ttl_ms);
   w.work_ms = 5;
   w.poll_max_ms = 20;
   // Without a pause between the two contenders' leases (their hand-offs are wake-ups, not

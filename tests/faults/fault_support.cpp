@@ -93,12 +93,42 @@ int spawn_sql_worker(process_set& ps, const workload& w, int id) {
   return ps.spawn("sql_counter_worker", w.args(id));
 }
 
+std::vector<int> spawn_mixed_workers(process_set& ps, const workload& w, int n, int sql_workers) {
+  std::vector<int> pids;
+  for (int i = 0; i < n; ++i)
+    pids.push_back(i < n - sql_workers ? spawn_counter_worker(ps, w, i)
+                                       : spawn_sql_worker(ps, w, i));
+  return pids;
+}
+
 void mark_killed(const workload& w, int id) {
   write_file_atomic(w.dir + "/w" + std::to_string(id) + ".killed", "");
 }
 
 void stop_workers(const workload& w) {
   write_file_atomic(w.dir + "/stop", "stop\n");
+}
+
+workload make_workload(const std::string& url, const std::string& prefix, const std::string& stem,
+                       const temp_dir& dir, int ttl_ms) {
+  workload w;
+  w.url = url;
+  w.direct_url = url;
+  w.prefix = prefix;
+  w.lock = stem + "-" + random_suffix();
+  w.dir = dir.path;
+  w.ttl_ms = ttl_ms;
+  return w;
+}
+
+void require_clean_exit(process_set& ps, const workload& w, std::chrono::seconds timeout) {
+  auto st = ps.wait_all(timeout);
+  for (std::size_t i = 0; i < st.size(); ++i) {
+    INFO("worker " << i << " exit status " << st[i]
+                   << " (-1: killed at the deadline); the end of its log:\n"
+                   << worker_log_tail(w, static_cast<int>(i)));
+    CHECK(st[i] == 0);
+  }
 }
 
 std::string worker_log_tail(const workload& w, int id, int lines) {
@@ -384,15 +414,11 @@ DBLOCK_WORKER(fault_counter_worker) {
 // with the same arguments (same pid, so the parent stops, pauses and reaps it like any worker).
 DBLOCK_WORKER(sql_counter_worker) {
   // -I: Debian's own modules, whatever PYTHONPATH or a user site directory say.
-  std::vector<std::string> words = {"/usr/bin/python3", "-I",
-                                    std::string(DBLOCK_SOURCE_DIR) + "/tests/faults/sql_worker.py"};
-  words.insert(words.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : words)
-    argv.push_back(s.data());
-  argv.push_back(nullptr);
+  exec_argv argv(
+      {"/usr/bin/python3", "-I", std::string(DBLOCK_SOURCE_DIR) + "/tests/faults/sql_worker.py"},
+      args);
   ::execv(argv[0], argv.data());
-  std::cerr << "sql_counter_worker: cannot run " << words[0] << ": " << std::strerror(errno)
+  std::cerr << "sql_counter_worker: cannot run " << argv[0] << ": " << std::strerror(errno)
             << std::endl;
   return 127;
 }

@@ -33,6 +33,11 @@
 
 namespace dblock::test::faults {
 
+// The fault tests' vocabulary: `using namespace dblock::test::faults` brings dblock's API and the
+// harness along with the helpers below.
+using namespace dblock;
+using namespace dblock::test;
+
 /// True with DBLOCK_FAULTS_FULL=1: run the full trial counts instead of the reduced CI ones.
 bool full();
 /// `reduced`, or `full_count` under DBLOCK_FAULTS_FULL=1.
@@ -86,6 +91,10 @@ int spawn_counter_worker(process_set& ps, const workload& w, int id,
 /// through the routines of docs/sql-api.md); `w.kind` must be "lease". PostgreSQL and MySQL only.
 int spawn_sql_worker(process_set& ps, const workload& w, int id);
 
+/// Starts `n` workers of `w` (ids 0..n-1): counter workers, except the last `sql_workers`, which
+/// are SQL API workers. Returns their pids by id.
+std::vector<int> spawn_mixed_workers(process_set& ps, const workload& w, int n, int sql_workers);
+
 /// Records that worker `id` was killed on purpose (SIGKILL): analyze() does not require its log.
 void mark_killed(const workload& w, int id);
 
@@ -94,6 +103,20 @@ void stop_workers(const workload& w);
 
 /// The last `lines` lines of worker `id`'s log, for the message of a failed exit check.
 std::string worker_log_tail(const workload& w, int id, int lines = 12);
+
+/// The counter workload on `url` (checked on the same server) with table prefix `prefix`, lock
+/// "<stem>-<random suffix>", its logs in `dir` and leases of `ttl_ms`; the rest as declared above.
+workload make_workload(const std::string& url, const std::string& prefix, const std::string& stem,
+                       const temp_dir& dir, int ttl_ms);
+/// The same on the test's own database.
+inline workload make_workload(const context& ctx, const std::string& stem, const temp_dir& dir,
+                              int ttl_ms) {
+  return make_workload(ctx.url, ctx.prefix, stem, dir, ttl_ms);
+}
+
+/// Waits for every worker of `ps` (at most `timeout`) and checks that each exited with 0, showing
+/// the end of its log when not.
+void require_clean_exit(process_set& ps, const workload& w, std::chrono::seconds timeout);
 
 /// What the parent found.
 struct analysis {

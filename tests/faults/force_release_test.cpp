@@ -27,10 +27,7 @@
 #include "internals.hpp"
 #include "proxy.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 

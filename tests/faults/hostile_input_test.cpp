@@ -23,9 +23,8 @@
 
 extern char** environ;
 
-using dblock::errc;
 using dblock::lease_lock;
-using dblock::test::code_of;
+using namespace dblock::test;
 
 namespace {
 
@@ -178,12 +177,7 @@ struct cli_run {
 };
 
 cli_run run_cli(const std::vector<std::string>& args, const std::string& out_file) {
-  std::vector<std::string> argv_s = {DBLOCK_CLI_PATH};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
+  exec_argv argv({DBLOCK_CLI_PATH}, args);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);

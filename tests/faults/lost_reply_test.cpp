@@ -24,7 +24,6 @@
 
 using namespace dblock;
 using namespace dblock::test;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -29,10 +29,7 @@
 #include "harness.hpp"
 #include "workload_lock.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 

@@ -15,9 +15,7 @@
 #include "fault_support.hpp"
 #include "harness.hpp"
 
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 
@@ -35,13 +33,7 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
   const int ttl_ms = 300;
   create_workload_tables(ctx);
   temp_dir dir("faults-pause");
-  workload w;
-  w.url = ctx.url;
-  w.direct_url = ctx.url;
-  w.prefix = ctx.prefix;
-  w.lock = "pause-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = ttl_ms;
+  auto w = make_workload(ctx, "pause", dir, ttl_ms);
   w.work_ms = 120;
   w.fenced = fenced;
   w.kind = kind;
@@ -50,10 +42,8 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
   w.slots = dir.file("slots");
   shared_slots slots(w.slots, 64, true);
   process_set ps;
-  std::vector<int> pids;
   const int cpp_workers = 4 - sql_workers;
-  for (int i = 0; i < 4; ++i)
-    pids.push_back(i < cpp_workers ? spawn_counter_worker(ps, w, i) : spawn_sql_worker(ps, w, i));
+  const std::vector<int> pids = spawn_mixed_workers(ps, w, 4, sql_workers);
   std::this_thread::sleep_for(milliseconds(800));
   pause_result r;
   std::set<long long> paused_fences;
@@ -90,12 +80,7 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
     std::this_thread::sleep_for(milliseconds(rnd(0, ttl_ms)));
   }
   stop_workers(w);
-  auto st = ps.wait_all(std::chrono::seconds(90));
-  for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i] << "; the end of its log:\n"
-                   << worker_log_tail(w, static_cast<int>(i)));
-    CHECK(st[i] == 0);
-  }
+  require_clean_exit(ps, w, std::chrono::seconds(90));
   // No overlap check: a holder stopped past its TTL still thinks it holds the lease when it
   // wakes, so its section overlaps its successor's in time by design (S2 assumes a running
   // process); what is promised, and checked, is that its write is refused (its fence is stale).

@@ -15,10 +15,7 @@
 #include "internals.hpp"
 #include "proxy.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 
@@ -122,13 +119,8 @@ DBLOCK_TEST_ONLY("postgresql",
   const int restarts = count(2, 5);
   create_workload_tables(ctx);
   temp_dir dir("faults-pgbouncer");
-  workload w;
-  w.url = transaction_pooled(pgbouncer_url());
-  w.direct_url = ctx.url;  // in_doubt resolution and checks bypass the pooler
-  w.prefix = ctx.prefix;
-  w.lock = "counter-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = ttl_ms;
+  auto w = make_workload(ctx, "counter", dir, ttl_ms);
+  w.url = transaction_pooled(pgbouncer_url());  // in_doubt resolution and checks bypass the pooler
   process_set ps;
   for (int i = 0; i < 8; ++i)
     spawn_counter_worker(ps, w, i);
@@ -142,12 +134,7 @@ DBLOCK_TEST_ONLY("postgresql",
     std::this_thread::sleep_for(milliseconds(rnd(2000, 3000)));
   }
   stop_workers(w);
-  auto st = ps.wait_all(std::chrono::seconds(90));
-  for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i] << "; the end of its log:\n"
-                   << worker_log_tail(w, static_cast<int>(i)));
-    CHECK(st[i] == 0);
-  }
+  require_clean_exit(ps, w, std::chrono::seconds(90));
   CHECK(failed == 0);
   auto a = analyze(ctx.db, ctx, w, true);
   INFO(a.summary());

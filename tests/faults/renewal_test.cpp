@@ -19,10 +19,7 @@
 #include "internals.hpp"
 #include "proxy.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 // args: backend url prefix trials ttl_ms watchdog(0|1) out_file
 // Writes one line per trial: "T <variant> <reported 0|1> <ms from send to report>

@@ -17,32 +17,9 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
-
-workload make_workload(const context& ctx, const temp_dir& dir, int ttl_ms) {
-  workload w;
-  w.url = ctx.url;
-  w.direct_url = ctx.url;
-  w.prefix = ctx.prefix;
-  w.lock = "counter-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = ttl_ms;
-  return w;
-}
-
-void require_clean_exit(process_set& ps, const workload& w) {
-  auto st = ps.wait_all(std::chrono::seconds(90));
-  for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i]
-                   << " (-1: killed at the deadline); the end of its log:\n"
-                   << worker_log_tail(w, static_cast<int>(i)));
-    CHECK(st[i] == 0);
-  }
-}
 
 // Which server process runs now, through a connection of its own (retried for 20 s while the
 // server comes back): PostgreSQL's postmaster start time, MariaDB's process id from its pid
@@ -102,7 +79,7 @@ restart_run run_with_restarts(context& ctx, const workload& w, const char* cmd_v
     std::this_thread::sleep_for(milliseconds(rnd(2500, 3500)));
   }
   stop_workers(w);
-  require_clean_exit(ps, w);
+  require_clean_exit(ps, w, std::chrono::seconds(90));
   ctx.db = ctx.open();
   out.a = analyze(ctx.db, ctx, w, true);
   for (const auto& win : windows) {
@@ -113,6 +90,16 @@ restart_run run_with_restarts(context& ctx, const workload& w, const char* cmd_v
     if (rec_ms < 0 || rec_ms > 2 * w.ttl_ms) ++out.late;
   }
   return out;
+}
+
+// What every run with restarts shows: each restart made and seen, no broken invariant, no late
+// recovery, and acknowledged writes.
+void check_restart_run(const restart_run& run, int restarts) {
+  CHECK(run.failed == 0);
+  CHECK(run.restarted == restarts);
+  CHECK(run.a.violations == 0);
+  CHECK(run.late == 0);
+  CHECK(run.a.acked > 0);
 }
 
 // The variable naming the command that restarts the test's server (test-servers.sh sets it).
@@ -134,18 +121,14 @@ DBLOCK_TEST_SERVERS("server restart mid-run: 8 fenced counter processes survive 
   const int restarts = count(2, 5);
   create_workload_tables(ctx);
   temp_dir dir("faults-restart");
-  auto w = make_workload(ctx, dir, ttl_ms);
+  auto w = make_workload(ctx, "counter", dir, ttl_ms);
   // Control of the evidence: without a restart, the same server process answers.
   CHECK_FALSE(restarted_since(ctx, server_instance(ctx)));
   auto run = run_with_restarts(ctx, w, cmd_var, pg ? "immediate" : "KILL", restarts);
   const analysis& a = run.a;
   INFO(a.summary());
   INFO("restart duration + recovery after it:" << run.recovery);
-  CHECK(run.failed == 0);
-  CHECK(run.restarted == restarts);
-  CHECK(a.violations == 0);
-  CHECK(run.late == 0);
-  CHECK(a.acked > 0);
+  check_restart_run(run, restarts);
   report("1-server-restart", ctx.backend, restarts, restarts - run.failed, a.violations + run.late,
          "acked=" + std::to_string(a.acked) + " in_doubt=" +
              std::to_string(a.doubt_written + a.doubt_not_written) + " recovery=" + run.recovery);
@@ -217,7 +200,7 @@ DBLOCK_TEST("writers killed with SIGKILL mid-transaction: nothing acknowledged i
   const int kills = count(6, 40);
   create_workload_tables(ctx);
   temp_dir dir("faults-kill");
-  auto w = make_workload(ctx, dir, ttl_ms);
+  auto w = make_workload(ctx, "counter", dir, ttl_ms);
   w.in_txn_ms = 20;
   w.slots = dir.file("slots");
   shared_slots slots(w.slots, 64, true);
@@ -250,7 +233,7 @@ DBLOCK_TEST("writers killed with SIGKILL mid-transaction: nothing acknowledged i
   }
   std::this_thread::sleep_for(milliseconds(2 * ttl_ms));  // survivors take the orphaned leases
   stop_workers(w);
-  require_clean_exit(ps, w);
+  require_clean_exit(ps, w, std::chrono::seconds(90));
   auto a = analyze(ctx.db, ctx, w, true);
   INFO(a.summary());
   CHECK(a.violations == 0);
@@ -269,7 +252,7 @@ DBLOCK_TEST("negative control: the counter workload without exclusion is caught 
             "[faults][control]") {
   create_workload_tables(ctx);
   temp_dir dir("faults-ctl");
-  auto w = make_workload(ctx, dir, 1000);
+  auto w = make_workload(ctx, "counter", dir, 1000);
   w.own_lock = true;
   w.fenced = false;
   w.work_ms = 0;
@@ -279,7 +262,7 @@ DBLOCK_TEST("negative control: the counter workload without exclusion is caught 
     spawn_counter_worker(ps, w, i);
   std::this_thread::sleep_for(milliseconds(1500));
   stop_workers(w);
-  require_clean_exit(ps, w);
+  require_clean_exit(ps, w, std::chrono::seconds(90));
   auto a = analyze(ctx.db, ctx, w, true);
   INFO(a.summary());
   CHECK(a.violations > 0);
@@ -302,7 +285,7 @@ struct history {
 analysis analyze_history(context& ctx, const history& h, bool check_overlap) {
   create_workload_tables(ctx);
   temp_dir dir("faults-detector");
-  auto w = make_workload(ctx, dir, 1000);
+  auto w = make_workload(ctx, "counter", dir, 1000);
   for (const auto& r : h.rows)
     ctx.exec("INSERT INTO " + ctx.table("items") + " (n, fence, worker, token) VALUES (" +
              std::to_string(r.first) + ", " + std::to_string(r.second) + ", 0, 't')");
@@ -384,16 +367,12 @@ DBLOCK_TEST_ONLY("postgresql", "fast lease mode: kill -9 of the server under 8 f
   create_workload_tables(ctx);
   dblock::set_lease_durability(ctx.db, dblock::lease_durability::fast);
   temp_dir dir("faults-fast");
-  auto w = make_workload(ctx, dir, ttl_ms);
+  auto w = make_workload(ctx, "counter", dir, ttl_ms);
   auto run = run_with_restarts(ctx, w, "DBLOCK_TEST_PG_RESTART_CMD", "kill9", crashes);
   const analysis& a = run.a;
   INFO(a.summary());
   INFO("crash duration + recovery after it:" << run.recovery);
-  CHECK(run.failed == 0);
-  CHECK(run.restarted == crashes);
-  CHECK(a.violations == 0);
-  CHECK(run.late == 0);
-  CHECK(a.acked > 0);
+  check_restart_run(run, crashes);
   // The epoch went up at least once per crash (every worker connection after it raised it).
   long long epoch = 0, top = 0;
   {

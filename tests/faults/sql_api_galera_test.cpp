@@ -15,9 +15,7 @@
 #include "harness.hpp"
 #include "mysql_client.hpp"
 
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 

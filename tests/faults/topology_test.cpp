@@ -39,10 +39,7 @@
 #include "harness.hpp"
 #include "internals.hpp"
 
-using namespace dblock;
-using namespace dblock::test;
 using namespace dblock::test::faults;
-using std::chrono::milliseconds;
 
 namespace {
 
@@ -153,31 +150,10 @@ context context_on(const std::string& backend, const std::string& url, const std
   return c;
 }
 
-workload counter_workload(const context& c, const temp_dir& dir) {
-  workload w;
-  w.url = c.url;
-  w.direct_url = c.url;
-  w.prefix = c.prefix;
-  w.lock = "counter-" + random_suffix();
-  w.dir = dir.path;
-  w.ttl_ms = 1000;
-  return w;
-}
-
 // Milliseconds from `after` to the first acknowledged write after it (-1: none).
 long long first_ack_after(const analysis& a, long long after) {
   auto it = std::upper_bound(a.ack_exit_ns.begin(), a.ack_exit_ns.end(), after);
   return it == a.ack_exit_ns.end() ? -1 : (*it - after) / 1000000;
-}
-
-void require_clean_exit(process_set& ps, const workload& w) {
-  auto st = ps.wait_all(std::chrono::seconds(120));
-  for (std::size_t i = 0; i < st.size(); ++i) {
-    INFO("worker " << i << " exit status " << st[i]
-                   << " (-1: killed at the deadline); the end of its log:\n"
-                   << worker_log_tail(w, static_cast<int>(i)));
-    CHECK(st[i] == 0);
-  }
 }
 
 // The URL with its host list rotated so that host `first` comes first.
@@ -207,7 +183,7 @@ DBLOCK_TEST_ONLY("mysql",
   auto g = context_on("mysql", url, ctx.prefix);
   create_workload_tables(g);
   temp_dir dir("faults-galera");
-  auto w = counter_workload(g, dir);
+  auto w = make_workload(g, "counter", dir, 1000);
   process_set ps;
   for (int i = 0; i < 8; ++i) {
     workload wi = w;
@@ -231,7 +207,7 @@ DBLOCK_TEST_ONLY("mysql",
   const long long t_back = monotonic_ns();
   std::this_thread::sleep_for(milliseconds(2000));
   stop_workers(w);
-  require_clean_exit(ps, w);
+  require_clean_exit(ps, w, std::chrono::seconds(120));
   g.db = database(url, g.options());
   auto a = analyze(g.db, g, w, true);
   INFO(a.summary());
@@ -261,7 +237,7 @@ DBLOCK_TEST_ONLY("postgresql",
   auto p = context_on("postgresql", pair.url(), ctx.prefix);
   create_workload_tables(p);
   temp_dir dir("faults-pgpair");
-  auto w = counter_workload(p, dir);
+  auto w = make_workload(p, "counter", dir, 1000);
   process_set ps;
   for (int i = 0; i < 8; ++i)
     spawn_counter_worker(ps, w, i);
@@ -274,7 +250,7 @@ DBLOCK_TEST_ONLY("postgresql",
   CHECK(pair.failover_evidence() == "");
   std::this_thread::sleep_for(milliseconds(3000));
   stop_workers(w);
-  require_clean_exit(ps, w);
+  require_clean_exit(ps, w, std::chrono::seconds(120));
   p.db = database(pair.url(), p.options());
   auto a = analyze(p.db, p, w, true);
   INFO(a.summary());
@@ -454,12 +430,7 @@ struct cli_run {
 // checks use `ms`.
 cli_run run_cli(const std::vector<std::string>& args, const std::string& err_path,
                 milliseconds hard_limit) {
-  std::vector<std::string> argv_s = {DBLOCK_CLI_PATH};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
+  exec_argv argv({DBLOCK_CLI_PATH}, args);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);

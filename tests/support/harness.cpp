@@ -1,5 +1,6 @@
 #include "harness.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <soci/soci.h>
 #include <spawn.h>
@@ -177,14 +178,29 @@ int run_worker(const std::string& name, const std::vector<std::string>& args) {
   }
 }
 
+int most_at_once(const std::vector<std::pair<long long, long long>>& intervals) {
+  std::vector<std::pair<long long, int>> ev;
+  for (const auto& [enter, exit] : intervals) {
+    ev.emplace_back(enter, 1);
+    ev.emplace_back(exit, -1);
+  }
+  std::sort(ev.begin(), ev.end());
+  int open = 0, most = 0;
+  for (const auto& e : ev)
+    most = std::max(most, open += e.second);
+  return most;
+}
+
+void redirect_child_stdio(int out, int err) {
+  ::dup2(out, 1);
+  ::dup2(err, 2);
+  int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull >= 0) ::dup2(devnull, 0);
+}
+
 int spawn_worker(const std::string& name, const std::vector<std::string>& args,
                  const std::vector<std::string>& extra_env) {
-  std::vector<std::string> argv_s = {"/proc/self/exe", "--worker", name};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
+  exec_argv argv({"/proc/self/exe", "--worker", name}, args);
   // Inherited variables that extra_env sets again are dropped: getenv() returns the first match.
   auto key_of = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
   std::vector<std::string> env_s;
@@ -227,8 +243,6 @@ void sleep_until_monotonic(long long t_ns) {
 // ---- process_set -------------------------------------------------------------------------------
 
 namespace {
-
-constexpr long long ns_per_ms = 1000000LL;
 
 // Prints what a worker that outlived its deadline is doing, before it is killed: each thread's
 // kernel wait channel and, where gdb is installed, every thread's backtrace. A hang in CI then

@@ -15,9 +15,15 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace dblock::test {
+
+// The names nearly every test uses; `using namespace dblock::test` brings them in.
+using dblock::errc;
+using std::chrono::milliseconds;
 
 /// Everything a backend-parametrised test body needs.
 struct context {
@@ -51,6 +57,31 @@ inline database_options with_prefix(const std::string& prefix) {
 /// A random lower-case identifier fragment (for names of tables and locks).
 std::string random_suffix(std::size_t n = 8);
 
+/// A lock name of its own for one test: "<stem>/<random suffix>".
+inline std::string unique_name(const std::string& stem) {
+  return stem + "/" + random_suffix();
+}
+
+/// Nanoseconds in a millisecond (monotonic_ns() arithmetic).
+constexpr long long ns_per_ms = 1000000LL;
+
+/// Lease options of a waiting worker: leases of `ttl`, polls from 1 ms up to `poll_max`.
+inline lease_options polling_lease(std::chrono::milliseconds ttl,
+                                   std::chrono::milliseconds poll_max) {
+  lease_options o;
+  o.ttl = ttl;
+  o.poll_initial = std::chrono::milliseconds(1);
+  o.poll_max = poll_max;
+  return o;
+}
+
+/// Lease options with this TTL.
+inline lease_options ttl_of(std::chrono::milliseconds ttl) {
+  lease_options o;
+  o.ttl = ttl;
+  return o;
+}
+
 /// True under DBLOCK_TEST_FULL=1: the full trial counts instead of CI's reduced ones.
 inline bool full_run() {
   const char* v = std::getenv("DBLOCK_TEST_FULL");
@@ -65,6 +96,39 @@ constexpr bool sanitized_build() {
 #else
   return false;
 #endif
+}
+
+/// How often `needle` occurs in `text` (overlapping occurrences counted).
+inline std::size_t count_of(const std::string& text, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1))
+    ++n;
+  return n;
+}
+
+/// The most of the intervals [enter, exit) open at one instant (at an instant where one ends and
+/// another begins, the one ending first).
+int most_at_once(const std::vector<std::pair<long long, long long>>& intervals);
+
+/// A retry policy of `attempts` attempts within `budget` (0: no time budget), its backoff growing
+/// from `initial` to at most `max`.
+inline retry_policy retry_of(int attempts, std::chrono::milliseconds budget,
+                             std::chrono::milliseconds initial, std::chrono::milliseconds max) {
+  retry_policy p;
+  p.max_attempts = attempts;
+  p.time_budget = budget;
+  p.initial_backoff = initial;
+  p.max_backoff = max;
+  return p;
+}
+
+/// Runs `f` on a thread of its own after `delay` (a canceller, a releaser); join the thread before
+/// checking what `f` did.
+inline std::thread run_after(std::chrono::milliseconds delay, std::function<void()> f) {
+  return std::thread([delay, f = std::move(f)] {
+    std::this_thread::sleep_for(delay);
+    f();
+  });
 }
 
 /// Runs `body` on `backend` (skipping loudly when it is not configured, failing under CI).
@@ -85,6 +149,31 @@ using worker_fn = int (*)(const std::vector<std::string>& args);
 struct worker_registration {
   worker_registration(const char* name, worker_fn fn);
 };
+
+/// The argument vector of a program to exec or posix_spawn: `head` then `tail`, ending in a null
+/// pointer; argv[0] is the program's path. The strings live as long as the object.
+class exec_argv {
+ public:
+  exec_argv(std::vector<std::string> head, const std::vector<std::string>& tail)
+      : words_(std::move(head)) {
+    words_.insert(words_.end(), tail.begin(), tail.end());
+    for (auto& w : words_)
+      ptrs_.push_back(w.data());
+    ptrs_.push_back(nullptr);
+  }
+  exec_argv(const exec_argv&) = delete;
+  exec_argv& operator=(const exec_argv&) = delete;
+  char* const* data() const { return ptrs_.data(); }
+  char* operator[](std::size_t i) const { return ptrs_[i]; }
+
+ private:
+  std::vector<std::string> words_;
+  std::vector<char*> ptrs_;
+};
+
+/// In a child between fork() and exec: stdout to `out`, stderr to `err`, stdin from /dev/null
+/// (async-signal-safe calls only).
+void redirect_child_stdio(int out, int err);
 
 /// Starts the test binary as a worker process; returns its pid.
 int spawn_worker(const std::string& name, const std::vector<std::string>& args,
@@ -181,6 +270,29 @@ std::optional<errc> code_of(F&& f) {
     return e.kind();
   }
   return std::nullopt;
+}
+
+/// The code of the dblock::error that `wait(c)` throws when another thread cancels `c` after
+/// `delay` (nothing when it returns).
+inline std::optional<errc> code_when_cancelled(
+    std::chrono::milliseconds delay, const std::function<void(const cancellation&)>& wait) {
+  cancellation cancel;
+  std::thread canceller = run_after(delay, [&] { cancel.cancel(); });
+  auto code = code_of([&] { wait(cancel); });
+  canceller.join();
+  return code;
+}
+
+/// How many milliseconds `wait()` took while another thread ran `end()` after `delay` (a release
+/// that ends the wait); the clock starts before that thread does.
+inline long long ms_until_ended(std::chrono::milliseconds delay, const std::function<void()>& end,
+                                const std::function<void()>& wait) {
+  const long long t0 = monotonic_ns();
+  std::thread ender = run_after(delay, end);
+  wait();
+  const long long ms = (monotonic_ns() - t0) / ns_per_ms;
+  ender.join();
+  return ms;
 }
 
 }  // namespace dblock::test

@@ -2,10 +2,13 @@
 // a lease row), through the library's own gate (detail::access).
 #pragma once
 
+#include <soci/soci.h>
+
 #include <optional>
 #include <string>
 
 #include "dblock/database.hpp"
+#include "harness.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session.hpp"
 
@@ -33,6 +36,18 @@ inline std::optional<detail::lease_row> read_lease(database::connection& c,
 inline std::optional<detail::lease_row> read_lease(database::connection&& c,
                                                    const std::string& name) {
   return read_lease(c, name);
+}
+
+/// Makes the lease row of `name` look expired on the database clock (as if its holder paused past
+/// the TTL).
+inline void expire_row(const context& ctx, const std::string& name) {
+  const auto& d = dialect_of(ctx.db);
+  auto c = ctx.db.connect();
+  long long minus = -3600LL * 1000000;
+  c.session() << "UPDATE " << ctx.db.lock_table()
+              << " SET expires_at = " << d.sql.plus_us(d.sql.now(), "ttl")
+              << " WHERE resource_name = :name",
+      soci::use(minus, "ttl"), soci::use(name, "name");
 }
 
 }  // namespace dblock::test

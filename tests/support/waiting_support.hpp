@@ -1,5 +1,6 @@
 // Shared by the waiting, handover and wake-up tests: reading the waiter queue of a test, taking a
-// lease through the queue, and a listener that counts wake-ups.
+// lease through the queue, a listener that counts wake-ups, holding a lease long, and cutting
+// server connections (PostgreSQL backends, MySQL queries).
 #pragma once
 
 #include <soci/soci.h>
@@ -7,12 +8,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "harness.hpp"
 
@@ -92,6 +96,69 @@ inline dblock::lease_guard acquire_through_queue(const dblock::test::context& ct
   REQUIRE(queued);
   REQUIRE(got);
   return std::move(*got);
+}
+
+// Runs body(0..n-1) on n threads and returns the errors they threw (what()).
+inline std::vector<std::string> on_threads(int n, const std::function<void(int)>& body) {
+  std::mutex mu;
+  std::vector<std::string> errors;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < n; ++t)
+    ts.emplace_back([&, t] {
+      try {
+        body(t);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> l(mu);
+        errors.push_back(e.what());
+      }
+    });
+  for (auto& t : ts)
+    t.join();
+  return errors;
+}
+
+// Takes `name` on ctx.db with a 60 s lease: only its release (or a forced one) frees it soon.
+inline dblock::lease_guard hold_long(const dblock::test::context& ctx, const std::string& name) {
+  dblock::lease_options ho;
+  ho.ttl = std::chrono::seconds(60);
+  dblock::lease_lock holder(ctx.db, name, ho);
+  auto h = holder.try_acquire();
+  REQUIRE(h);
+  return std::move(*h);
+}
+
+// PostgreSQL: terminates the server processes that pg_stat_activity shows matching `where`
+// (:p bound to `p`); returns how many.
+inline int terminate_backends(const dblock::test::context& ctx, const std::string& where,
+                              const std::string& p) {
+  const char* admin = std::getenv("DBLOCK_TEST_POSTGRESQL_ADMIN_URL");
+  dblock::database adb = admin && *admin ? dblock::database(admin) : ctx.db;
+  auto c = adb.connect();
+  long long n = 0;
+  c.session() << "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE " + where,
+      soci::use(p), soci::into(n);
+  return static_cast<int>(n);
+}
+
+// MySQL: kills the connections whose running statement is LIKE `like`; returns how many. A
+// statement that ended between the read and its KILL (a closed handle's sleep, say) is gone
+// already: MySQL answers "Unknown thread id" (1094), which is no failure.
+inline int kill_queries(const dblock::test::context& ctx, const std::string& like) {
+  auto c = ctx.db.connect();
+  std::vector<long long> ids(16);
+  c.session() << "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' AND "
+                 "INFO LIKE :q",
+      soci::use(like), soci::into(ids);
+  int killed = 0;
+  for (const long long id : ids) {
+    try {
+      c.session() << "KILL CONNECTION " << id;
+      ++killed;
+    } catch (const soci::soci_error& e) {
+      if (std::string(e.what()).find("Unknown thread id") == std::string::npos) throw;
+    }
+  }
+  return killed;
 }
 
 }  // namespace dblock::test
