@@ -22,77 +22,11 @@ PORT_MAX=60000
 TOPOLOGIES_LOADED= # the kinds load_topology has sourced
 
 msg() { printf 'topologies: %s\n' "$*" >&2; }
-die() {
-    msg "ERROR: $*"
-    exit 1
-}
-
-usage() {
-    sed -n '/^# Usage:/,/^set -euo/p' "$SCRIPT" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
-    exit 2
-}
-
-now_ms() { date +%s%3N; }
-elapsed() { # elapsed START_MS -> "1.234s"
-    local ms=$(($(now_ms) - $1))
-    printf '%d.%03ds' $((ms / 1000)) $((ms % 1000))
-}
-
-is_root() { [ "$(id -u)" -eq 0 ]; }
-
-# PostgreSQL and PgBouncer refuse to run as root: as root, their tools run as
-# the "postgres" system user (cd / first: they fail on an unreadable cwd).
-as_pg() {
-    if is_root; then
-        (cd / && runuser -u postgres -- "$@")
-    else
-        (cd / && "$@")
-    fi
-}
-
-find_tool() { # find_tool NAME: also look in sbin, which non-root PATHs lack
-    local name=$1 dir
-    if command -v "$name" >/dev/null 2>&1; then
-        command -v "$name"
-        return
-    fi
-    for dir in /usr/sbin /usr/local/sbin /sbin; do
-        if [ -x "$dir/$name" ]; then
-            echo "$dir/$name"
-            return
-        fi
-    done
-    die "$name not found; run scripts/install-deps.sh"
-}
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$SCRIPT")/lib.sh" # (SCRIPT is scripts/topologies.sh)
 
 # ---------------------------------------------------------------------------
-# Processes (as in test-servers.sh)
-
-# True if PID exists and is not a zombie (orphans re-parented to a PID 1 that
-# does not reap them stay zombies; they must not count as running).
-proc_alive() {
-    local pid=$1 stat
-    [ -n "$pid" ] || return 1
-    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
-    stat=${stat##*) }
-    [ "${stat%% *}" != Z ]
-}
-
-# True if PID is alive and its command line mentions the directory PATH (so a
-# stale pid file whose pid was reused never makes us kill a stranger).
-proc_in_dir() {
-    local pid=$1 path=$2
-    proc_alive "$pid" || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$path/"
-}
-
-wait_gone() { # wait_gone PID SECONDS
-    local pid=$1 deadline=$(($(date +%s) + $2))
-    while proc_alive "$pid"; do
-        [ "$(date +%s)" -lt "$deadline" ] || return 1
-        sleep 0.1
-    done
-}
+# Processes
 
 # kill_session SID: SIGKILL what is left of the session of a server started
 # with setsid (SID = its pid): Galera's state-transfer helpers (the
@@ -115,34 +49,6 @@ kill_session() {
         fi
         sleep 0.1
     done
-}
-
-# ---------------------------------------------------------------------------
-# Ports (as in test-servers.sh)
-
-port_in_use() {
-    local port=$1
-    if command -v ss >/dev/null 2>&1; then
-        [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ]
-    else
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null
-    fi
-}
-
-# pick_port [EXCLUDED_PORT...]: a random free TCP port in PORT_MIN..PORT_MAX.
-pick_port() {
-    local port excluded
-    for _ in $(seq 1 200); do
-        port=$((PORT_MIN + (RANDOM * 32768 + RANDOM) % (PORT_MAX - PORT_MIN + 1)))
-        for excluded in "$@"; do
-            [ "$port" != "$excluded" ] || continue 2
-        done
-        if ! port_in_use "$port"; then
-            echo "$port"
-            return 0
-        fi
-    done
-    die "could not find a free TCP port in $PORT_MIN-$PORT_MAX"
 }
 
 # ---------------------------------------------------------------------------
