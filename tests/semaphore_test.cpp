@@ -264,9 +264,6 @@ DBLOCK_TEST("semaphore: bad names, counts and options are refused clearly", "[se
             "0",
             1) == errc::invalid_argument);  // U+FFFF is reserved
   CHECK(bad(std::string(250, 'n'), 1) == errc::invalid_argument);
-  dblock::lease_options fair;
-  fair.fair = true;
-  CHECK(bad("x", 2, fair) == errc::invalid_argument);
   dblock::lease_options short_ttl;
   short_ttl.ttl = milliseconds(1);
   CHECK(bad("x", 2, short_ttl) == errc::invalid_argument);

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -128,8 +129,32 @@ void add_fairness(result& r, const std::vector<float>& waits,
 // share the bench's handle and are woken within the process. Only handoffs, waits, holds,
 // releases and wake-ups within the measurement window count: in the warm-up, the handles
 // connect and their wake-up connections start, and waiters poll until those are in place.
+// What a handoff row hands over: a lease, the one permit of a semaphore, or a read-write lock's
+// writer side (each waits through the one waiting engine: the lease's queue, the semaphore's).
+enum class handed { lease, permit, writer };
+
+// The acquire(30 s) of one client's lock of that kind.
+std::function<dblock::lease_guard()> handoff_lock(handed kind, const dblock::database& db,
+                                                  const dblock::lease_options& lo) {
+  const auto wait = std::chrono::seconds(30);
+  switch (kind) {
+    case handed::permit: {
+      auto s = std::make_shared<dblock::semaphore>(db, "bench/handoff_permit", 1, lo);
+      return [s, wait] { return s->acquire(wait); };
+    }
+    case handed::writer: {
+      auto rw = std::make_shared<dblock::rwlock>(db, "bench/handoff_rwlock", lo);
+      return [rw, wait] { return rw->acquire(wait); };
+    }
+    case handed::lease:
+      break;
+  }
+  auto lk = std::make_shared<dblock::lease_lock>(db, "bench/handoff", lo);
+  return [lk, wait] { return lk->acquire(wait); };
+}
+
 result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, bool own_handles,
-                      const dblock::lease_options& lo) {
+                      const dblock::lease_options& lo, handed kind = handed::lease) {
   std::atomic<long long> release_started{0}, releases{0};
   std::atomic<long long> grants{0};  // acquires so far, for the turns a wait lasted
   turns turn;
@@ -160,13 +185,12 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
   o.pool_size = own_handles ? 2 : std::max<std::size_t>(o.pool_size, clients + 2);
   dblock::database shared(b.url, o);
   auto r = measure(clients, seconds, [&](int) {
-    auto lk = std::make_shared<dblock::lease_lock>(
-        own_handles ? dblock::database(b.url, o) : shared, "bench/handoff", lo);
+    auto acquire = handoff_lock(kind, own_handles ? dblock::database(b.url, o) : shared, lo);
     auto cycles = std::make_shared<int>(0);
-    return cycle_fn([&, lk, cycles] {
+    return cycle_fn([&, acquire, cycles] {
       counter->window(measurement_start, measurement_end);  // set once the threads start
       const long long asked = now_ns(), grants_before = grants.load();
-      auto g = lk->acquire(std::chrono::seconds(30));
+      auto g = acquire();
       const long long got = now_ns(), rel = release_started.exchange(0);
       const long long overtaken = grants.fetch_add(1) - grants_before;
       const std::string broken = exclusion.enter(g.fence());
@@ -267,19 +291,23 @@ std::vector<row> handoff_rows(backend_ctx& b, const options& o) {
   std::vector<row> ops;
   // Through dblock: every client its own database handle (as processes) or one shared handle,
   // and fair.
-  auto add = [&](const char* name, bool own, bool fair) {
-    const std::string note = std::string(own ? "one database handle per client (as processes)"
-                                             : "one database handle shared by the clients") +
+  auto add = [&](const char* name, bool own, bool fair, handed kind = handed::lease) {
+    const std::string what = kind == handed::permit   ? "the one permit of a semaphore; "
+                             : kind == handed::writer ? "a read-write lock's writer side; "
+                                                      : "";
+    const std::string note = what +
+                             (own ? "one database handle per client (as processes)"
+                                  : "one database handle shared by the clients") +
                              (fair ? (o.no_handover ? ", fair, no handover" : ", fair") : "") +
                              "; K=clients-1 waiters; latency from release() start to the next "
                              "acquire() return (p50/p99); ops/s = handoffs/s" +
                              hold;
     ops.push_back(make_row(
         name, "handoff", "", note, schedule::contended,
-        [seconds, hold_us, own, fair](backend_ctx* b, int clients, std::ostream&) {
+        [seconds, hold_us, own, fair, kind](backend_ctx* b, int clients, std::ostream&) {
           auto lo = b->wait_options;
           lo.fair = fair;
-          result r = handoff_dblock(*b, clients, seconds, hold_us, own, lo);
+          result r = handoff_dblock(*b, clients, seconds, hold_us, own, lo, kind);
           char extra[96];
           std::snprintf(extra, sizeof extra, "; woken per release %.2f; max/mean wait %.2f",
                         r.woken_per_release.value_or(0), r.fairness.value_or(0));
@@ -290,6 +318,8 @@ std::vector<row> handoff_rows(backend_ctx& b, const options& o) {
   add("dblock.handoff", true, false);
   add("dblock.handoff_shared", false, false);
   add("dblock.handoff_fair", true, true);
+  add("dblock.semaphore_handoff", true, false, handed::permit);
+  add("dblock.rwlock_handoff", true, false, handed::writer);
   // The same across handles on PostgreSQL's fast lease table: the wake-up path without the two
   // commits' WAL flushes.
   if (b.fast)

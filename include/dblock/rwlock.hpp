@@ -141,6 +141,8 @@ class rwlock {
   static std::string reader_lease_name(const std::string& name, int slot);
 
  private:
+  /// One reader's try; `token` is a waiting reader's owner token (empty: a try of its own).
+  std::optional<lease_guard> try_shared(const std::string& token);
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -115,6 +115,10 @@ class semaphore {
   static std::string permit_lease_name(const std::string& name, int slot);
   /// The semaphore name and permit slot of a permit's lease name; nothing for any other name.
   static std::optional<std::pair<std::string, int>> permit_of(const std::string& lease_name);
+  /// The semaphore whose waiters queue under `name` (list_locks() lists such a queue as a free
+  /// row with its waiters: the name adds U+FFFF "Q" to the semaphore's); nothing for any other
+  /// name.
+  static std::optional<std::string> queue_of(const std::string& name);
 
  private:
   friend class rwlock;
@@ -125,8 +129,11 @@ class semaphore {
   /// How many permits are held now (one read), and microseconds until the first of them
   /// expires (-1: none held).
   std::pair<int, long long> held_now();
-  /// One try of the permits (try_acquire() without its report to the listener).
-  std::optional<lease_guard> try_slots();
+  /// One try of the permits (try_acquire() without its report to the listener), with a waiter's
+  /// owner token and queue ticket (an empty token: a new one per try, no queue entry).
+  std::optional<lease_guard> try_slots(const std::string& token, std::int64_t ticket);
+  /// The queue its waiters join (a read-write lock's writer waits there for readers to leave).
+  const std::string& queue_name() const noexcept;
   /// acquire_until()'s wait, reported through `call`.
   lease_guard wait_until(detail::acquire_call& call, steady_clock::time_point deadline,
                          const cancellation& cancel);

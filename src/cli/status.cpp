@@ -22,6 +22,12 @@ std::string display_name(const std::string& name) {
   if (auto p = dblock::semaphore::permit_of(name))
     return shown(p->first) + " [permit " + std::to_string(p->second) + "]";
   if (auto e = dblock::election::election_of(name)) return shown(*e) + " [leader]";
+  if (auto q = dblock::semaphore::queue_of(name)) {
+    // A read-write lock's readers are a semaphore: its queue holds a writer waiting for them.
+    if (auto r = dblock::rwlock::reader_of(*q + "\xEF\xBF\xBF" + "0"))
+      return shown(r->first) + " [writer waiting for readers]";
+    return shown(*q) + " [waiting for a permit]";
+  }
   return shown(name);
 }
 
@@ -56,6 +62,7 @@ void print_status_json(const dblock::database& db, const std::vector<dblock::loc
       j["locks"].back()["permit"] = p->second;
     }
     if (auto e = dblock::election::election_of(l.name)) j["locks"].back()["election"] = *e;
+    if (auto q = dblock::semaphore::queue_of(l.name)) j["locks"].back()["queue_of"] = *q;
   }
   j["forced_releases"] = nlohmann::json::array();
   for (const auto& f : forced)

@@ -1,7 +1,10 @@
 // Read-write locks (see rwlock.hpp): the writer is the lease row `name`; readers are permits of
 // an internal semaphore. Each side commits its own lease before it reads the other side, so at
 // least one of two racing sides sees the other; a writer that sees readers keeps its row (new
-// readers back off) and waits for them to leave.
+// readers back off) and waits for them to leave. Waiting readers join the writer's queue (the
+// one waiting engine, lease/queue_wait.hpp): a writer's release rings them, each reader that
+// gets in rings the next waiter, and fair mode orders readers and writers together. A writer
+// waits for readers to leave in the readers' semaphore's queue, which their releases ring.
 #include "dblock/rwlock.hpp"
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include "core/no_throw.hpp"
 #include "dblock/semaphore.hpp"
 #include "lease/lock_impl.hpp"
+#include "lease/queue_wait.hpp"
 #include "lease/state.hpp"
 #include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
@@ -61,7 +65,8 @@ struct rwlock::impl {
                                 detail::internal_name_t{}));
   }
 
-  // Readers poll (a semaphore refuses `fair`); `fair` orders the writers only.
+  // The readers' semaphore is not fair: readers wait in the writer's queue, whose order `fair`
+  // keeps; the semaphore's own queue holds only a writer waiting for readers to leave.
   static lease_options unfair(lease_options o) {
     o.fair = false;
     return o;
@@ -123,10 +128,14 @@ std::string rwlock::reader_lease_name(const std::string& name, int slot) {
 }
 
 std::optional<lease_guard> rwlock::try_acquire_shared() {
+  return try_shared(std::string());
+}
+
+std::optional<lease_guard> rwlock::try_shared(const std::string& token) {
   // A writer already in: no reader row is taken at all.
   auto& rows = impl_->reader_rows();
   if (impl_->writer_expiry_us >= 0 && impl_->writer_in()) return std::nullopt;
-  auto g = rows.try_acquire();
+  auto g = token.empty() ? rows.try_acquire() : rows.try_slots(token, 0);
   if (!g) return std::nullopt;
   // Announced (committed); now the writer side: a writer that holds or waits wins.
   if (impl_->writer_in()) {
@@ -139,16 +148,25 @@ std::optional<lease_guard> rwlock::try_acquire_shared() {
 lease_guard rwlock::acquire_shared_until(steady_clock::time_point deadline,
                                          const cancellation& cancel) {
   deadline = std::max(deadline, steady_clock::now());  // time_point::min(): no overflow below
-  const auto start = steady::now();
-  for (int attempt = 0;; ++attempt) {
-    if (cancel.cancelled()) throw error(errc::cancelled, "read " + impl_->what() + ": cancelled");
-    if (auto g = try_acquire_shared()) return std::move(*g);
-    if (steady::now() >= deadline)
-      throw error(errc::timeout, "read " + impl_->what() + ": a writer held or waited on it for " +
-                                     detail::wait_text(start, deadline));
-    cancel.sleep_for(
-        detail::poll_sleep(impl_->options, attempt, impl_->writer_expiry_us, deadline));
-  }
+  impl_->reader_rows();  // a name too long for readers: refused before any wait
+  const auto& dbi = detail::access::impl(impl_->db);
+  detail::queue_wait w(dbi, impl_->name, "read " + impl_->what(), impl_->options, deadline,
+                       cancel);
+  std::optional<lease_guard> got;
+  w.run(
+      [&](std::int64_t ticket, long long& limit_us) {
+        got = try_shared(w.token());
+        if (!got) {
+          limit_us = impl_->writer_expiry_us;
+          return false;
+        }
+        // In through the queue: readers share, so the next waiter looks now (a reader gets in
+        // too; a writer takes the row and waits for the readers to leave).
+        if (ticket) detail::queue_wait::ring_head(dbi, impl_->name, w.token());
+        return true;
+      },
+      nullptr, "a writer held or waited on it for");
+  return std::move(*got);
 }
 
 std::optional<lease_guard> rwlock::try_acquire() {
@@ -163,42 +181,28 @@ std::optional<lease_guard> rwlock::try_acquire() {
 
 lease_guard rwlock::acquire_until(steady_clock::time_point deadline, const cancellation& cancel) {
   deadline = std::max(deadline, steady_clock::now());  // time_point::min(): no overflow below
-  const auto start = steady::now();
-  auto left = [&] {
-    return std::max(nanoseconds(0),
-                    std::chrono::duration_cast<nanoseconds>(deadline - steady::now()));
-  };
   lease_guard g = impl_->writer.acquire_until(deadline, cancel);
   if (g.hold_count() > 1) return g;  // reentrant: the readers were drained the first time
-  // Holding the writer row: new readers back off. Wait for those already in. The count is a
-  // read: a connection lost or a node that failed over is read again until the deadline (the
-  // writer's lease meanwhile stays ours for its TTL).
-  auto readers_in = [&] {
-    for (int failures = 0;; ++failures) {
-      try {
-        return impl_->readers_in();
-      } catch (const error& e) {
-        const bool transient =
-            e.code() == errc::connection_lost || e.code() == errc::connection_failed;
-        if (!transient || steady::now() >= deadline) throw;
-        if (cancel.sleep_for(std::min<nanoseconds>(left(), detail::failure_backoff(failures))))
-          throw error(errc::cancelled, "write " + impl_->what() + ": cancelled");
-      }
-    }
-  };
-  for (int attempt = 0;; ++attempt) {
-    const auto [held, next_expiry_us] = readers_in();
-    if (held == 0) {
-      if (g.valid()) return g;
-      g = impl_->writer.acquire_until(deadline, cancel);  // it ran out while we waited: again
-      continue;
-    }
-    if (cancel.cancelled()) throw error(errc::cancelled, "write " + impl_->what() + ": cancelled");
-    if (steady::now() >= deadline)
-      throw error(errc::timeout, "write " + impl_->what() + ": " + std::to_string(held) +
-                                     " reader(s) still in after " +
-                                     detail::wait_text(start, deadline));
-    cancel.sleep_for(detail::poll_sleep(impl_->options, attempt, next_expiry_us, deadline));
+  if (!impl_->readers) return g;     // a writer-only name has no readers
+  // Holding the writer row: new readers back off. Wait for those already in, in the readers'
+  // semaphore's queue, which each reader's release rings (a connection lost or a node that
+  // failed over is read again until the deadline; the writer's lease meanwhile stays ours for
+  // its TTL).
+  const lease_options drain = impl::unfair(impl_->options);
+  std::string still_in = "reader(s) still in after";  // the timeout's words, with the count
+  for (;;) {
+    detail::queue_wait w(detail::access::impl(impl_->db), impl_->readers->queue_name(),
+                         "write " + impl_->what(), drain, deadline, cancel);
+    w.run(
+        [&](std::int64_t, long long& limit_us) {
+          const auto [n, next_expiry_us] = impl_->readers_in();
+          still_in = std::to_string(n) + " reader(s) still in after";
+          limit_us = next_expiry_us;
+          return n == 0;
+        },
+        nullptr, still_in);
+    if (g.valid()) return g;
+    g = impl_->writer.acquire_until(deadline, cancel);  // it ran out while we waited: again
   }
 }
 

@@ -12,17 +12,16 @@
 #include "core/identifier.hpp"
 #include "core/no_throw.hpp"
 #include "dblock/retry.hpp"
+#include "dialect/doorbell.hpp"
 #include "lease/lock_impl.hpp"
+#include "lease/queue_wait.hpp"
 #include "lease/state.hpp"
 #include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session.hpp"
+#include "storage/wait_queue.hpp"
 
 namespace dblock {
-
-using detail::steady;
-using std::chrono::milliseconds;
-using std::chrono::nanoseconds;
 
 namespace {
 
@@ -52,6 +51,11 @@ struct semaphore::impl {
   long long next_expiry_us = -1;
   /// The lease name of each permit slot, built once (every try names one or all of them).
   std::vector<std::string> lease_names = {};
+  /// The queue its waiters join (U+FFFF "Q": no lease row has the name); a permit's release
+  /// rings its head.
+  std::string queue = name + std::string(detail::queue_suffix);
+  /// The options of each permit's lease: never fair (the order is the semaphore queue's).
+  lease_options permit_options = {};
 
   std::string what() const { return "semaphore '" + detail::printable(name) + "'"; }
 
@@ -74,10 +78,21 @@ struct semaphore::impl {
     declared = true;
   }
 
-  std::optional<lease_guard> try_slot(int slot) {
+  /// One try of permit `slot`, with a waiter's owner token and queue ticket (none: a new token).
+  std::optional<lease_guard> try_slot(int slot, const std::string& token, std::int64_t ticket) {
     lease_lock lk =
-        detail::lease_access::internal(db, lease_names[static_cast<std::size_t>(slot)], options);
-    return lk.try_acquire();
+        detail::lease_access::internal(db, lease_names[static_cast<std::size_t>(slot)],
+                                       permit_options);
+    auto g = token.empty() ? lk.try_acquire() : detail::lease_access::attempt(lk, token, ticket);
+    if (g) detail::lease_access::state(*g)->ring_also = queue;  // its release rings the queue
+    return g;
+  }
+
+  /// True when nobody waits in the queue (a fair try goes only then).
+  bool queue_empty() {
+    return !detail::with_session(
+        detail::access::impl(db), "read the queue of " + what(),
+        [&](detail::session_scope& s) { return detail::wait_queue::first_ticket(s, queue); });
   }
 
   /// The permit slots held now (one statement), and next_expiry_us.
@@ -111,12 +126,9 @@ struct semaphore::impl {
       throw error(errc::invalid_argument,
                   "semaphore '" + detail::printable(name) + "': " + std::to_string(permits) +
                       " permits, expected 1.." + std::to_string(max_semaphore_permits));
-    if (options.fair)
-      throw error(errc::invalid_argument,
-                  "semaphore '" + detail::printable(name) +
-                      "': lease_options::fair is not supported (waiters of a semaphore poll)");
-    return detail::lease_access::internal(db, detail::permit_lease_name(name, 0), options)
-        .options();
+    lease_options o =
+        detail::lease_access::internal(db, detail::permit_lease_name(name, 0), options).options();
+    return o;
   }
 
   static int permit_slot_of(const std::string& lease_name) {
@@ -144,6 +156,8 @@ semaphore::semaphore(database db, std::string name, int permits, lease_options o
                                       detail::grant_conflict_policy(), false, false, -1})) {
   for (int k = 0; k < impl_->permits; ++k)
     impl_->lease_names.push_back(detail::permit_lease_name(impl_->name, k));
+  impl_->permit_options = impl_->options;
+  impl_->permit_options.fair = false;
 }
 
 std::pair<int, long long> semaphore::held_now() {
@@ -160,6 +174,10 @@ const std::string& semaphore::name() const noexcept {
 }
 int semaphore::permits() const noexcept {
   return impl_->permits;
+}
+
+const std::string& semaphore::queue_name() const noexcept {
+  return impl_->queue;
 }
 
 int semaphore::permit_slot(const lease_guard& g) {
@@ -180,24 +198,34 @@ std::optional<std::pair<std::string, int>> semaphore::permit_of(const std::strin
   return std::make_pair(lease_name.substr(0, lease_name.rfind(detail::internal_separator)), slot);
 }
 
+std::optional<std::string> semaphore::queue_of(const std::string& name) {
+  const std::string_view q = detail::queue_suffix;
+  if (name.size() <= q.size() || name.compare(name.size() - q.size(), q.size(), q) != 0)
+    return std::nullopt;
+  return name.substr(0, name.size() - q.size());
+}
+
 std::optional<lease_guard> semaphore::try_acquire() {
   // One call for the listener: contended once, however many slots it tried.
   detail::acquire_call call(detail::access::impl(impl_->db), impl_->name);
   return call.run([&] {
-    auto g = try_slots();
+    // Fair: only when nobody waits in the queue.
+    auto g = impl_->options.fair && !(impl_->declare(), impl_->queue_empty())
+                 ? std::nullopt
+                 : try_slots(std::string(), 0);
     if (!g) call.refused();
     return g;
   });
 }
 
-std::optional<lease_guard> semaphore::try_slots() {
+std::optional<lease_guard> semaphore::try_slots(const std::string& token, std::int64_t ticket) {
   impl_->declare();
   const int n = impl_->permits;
   int probed = -1;
   if (!impl_->read_first) {
     // A random slot first: with a free permit, one statement.
     probed = std::uniform_int_distribution<int>(0, n - 1)(rng());
-    if (auto g = impl_->try_slot(probed)) return g;
+    if (auto g = impl_->try_slot(probed, token, ticket)) return g;
     if (n == 1) {
       impl_->next_expiry_us = -1;
       return std::nullopt;
@@ -211,7 +239,7 @@ std::optional<lease_guard> semaphore::try_slots() {
     if (k != probed && !held.count(k)) free.push_back(k);
   std::shuffle(free.begin(), free.end(), rng());
   for (const int k : free)
-    if (auto g = impl_->try_slot(k)) return g;
+    if (auto g = impl_->try_slot(k, token, ticket)) return g;
   return std::nullopt;
 }
 
@@ -224,20 +252,23 @@ lease_guard semaphore::acquire_until(steady_clock::time_point deadline,
 
 lease_guard semaphore::wait_until(detail::acquire_call& call, steady_clock::time_point deadline,
                                   const cancellation& cancel) {
-  const auto start = steady::now();
-  const auto& o = impl_->options;
-  for (int attempt = 0;; ++attempt) {
-    if (cancel.cancelled())
-      throw error(errc::cancelled, "acquire a permit of " + impl_->what() + ": cancelled");
-    if (auto g = try_slots()) return std::move(*g);
-    call.waits();
-    const auto now = steady::now();
-    if (now >= deadline)
-      throw error(errc::timeout, "acquire a permit of " + impl_->what() + ": none within " +
-                                     detail::wait_text(start, deadline));
-    // The one backoff, never past the first expiry of a held permit or the end of the wait.
-    cancel.sleep_for(detail::poll_sleep(o, attempt, impl_->next_expiry_us, deadline));
-  }
+  // The one waiting engine (lease/queue_wait.hpp): the semaphore's queue, rung by the release of
+  // any of its permits.
+  impl_->declare();
+  const auto& dbi = detail::access::impl(impl_->db);
+  detail::queue_wait w(dbi, impl_->queue, "acquire a permit of " + impl_->what(), impl_->options,
+                       deadline, cancel);
+  std::optional<lease_guard> got;
+  w.run(
+      [&](std::int64_t ticket, long long& limit_us) {
+        got = try_slots(w.token(), ticket);
+        limit_us = impl_->next_expiry_us;
+        // The permit's acquire deleted the entry with it, unless the dialect defers that.
+        if (got && ticket && !detail::wait_queue::exit_deferred(*dbi)) w.entry_deleted();
+        return got.has_value();
+      },
+      [&] { call.waits(); }, "none within");
+  return std::move(*got);
 }
 
 std::optional<lease_guard> semaphore::try_acquire(std::error_code& ec) {

@@ -84,6 +84,8 @@ void lease_state::report_released(int left, const lock_table::release_wake& wake
   if (left == 0) {
     open_gate();
     wait_queue::ring_freed(db, name, fence, token, wake);
+    if (!ring_also.empty())  // a permit: its semaphore's waiters (fence 0: not this row's)
+      wait_queue::ring_freed(db, ring_also, 0, token, lock_table::release_wake::look_up());
   }
   db->notify([&](listener& l) {
     l.released(name,

@@ -113,6 +113,12 @@ struct lease_access {
     return lease_lock(std::move(db), std::move(name), std::move(options), internal_name_t{});
   }
   static const std::shared_ptr<lease_state>& state(const lease_guard& g) { return g.state_; }
+  /// One try of `lk` with a waiter's owner token and queue ticket (lease_lock::impl::attempt();
+  /// the entry is deleted with the acquire where the dialect can, wait_queue::exit_deferred()).
+  static std::optional<lease_guard> attempt(lease_lock& lk, const std::string& token,
+                                            std::int64_t ticket) {
+    return lk.impl_->attempt(token, ticket);
+  }
 };
 
 }  // namespace detail

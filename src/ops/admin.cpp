@@ -1,9 +1,11 @@
 #include "dblock/admin.hpp"
 
+#include <algorithm>
 #include <map>
 
 #include "core/identifier.hpp"
 #include "dblock/election.hpp"
+#include "dialect/doorbell.hpp"
 #include "kinds/followers.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/wait_queue.hpp"
@@ -15,6 +17,34 @@ namespace dblock {
 using detail::access;
 using detail::session_scope;
 
+namespace {
+
+// A shell-style pattern (`*` any run, `?` one character, byte by byte as the database compares
+// names); an empty pattern matches every name.
+bool glob_match(const std::string& pattern, const std::string& name) {
+  if (pattern.empty()) return true;
+  std::size_t p = 0, n = 0, star = std::string::npos, resume = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = n;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      n = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*')
+    ++p;
+  return p == pattern.size();
+}
+
+}  // namespace
+
 std::vector<lock_info> list_locks(const database& db, const list_options& o) {
   if (o.limit < 1 || o.limit > 100000)
     throw error(errc::invalid_argument, "list_locks: limit must be 1..100000");
@@ -22,19 +52,34 @@ std::vector<lock_info> list_locks(const database& db, const list_options& o) {
   detail::validate_text(o.pattern, "list_locks pattern");
   return detail::with_session(access::impl(db), "list locks", [&](session_scope& s) {
     auto rows = detail::lock_table::list(s, o);
-    if (rows.empty()) return rows;
-    std::map<std::string, lock_info*> by_name;
-    for (auto& r : rows)
-      by_name[r.name] = &r;
-    // Entries come by name and ticket: the first one of a name is its head.
+    std::map<std::string, std::size_t> by_name;
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      by_name[rows[i].name] = i;
+    // Entries come by name and ticket: the first one of a name is its head. A queue-only name
+    // (a semaphore's waiters) has no lease row: it is listed as a free row of that name.
+    const std::size_t leases = rows.size();
     for (const auto& e : detail::wait_queue::list(s)) {
       auto it = by_name.find(e.name);
-      if (it == by_name.end()) continue;
-      lock_info& li = *it->second;
+      if (it == by_name.end()) {
+        if (!detail::is_queue_only(e.name) || detail::is_broadcast(e.name) ||
+            !glob_match(o.pattern, e.name))
+          continue;
+        lock_info q;
+        q.name = e.name;
+        rows.push_back(q);
+        it = by_name.emplace(e.name, rows.size() - 1).first;
+      }
+      lock_info& li = rows[it->second];
       if (li.waiters++ == 0) {
         li.head_waiter = e.host + ":" + std::to_string(e.pid);
         li.oldest_wait = std::chrono::microseconds(e.now_us - e.enqueued_us);
       }
+    }
+    // By name, within the limit, as the lease rows come.
+    if (rows.size() > leases) {
+      std::sort(rows.begin(), rows.end(),
+                [](const lock_info& a, const lock_info& b) { return a.name < b.name; });
+      if (rows.size() > o.limit) rows.resize(o.limit);
     }
     return rows;
   });

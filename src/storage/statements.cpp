@@ -134,6 +134,15 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
                            " expires_at > " +
                            now + " ORDER BY ticket LIMIT 1",
                        {"name", "token"});
+  // The lowest live ticket of a queue, the entries of a holder of the lease of the same name
+  // excluded (a fair waiter of a kind other than a lease, lease/queue_wait.hpp, reads it).
+  s.waiter_first = make("waiter_first",
+                        "SELECT MIN(w.ticket) FROM " + t.waiters +
+                            " w WHERE w.resource_name = :name AND w.expires_at > " + now +
+                            " AND NOT EXISTS (SELECT 1 FROM " + t.lock +
+                            " l WHERE l.resource_name = w.resource_name AND l.owner_token ="
+                            " w.owner_token AND l.hold_count > 0)",
+                        {"name"});
   if (can.ring == release_ring::notify)
     s.head_notify = make("head_notify", v.head_notify(t), {"name", "token", "fence"});
   if (can.ring == release_ring::interrupt) {

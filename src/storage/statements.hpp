@@ -66,6 +66,7 @@ struct lock_statements {
   statement wait_read;
   /// name, token (the releaser's) -> the owner token of the head of the live queue
   statement waiter_head;
+  statement waiter_first;  ///< -> MIN(ticket) of :name's live queue, holders' entries excluded
   /// Where the release names the sleeping connection to ring (MySQL): id -> interrupt its
   /// sleep. Empty text elsewhere.
   statement bell_ring;

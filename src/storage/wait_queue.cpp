@@ -83,6 +83,12 @@ queue_head head_of(session_scope& s, const std::string& name, const std::string&
   return {r.text(0, 0), r.is_null(0, 1) ? std::string() : r.text(0, 1)};
 }
 
+std::optional<std::int64_t> first_ticket(session_scope& s, const std::string& name) {
+  const sql_result r = s.run(s.statements().waiter_first, {name});
+  if (r.empty() || r.is_null(0, 0)) return std::nullopt;
+  return r.integer(0, 0);
+}
+
 std::optional<std::int64_t> acquire_dequeue(session_scope& s, const acquire_params& p,
                                             std::int64_t ticket, bool in_order) {
   const lock_statements& all = s.statements();

@@ -71,6 +71,9 @@ struct queue_head {
 };
 /// The head of `name`'s live queue, the releaser's own entry (`token`) excluded.
 queue_head head_of(session_scope&, const std::string& name, const std::string& token);
+/// The lowest live ticket of `name`'s queue (a holder's own entries excluded); nullopt when
+/// nobody waits.
+std::optional<std::int64_t> first_ticket(session_scope&, const std::string& name);
 /// A ticket above every entry's: with it, acquire_dequeue() in order takes a free lease only
 /// when nobody waits in its queue, and deletes no entry (a fair try before queueing).
 constexpr std::int64_t behind_everyone = INT64_MAX;

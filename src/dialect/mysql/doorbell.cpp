@@ -223,15 +223,18 @@ class channel final : public bell_channel {
   /// True for an entry `e` of a broadcast queue (broadcast_suffix): every one of those is rung,
   /// so each counts as a head here (an interrupt for another waiter of this handle wakes it
   /// too, for one read), but none waits for a lease to be free.
-  static std::string broadcast(const std::string& e) {
+  static std::string broadcast(const std::string& e) { return ends_with(e, broadcast_suffix); }
+  /// True for an entry `e` of a queue-only name (queue_suffix): no lease row has its name.
+  static std::string queue_only(const std::string& e) { return ends_with(e, queue_suffix); }
+  static std::string ends_with(const std::string& e, std::string_view suffix) {
     std::string hex;
-    for (unsigned char c : broadcast_suffix) {
+    for (unsigned char c : suffix) {
       static const char digits[] = "0123456789ABCDEF";
       hex += digits[c >> 4];
       hex += digits[c & 15];
     }
-    return "RIGHT(" + e + ".resource_name, " + std::to_string(broadcast_suffix.size()) + ") = X'" +
-           hex + "'";
+    return "RIGHT(" + e + ".resource_name, " + std::to_string(suffix.size()) + ") = X'" + hex +
+           "'";
   }
   /// The sleep, unless a lease whose queue this handle's waiter heads is free already: a
   /// release whose KILL QUERY came while this connection was between sleeps (reading heads,
@@ -243,9 +246,11 @@ class channel final : public bell_channel {
            heads_of(waiters, locks, mark) + free_of(locks) + ")";
   }
   /// " AND ...": the lease of head entry w is free (no row held and unexpired); never for a
-  /// broadcast entry, which has no lease (the sleep would end at once, again and again).
+  /// broadcast entry or a queue-only name, which have no lease (the sleep would end at once,
+  /// again and again).
   static std::string free_of(const std::string& locks) {
-    return " AND NOT " + broadcast("w") + " AND NOT EXISTS (SELECT 1 FROM " + locks +
+    return " AND NOT " + broadcast("w") + " AND NOT " + queue_only("w") +
+           " AND NOT EXISTS (SELECT 1 FROM " + locks +
            " f WHERE f.resource_name = w.resource_name AND f.hold_count > 0 AND f.expires_at > "
            "UTC_TIMESTAMP(6))";
   }
