@@ -187,21 +187,6 @@ struct background_acquire {
   void join() { t.join(); }
 };
 
-// Inserts a live queue entry for `name` (expiring in 2200) of a waiter on `host` that is not
-// there: nothing refreshes it, nothing rings it.
-void plant_waiter(const dblock::test::context& ctx, const std::string& name,
-                  const std::string& host) {
-  const std::string later = ctx.backend == "postgresql" ? "'2200-01-01 00:00:00+00'"
-                            : ctx.backend == "mysql"    ? "'2200-01-01 00:00:00'"
-                                                        : "7258118400000000";
-  auto c = ctx.db.connect();
-  c.session() << "INSERT INTO " << ctx.table("lock_waiter")
-              << " (resource_name, owner_token, enqueued_at, expires_at, holder_host,"
-                 " holder_pid) VALUES (:n, 'ffffffffffffffffffffffffffffffff', "
-              << later << ", " << later << ", :h, 1)",
-      soci::use(name), soci::use(host);
-}
-
 // A waiter that takes the lease through the queue leaves no entry behind: on PostgreSQL and
 // SQLite the acquire deletes it in its own write; on MySQL, where that would be a second
 // autocommit write on the handoff's path, the handle's renewer thread deletes it during the

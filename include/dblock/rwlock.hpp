@@ -32,7 +32,8 @@ inline constexpr int max_rwlock_readers = 128;
  * - a reader takes a reader row, then reads the writer row; when a writer holds it (or waits,
  *   see below) the reader gives its row back and is not admitted;
  * - a writer takes the writer row (lease_lock, with its queue and wake-ups), then waits until no
- *   reader row is held (readers already in finish, or expire); only then is it admitted.
+ *   reader row is held (readers already in finish, or expire), in the readers' queue, which
+ *   each reader's release rings; only then is it admitted.
  *
  * Because each side commits its announcement before it reads the other's, at least one of them
  * sees the other, so a reader and a writer are never admitted together. A writer holds the
@@ -57,7 +58,7 @@ class rwlock {
    * @param db the database holding the lock table.
    * @param name the lock's name (the writer's lease row).
    * @param options the lease of readers and writers (ttl, watchdog, on_lost, polling; `fair`
-   *        orders writers among themselves).
+   *        orders readers and writers together: both wait in the writer's queue).
    * @throws dblock::error errc::invalid_argument for a bad name or options lease_lock refuses.
    */
   rwlock(database db, std::string name, lease_options options = {});
@@ -90,8 +91,9 @@ class rwlock {
     return acquire_shared_until(deadline_after(wait), cancel);
   }
   /**
-   * @brief Waits until `deadline` to read, polling with full-jitter backoff (never past the
-   *        writer's expiry).
+   * @brief Waits until `deadline` to read, in the writer's queue: the writer's release rings the
+   *        first waiting reader, which rings the next (docs/waiting.md); as the safety net it
+   *        looks again at the writer's expiry or at lease_options::poll_max.
    * @param deadline when to give up (in the past: one try).
    * @param cancel stops the wait (errc::cancelled).
    * @throws dblock::error errc::timeout, errc::cancelled, and the errors of

@@ -38,10 +38,12 @@ inline constexpr int max_semaphore_permits = 1000;
  * held it reads which slots are held (one statement) and tries the free ones in random order, so
  * with a free permit a try costs one round trip. Once a read found at least half the permits
  * held, the object reads first on its next try (two statements, not three) until a read finds
- * most of them free again. acquire(wait)
- * polls with full-jitter backoff (lease_options::poll_initial .. poll_max), never sleeping past
- * the earliest expiry of a held permit or the end of the wait; waiters of a semaphore are not
- * queued and not woken by releases (not fair, unlike lease_options::fair).
+ * most of them free again. acquire(wait) waits as a lease does (docs/waiting.md): the waiter
+ * joins the semaphore's queue (the name "S" U+FFFF "Q", which no lease row has) and the release
+ * of any permit rings its head, one waiter per release, in other processes too; as the safety
+ * net it looks again at the earliest expiry of a held permit or at lease_options::poll_max. With
+ * lease_options::fair permits go to waiters in arrival order: a try takes a permit only when
+ * nobody waits ahead of it in the queue (one more read per try).
  *
  * Names are 1..249 bytes of valid UTF-8 without NUL or U+FFFF (the permit's suffix takes the
  * rest of the lock table's 255 bytes).
@@ -58,11 +60,11 @@ class semaphore {
    * @param db the database holding the lock table and the `semaphore` table.
    * @param name the semaphore's name, shared by every user of it.
    * @param permits how many holders at once (N); every user of the name must give the same.
-   * @param options the lease of every permit (ttl, watchdog, on_lost, polling); `fair` is
-   *        refused.
+   * @param options the lease of every permit (ttl, watchdog, on_lost, polling), and `fair`: the
+   *        waiters' order.
    * @throws dblock::error errc::invalid_argument for a bad name (empty, over 249 bytes, a NUL
    *         byte, U+FFFF or not valid UTF-8), `permits` outside 1..max_semaphore_permits, or
-   *         options lease_lock refuses, or `fair`.
+   *         options lease_lock refuses.
    */
   semaphore(database db, std::string name, int permits, lease_options options = {});
   /// Destroys the handle only: permits it returned stay valid and release themselves.
@@ -73,7 +75,8 @@ class semaphore {
   semaphore& operator=(semaphore&&) noexcept;
 
   /**
-   * @brief One attempt: a permit, or nothing when all N are held.
+   * @brief One attempt: a permit, or nothing when all N are held (fair: also when anybody waits
+   *        in the semaphore's queue).
    * @throws dblock::error errc::invalid_argument when the semaphore was declared with another
    *         count (the message names both), lease_lock::try_acquire()'s errors, and the
    *         @ref database_errors "database errors" of the declaration and of the read of held
@@ -96,7 +99,7 @@ class semaphore {
   }
 
   /**
-   * @brief Waits until `deadline` for a permit, polling (see the class comment).
+   * @brief Waits until `deadline` for a permit, in the semaphore's queue (see the class comment).
    * @throws dblock::error errc::timeout when the deadline passes, errc::cancelled when `cancel`
    *         fires, and the errors of try_acquire().
    */

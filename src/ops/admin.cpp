@@ -5,6 +5,7 @@
 
 #include "core/identifier.hpp"
 #include "dblock/election.hpp"
+#include "dblock/semaphore.hpp"
 #include "dialect/doorbell.hpp"
 #include "kinds/followers.hpp"
 #include "storage/lock_table.hpp"
@@ -102,6 +103,11 @@ forced_release force_release(const database& db, const std::string& name, const 
   if (f.was_held) {  // the lease is free: wake a waiter now rather than at its next poll
     detail::wait_queue::ring_freed(access::impl(db), name, f.new_fence, std::string(),
                                    detail::lock_table::release_wake::look_up());
+    // A permit: the waiters of its semaphore (lease/queue_wait.hpp) are rung too. (A token
+    // that owns no entry: every entry may be the head.)
+    if (auto p = semaphore::permit_of(name))
+      detail::wait_queue::ring_freed(access::impl(db), p->first + std::string(detail::queue_suffix),
+                                     0, "forced", detail::lock_table::release_wake::look_up());
     // A leadership released so: its followers read at once (the next leader rings them too).
     if (auto e = election::election_of(name)) detail::ring_followers(access::impl(db), *e);
   }

@@ -68,6 +68,21 @@ inline bool wait_for_waiters(const dblock::test::context& ctx, const std::string
   return true;
 }
 
+// Inserts a live queue entry for `name` (expiring in 2200) of a waiter on `host` that is not
+// there: nothing refreshes it, nothing rings it.
+inline void plant_waiter(const dblock::test::context& ctx, const std::string& name,
+                  const std::string& host) {
+  const std::string later = ctx.backend == "postgresql" ? "'2200-01-01 00:00:00+00'"
+                            : ctx.backend == "mysql"    ? "'2200-01-01 00:00:00'"
+                                                        : "7258118400000000";
+  auto c = ctx.db.connect();
+  c.session() << "INSERT INTO " << ctx.table("lock_waiter")
+              << " (resource_name, owner_token, enqueued_at, expires_at, holder_host,"
+                 " holder_pid) VALUES (:n, 'ffffffffffffffffffffffffffffffff', "
+              << later << ", " << later << ", :h, 1)",
+      soci::use(name), soci::use(host);
+}
+
 /// `holder` takes the lease of `name` through the waiter queue: `first` (another lock object on
 /// `name`) holds it, `holder` queues behind it, then `first` releases. A fair holder that came
 /// through the queue may hand the lease over at its release. Fails the test when a step does not

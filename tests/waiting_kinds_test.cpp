@@ -1,0 +1,287 @@
+// The one waiting engine for the kinds that wait for more than one lease row (lease/queue_wait):
+// a semaphore's waiters and a read-write lock's readers and draining writer join the queue of
+// waiters, a release rings them across database handles (as across processes), fair semaphores
+// let no newcomer past a queued waiter (with the unfair control, which does), and list_locks()
+// and `dblock status` show the waiters. [direct]: rings across handles need LISTEN, which
+// PgBouncer's transaction mode cannot carry.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "harness.hpp"
+#include "internals.hpp"
+#include "waiting_support.hpp"
+
+using dblock::lease_guard;
+using namespace dblock::test;
+
+namespace {
+
+// Waits long enough that only a ring ends a wait early: leases and queue entries of 30 s, and
+// a safety-net poll of 30 s.
+dblock::lease_options ring_only() {
+  dblock::lease_options lo;
+  lo.ttl = std::chrono::seconds(30);
+  lo.poll_max = std::chrono::seconds(30);
+  return lo;
+}
+
+// The queue a semaphore's waiters join.
+std::string queue_of(const std::string& semaphore) {
+  return semaphore + "\xEF\xBF\xBF"
+                     "Q";
+}
+
+// A handle of its own with a listener counting its wake-ups.
+struct counted_handle {
+  std::shared_ptr<counting_listener> events = std::make_shared<counting_listener>();
+  dblock::database db;
+  explicit counted_handle(const context& ctx)
+      : db([&] {
+          auto o = ctx.options();
+          o.events = events;
+          return ctx.open(o);
+        }()) {}
+};
+
+// `wait` runs on a thread of its own until it returns; `granted` is when (monotonic ns).
+struct waiter_thread {
+  long long granted = 0;
+  std::string error;
+  std::thread t;
+  explicit waiter_thread(std::function<lease_guard()> wait)
+      : t([this, wait] {
+          try {
+            auto g = wait();
+            granted = monotonic_ns();
+            g.release();
+          } catch (const std::exception& e) {
+            error = e.what();
+          }
+        }) {}
+  void join() { t.join(); }
+};
+
+}  // namespace
+
+// A waiter of another handle queued for a semaphore's one permit; the permit is freed by its
+// holder's release or by a forced release. The waiter must be rung: granted well before its
+// 30 s safety net, with a wake-up counted by its handle.
+void rung_when_freed(const context& ctx, bool forced) {
+  const std::string name = unique_name("ring");
+  dblock::semaphore holder(ctx.db, name, 1, ring_only());
+  auto h = holder.try_acquire();
+  REQUIRE(h);
+  counted_handle w(ctx);
+  dblock::semaphore sem(w.db, name, 1, ring_only());
+  waiter_thread waiter([&] { return sem.acquire(std::chrono::seconds(25)); });
+  const bool queued = wait_for_waiters(ctx, queue_of(name), 1, milliseconds(20000));
+  std::this_thread::sleep_for(milliseconds(500));  // subscribed, asleep in its wait
+  const long long released = monotonic_ns();
+  if (forced)
+    (void)dblock::force_release(ctx.open(), h->name(), "test: stuck permit", "waiting_kinds_test");
+  else
+    h->release();
+  waiter.join();
+  REQUIRE(queued);
+  INFO("waiter: " << waiter.error);
+  REQUIRE(waiter.error.empty());
+  const long long after_ms = (waiter.granted - released) / ns_per_ms;
+  INFO("granted " << after_ms << " ms after the " << (forced ? "forced " : "")
+                  << "release (safety net 30 s)");
+  CHECK(after_ms < 3000);
+  CHECK(w.events->woken_n.load() >= 1);
+  CHECK(count_waiters(ctx, queue_of(name)) == 0);  // the waiter left the queue
+}
+
+DBLOCK_TEST("semaphore: a waiter of another handle is rung by a permit's release, not polled",
+            "[semaphore][waiting][direct]") {
+  rung_when_freed(ctx, false);
+}
+
+DBLOCK_TEST("semaphore: a forced release of a permit rings the semaphore's waiter",
+            "[semaphore][waiting][direct]") {
+  rung_when_freed(ctx, true);
+}
+
+DBLOCK_TEST("negative control: a permit that expires unreleased rings nobody",
+            "[semaphore][waiting][direct]") {
+  // The waiter's wake-up count above counts rings only: here the permit comes back at its TTL,
+  // found by the waiter's safety net (bounded by the holder's expiry), and nothing rang.
+  const std::string name = unique_name("expire");
+  auto lo = ring_only();
+  lo.ttl = milliseconds(1500);
+  dblock::semaphore holder(ctx.db, name, 1, lo);
+  auto h = holder.try_acquire();  // never released
+  REQUIRE(h);
+  counted_handle w(ctx);
+  dblock::semaphore sem(w.db, name, 1, ring_only());
+  auto g = sem.acquire(std::chrono::seconds(20));
+  CHECK(g.valid());
+  CHECK(w.events->woken_n.load() == 0);
+}
+
+DBLOCK_TEST("semaphore: list_locks shows the waiters of a semaphore, by pattern too",
+            "[semaphore][waiting]") {
+  const std::string name = unique_name("status");
+  dblock::semaphore holder(ctx.db, name, 1, ring_only());
+  auto h = holder.try_acquire();
+  REQUIRE(h);
+  auto wdb = ctx.open();
+  dblock::semaphore sem(wdb, name, 1, ring_only());
+  waiter_thread waiter([&] { return sem.acquire(std::chrono::seconds(25)); });
+  const bool queued = wait_for_waiters(ctx, queue_of(name), 1, milliseconds(20000));
+  auto rows = dblock::list_locks(ctx.db);
+  dblock::list_options mine;
+  mine.pattern = name + "*";
+  auto matching = dblock::list_locks(ctx.db, mine);
+  dblock::list_options other;
+  other.pattern = "no-such-name*";
+  auto none = dblock::list_locks(ctx.db, other);
+  h->release();
+  waiter.join();
+  REQUIRE(queued);
+  REQUIRE(waiter.error.empty());
+  int found = 0;
+  for (const auto& r : rows) {
+    if (r.name != queue_of(name)) continue;
+    ++found;
+    CHECK(!r.held);
+    CHECK(r.waiters == 1);
+    CHECK(!r.head_waiter.empty());
+    CHECK(dblock::semaphore::queue_of(r.name) == name);
+  }
+  CHECK(found == 1);
+  // The held permit and the queue: both match the semaphore's name.
+  CHECK(matching.size() == 2);
+  CHECK(none.empty());
+  CHECK(!dblock::semaphore::queue_of(name));
+}
+
+// A fair semaphore: a newcomer that tries over and over around a release finds the waiter queued
+// and is refused; the permit goes to the waiter (whoever got it first holds it until the other's
+// grant is impossible, so comparing the two grant times is exact).
+DBLOCK_TEST("semaphore: fair, a newcomer never takes a permit a queued waiter waits for",
+            "[semaphore][waiting][direct]") {
+  auto lo = ring_only();
+  lo.fair = true;
+  for (int round = 0; round < 3; ++round) {
+    const std::string name = unique_name("fair");
+    dblock::semaphore holder(ctx.db, name, 1, lo);
+    auto h = holder.try_acquire();
+    REQUIRE(h);
+    auto wdb = ctx.open();
+    dblock::semaphore sem(wdb, name, 1, lo);
+    waiter_thread waiter([&] { return sem.acquire(std::chrono::seconds(25)); });
+    REQUIRE(wait_for_waiters(ctx, queue_of(name), 1, milliseconds(20000)));
+    auto ndb = ctx.open();
+    dblock::semaphore newcomer(ndb, name, 1, lo);
+    CHECK(!newcomer.try_acquire());  // held, and a waiter queued
+    std::atomic<bool> stop{false};
+    long long newcomer_at = 0;
+    std::thread spinner([&] {
+      while (!stop.load()) {
+        if (auto n = newcomer.try_acquire()) {
+          newcomer_at = monotonic_ns();
+          n->release();
+          return;
+        }
+      }
+    });
+    std::this_thread::sleep_for(milliseconds(20));
+    h->release();
+    waiter.join();
+    stop = true;
+    spinner.join();
+    INFO("waiter: " << waiter.error);
+    REQUIRE(waiter.error.empty());
+    INFO("round " << round << ": the newcomer got a permit " << (newcomer_at - waiter.granted) / 1000
+                  << " us after the waiter (0: never)");
+    CHECK((newcomer_at == 0 || newcomer_at > waiter.granted));
+  }
+}
+
+// A waiter that stalls in the queue (its entry planted: nothing rings or refreshes it) while a
+// permit is free: a fair newcomer is refused, and its own wait queues behind the stalled entry
+// and times out; the control, unfair, takes the free permit at once.
+void stalled_waiter_ahead(const context& ctx, bool fair) {
+  auto lo = ring_only();
+  lo.fair = fair;
+  const std::string name = unique_name("stalled");
+  dblock::semaphore sem(ctx.db, name, 1, lo);
+  plant_waiter(ctx, queue_of(name), "stalled-host");
+  auto g = sem.try_acquire();
+  if (fair) {
+    CHECK(!g);
+    CHECK(code_of([&] { (void)sem.acquire(milliseconds(300)); }) == errc::timeout);
+    CHECK(count_waiters(ctx, queue_of(name)) == 1);  // its own entry left with it
+  } else {
+    CHECK(g);
+  }
+}
+
+DBLOCK_TEST("semaphore: fair, a free permit waits for a stalled waiter ahead", "[semaphore]") {
+  stalled_waiter_ahead(ctx, true);
+}
+
+DBLOCK_TEST("negative control: an unfair semaphore takes the permit past a stalled waiter",
+            "[semaphore]") {
+  stalled_waiter_ahead(ctx, false);
+}
+
+DBLOCK_TEST("rwlock: a waiting reader of another handle is rung by the writer's release",
+            "[rwlock][waiting][direct]") {
+  const std::string name = unique_name("rw-read");
+  dblock::rwlock writer(ctx.db, name, ring_only());
+  auto wg = writer.try_acquire();
+  REQUIRE(wg);
+  counted_handle r(ctx);
+  dblock::rwlock reader(r.db, name, ring_only());
+  waiter_thread waiter([&] { return reader.acquire_shared(std::chrono::seconds(25)); });
+  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
+  std::this_thread::sleep_for(milliseconds(500));
+  const long long released = monotonic_ns();
+  wg->release();
+  waiter.join();
+  REQUIRE(queued);
+  INFO("reader: " << waiter.error);
+  REQUIRE(waiter.error.empty());
+  const long long after_ms = (waiter.granted - released) / ns_per_ms;
+  INFO("read " << after_ms << " ms after the writer's release (safety net 30 s)");
+  CHECK(after_ms < 3000);
+  CHECK(r.events->woken_n.load() >= 1);
+  CHECK(count_waiters(ctx, name) == 0);
+}
+
+DBLOCK_TEST("rwlock: a writer waiting for readers is rung by the last reader's release",
+            "[rwlock][waiting][direct]") {
+  const std::string name = unique_name("rw-drain");
+  dblock::rwlock reader(ctx.db, name, ring_only());
+  auto rg = reader.try_acquire_shared();
+  REQUIRE(rg);
+  counted_handle w(ctx);
+  dblock::rwlock writer(w.db, name, ring_only());
+  waiter_thread waiter([&] { return writer.acquire(std::chrono::seconds(25)); });
+  // The writer holds its row and waits in the readers' semaphore's queue.
+  const std::string drain = queue_of(name + "\xEF\xBF\xBF"
+                                            "R");
+  const bool queued = wait_for_waiters(ctx, drain, 1, milliseconds(20000));
+  std::this_thread::sleep_for(milliseconds(500));
+  int listed = 0;
+  for (const auto& l : dblock::list_locks(ctx.db))
+    if (l.name == drain && l.waiters == 1) ++listed;
+  const long long released = monotonic_ns();
+  rg->release();
+  waiter.join();
+  REQUIRE(queued);
+  INFO("writer: " << waiter.error);
+  REQUIRE(waiter.error.empty());
+  const long long after_ms = (waiter.granted - released) / ns_per_ms;
+  INFO("written " << after_ms << " ms after the reader's release (safety net 30 s)");
+  CHECK(after_ms < 3000);
+  CHECK(w.events->woken_n.load() >= 1);
+  CHECK(listed == 1);
+}
