@@ -303,7 +303,7 @@ std::vector<row> handoff_rows(backend_ctx& b, const options& o) {
                              "acquire() return (p50/p99); ops/s = handoffs/s" +
                              hold;
     ops.push_back(make_row(
-        name, "handoff", "", note, schedule::contended,
+        name, "handoff", kind == handed::lease ? "" : "dblock.handoff", note, schedule::contended,
         [seconds, hold_us, own, fair, kind](backend_ctx* b, int clients, std::ostream&) {
           auto lo = b->wait_options;
           lo.fair = fair;

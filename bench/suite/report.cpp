@@ -194,8 +194,17 @@ void finish_results(std::vector<result>& results) {
     if (r.floor.empty()) continue;
     for (const auto& f : results)
       if (f.label == r.label && f.operation == r.floor && f.clients == r.clients &&
-          f.per_second > 0)
+          f.per_second > 0) {
         r.ratio = r.per_second / f.per_second;
+        // A handoff row against another (a semaphore's against the lease's): latency too.
+        if (r.kind == "handoff" && f.p50_us > 0) {
+          r.figures["p50_over_floor"] = r.p50_us / f.p50_us;
+          char extra[64];
+          std::snprintf(extra, sizeof extra, "; p50 %.2f x %s's", r.p50_us / f.p50_us,
+                        f.operation.c_str());
+          r.note += extra;
+        }
+      }
   }
   std::stable_sort(results.begin(), results.end(), [](const result& a, const result& b) {
     return std::tie(a.label, a.operation, a.clients) < std::tie(b.label, b.operation, b.clients);
