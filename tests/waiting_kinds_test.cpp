@@ -6,6 +6,7 @@
 // PgBouncer's transaction mode cannot carry.
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,8 +32,9 @@ dblock::lease_options ring_only() {
 
 // The queue a semaphore's waiters join.
 std::string queue_of(const std::string& semaphore) {
-  return semaphore + "\xEF\xBF\xBF"
-                     "Q";
+  return semaphore +
+         "\xEF\xBF\xBF"
+         "Q";
 }
 
 // A handle of its own with a listener counting its wake-ups.
@@ -65,6 +67,39 @@ struct waiter_thread {
   void join() { t.join(); }
 };
 
+// A wait of another handle (`wait`, on its own thread) queued in `queue` and then freed by
+// `free_it`: how long after the freeing it was granted (ms), whether a ring reached it, and the
+// rows list_locks() showed for `queue` with one waiter while it waited. Fails the test when the
+// waiter never queued or failed, or was not rung.
+struct rung_wait {
+  long long after_ms = -1;
+  bool woken = false;
+  int listed = 0;
+};
+rung_wait wait_rung(const context& ctx, const std::string& queue, counted_handle& h,
+                    const std::function<lease_guard()>& wait,
+                    const std::function<void()>& free_it) {
+  waiter_thread waiter(wait);
+  const bool queued = wait_for_waiters(ctx, queue, 1, milliseconds(20000));
+  std::this_thread::sleep_for(milliseconds(500));  // subscribed, asleep in its wait
+  rung_wait r;
+  for (const auto& l : dblock::list_locks(ctx.db))
+    if (l.name == queue && l.waiters == 1) ++r.listed;
+  const long long freed = monotonic_ns();
+  free_it();
+  waiter.join();
+  REQUIRE(queued);
+  INFO("waiter: " << waiter.error);
+  REQUIRE(waiter.error.empty());
+  r.after_ms = (waiter.granted - freed) / ns_per_ms;
+  r.woken = h.events->woken_n.load() >= 1;
+  CHECK(count_waiters(ctx, queue) == 0);  // the waiter left the queue
+  INFO("granted " << r.after_ms << " ms after the release (safety net 30 s)");
+  CHECK(r.after_ms < 3000);
+  CHECK(r.woken);
+  return r;
+}
+
 }  // namespace
 
 // A waiter of another handle queued for a semaphore's one permit; the permit is freed by its
@@ -77,24 +112,16 @@ void rung_when_freed(const context& ctx, bool forced) {
   REQUIRE(h);
   counted_handle w(ctx);
   dblock::semaphore sem(w.db, name, 1, ring_only());
-  waiter_thread waiter([&] { return sem.acquire(std::chrono::seconds(25)); });
-  const bool queued = wait_for_waiters(ctx, queue_of(name), 1, milliseconds(20000));
-  std::this_thread::sleep_for(milliseconds(500));  // subscribed, asleep in its wait
-  const long long released = monotonic_ns();
-  if (forced)
-    (void)dblock::force_release(ctx.open(), h->name(), "test: stuck permit", "waiting_kinds_test");
-  else
-    h->release();
-  waiter.join();
-  REQUIRE(queued);
-  INFO("waiter: " << waiter.error);
-  REQUIRE(waiter.error.empty());
-  const long long after_ms = (waiter.granted - released) / ns_per_ms;
-  INFO("granted " << after_ms << " ms after the " << (forced ? "forced " : "")
-                  << "release (safety net 30 s)");
-  CHECK(after_ms < 3000);
-  CHECK(w.events->woken_n.load() >= 1);
-  CHECK(count_waiters(ctx, queue_of(name)) == 0);  // the waiter left the queue
+  const rung_wait r = wait_rung(
+      ctx, queue_of(name), w, [&] { return sem.acquire(std::chrono::seconds(25)); },
+      [&] {
+        if (forced)
+          (void)dblock::force_release(ctx.open(), h->name(), "test: stuck permit",
+                                      "waiting_kinds_test");
+        else
+          h->release();
+      });
+  CHECK(r.listed == 1);  // list_locks() showed the semaphore's waiter
 }
 
 DBLOCK_TEST("semaphore: a waiter of another handle is rung by a permit's release, not polled",
@@ -198,8 +225,8 @@ DBLOCK_TEST("semaphore: fair, a newcomer never takes a permit a queued waiter wa
     spinner.join();
     INFO("waiter: " << waiter.error);
     REQUIRE(waiter.error.empty());
-    INFO("round " << round << ": the newcomer got a permit " << (newcomer_at - waiter.granted) / 1000
-                  << " us after the waiter (0: never)");
+    INFO("round " << round << ": the newcomer got a permit "
+                  << (newcomer_at - waiter.granted) / 1000 << " us after the waiter (0: never)");
     CHECK((newcomer_at == 0 || newcomer_at > waiter.granted));
   }
 }
@@ -232,56 +259,37 @@ DBLOCK_TEST("negative control: an unfair semaphore takes the permit past a stall
   stalled_waiter_ahead(ctx, false);
 }
 
+// A read-write lock's waiter of another handle: a reader held back by a writer (it waits in the
+// writer's queue, listed as a waiter of the writer's held row), or a writer waiting for a
+// reader to leave (it holds its row and waits in the readers' semaphore's queue). Either is
+// rung when the other side releases.
+void rwlock_rung(const context& ctx, bool reader_waits) {
+  const std::string name = unique_name(reader_waits ? "rw-read" : "rw-drain");
+  dblock::rwlock first(ctx.db, name, ring_only());
+  auto held = reader_waits ? first.try_acquire() : first.try_acquire_shared();
+  REQUIRE(held);
+  counted_handle h(ctx);
+  dblock::rwlock second(h.db, name, ring_only());
+  const std::string queue = reader_waits ? name
+                                         : queue_of(name +
+                                                    "\xEF\xBF\xBF"
+                                                    "R");
+  const rung_wait r = wait_rung(
+      ctx, queue, h,
+      [&] {
+        return reader_waits ? second.acquire_shared(std::chrono::seconds(25))
+                            : second.acquire(std::chrono::seconds(25));
+      },
+      [&] { held->release(); });
+  CHECK(r.listed == 1);
+}
+
 DBLOCK_TEST("rwlock: a waiting reader of another handle is rung by the writer's release",
             "[rwlock][waiting][direct]") {
-  const std::string name = unique_name("rw-read");
-  dblock::rwlock writer(ctx.db, name, ring_only());
-  auto wg = writer.try_acquire();
-  REQUIRE(wg);
-  counted_handle r(ctx);
-  dblock::rwlock reader(r.db, name, ring_only());
-  waiter_thread waiter([&] { return reader.acquire_shared(std::chrono::seconds(25)); });
-  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
-  std::this_thread::sleep_for(milliseconds(500));
-  const long long released = monotonic_ns();
-  wg->release();
-  waiter.join();
-  REQUIRE(queued);
-  INFO("reader: " << waiter.error);
-  REQUIRE(waiter.error.empty());
-  const long long after_ms = (waiter.granted - released) / ns_per_ms;
-  INFO("read " << after_ms << " ms after the writer's release (safety net 30 s)");
-  CHECK(after_ms < 3000);
-  CHECK(r.events->woken_n.load() >= 1);
-  CHECK(count_waiters(ctx, name) == 0);
+  rwlock_rung(ctx, true);
 }
 
 DBLOCK_TEST("rwlock: a writer waiting for readers is rung by the last reader's release",
             "[rwlock][waiting][direct]") {
-  const std::string name = unique_name("rw-drain");
-  dblock::rwlock reader(ctx.db, name, ring_only());
-  auto rg = reader.try_acquire_shared();
-  REQUIRE(rg);
-  counted_handle w(ctx);
-  dblock::rwlock writer(w.db, name, ring_only());
-  waiter_thread waiter([&] { return writer.acquire(std::chrono::seconds(25)); });
-  // The writer holds its row and waits in the readers' semaphore's queue.
-  const std::string drain = queue_of(name + "\xEF\xBF\xBF"
-                                            "R");
-  const bool queued = wait_for_waiters(ctx, drain, 1, milliseconds(20000));
-  std::this_thread::sleep_for(milliseconds(500));
-  int listed = 0;
-  for (const auto& l : dblock::list_locks(ctx.db))
-    if (l.name == drain && l.waiters == 1) ++listed;
-  const long long released = monotonic_ns();
-  rg->release();
-  waiter.join();
-  REQUIRE(queued);
-  INFO("writer: " << waiter.error);
-  REQUIRE(waiter.error.empty());
-  const long long after_ms = (waiter.granted - released) / ns_per_ms;
-  INFO("written " << after_ms << " ms after the reader's release (safety net 30 s)");
-  CHECK(after_ms < 3000);
-  CHECK(w.events->woken_n.load() >= 1);
-  CHECK(listed == 1);
+  rwlock_rung(ctx, false);
 }
