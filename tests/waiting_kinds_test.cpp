@@ -231,32 +231,48 @@ DBLOCK_TEST("semaphore: fair, a newcomer never takes a permit a queued waiter wa
   }
 }
 
-// A waiter that stalls in the queue (its entry planted: nothing rings or refreshes it) while a
-// permit is free: a fair newcomer is refused, and its own wait queues behind the stalled entry
-// and times out; the control, unfair, takes the free permit at once.
-void stalled_waiter_ahead(const context& ctx, bool fair) {
+// A waiter that stalls in the queue (its entry planted: nothing rings or refreshes it) while
+// the lock is free. Fair, a newcomer is refused: a semaphore's try and its own wait, which
+// queues behind the stalled entry and times out; a read-write lock's reader and writer tries.
+// The control, unfair, takes the permit or the read at once.
+void stalled_waiter_ahead(const context& ctx, bool fair, bool rwlock) {
   auto lo = ring_only();
   lo.fair = fair;
   const std::string name = unique_name("stalled");
+  if (rwlock) {
+    dblock::rwlock rw(ctx.db, name, lo);
+    rw.try_acquire()->release();  // the writer row exists, as when a real waiter queued
+    plant_waiter(ctx, name, "stalled-host");
+    auto r = rw.try_acquire_shared();
+    CHECK(r.has_value() == !fair);
+    if (fair) CHECK(!rw.try_acquire());
+    return;
+  }
   dblock::semaphore sem(ctx.db, name, 1, lo);
   plant_waiter(ctx, queue_of(name), "stalled-host");
   auto g = sem.try_acquire();
+  CHECK(g.has_value() == !fair);
   if (fair) {
-    CHECK(!g);
     CHECK(code_of([&] { (void)sem.acquire(milliseconds(300)); }) == errc::timeout);
     CHECK(count_waiters(ctx, queue_of(name)) == 1);  // its own entry left with it
-  } else {
-    CHECK(g);
   }
 }
 
 DBLOCK_TEST("semaphore: fair, a free permit waits for a stalled waiter ahead", "[semaphore]") {
-  stalled_waiter_ahead(ctx, true);
+  stalled_waiter_ahead(ctx, true, false);
 }
 
 DBLOCK_TEST("negative control: an unfair semaphore takes the permit past a stalled waiter",
             "[semaphore]") {
-  stalled_waiter_ahead(ctx, false);
+  stalled_waiter_ahead(ctx, false, false);
+}
+
+DBLOCK_TEST("rwlock: fair, neither a reader nor a writer gets past a stalled waiter", "[rwlock]") {
+  stalled_waiter_ahead(ctx, true, true);
+}
+
+DBLOCK_TEST("negative control: an unfair reader reads past a stalled waiter", "[rwlock]") {
+  stalled_waiter_ahead(ctx, false, true);
 }
 
 // A read-write lock's waiter of another handle: a reader held back by a writer (it waits in the

@@ -71,7 +71,7 @@ class rwlock {
 
   /**
    * @brief One attempt to read: a reader lease, or nothing while a writer holds or waits (or all
-   *        max_rwlock_readers reader rows are held).
+   *        max_rwlock_readers reader rows are held; fair: or anybody waits in the lock's queue).
    * @throws dblock::error errc::invalid_argument for a name over 245 bytes (no reader rows),
    *         semaphore::try_acquire()'s errors and the @ref database_errors "database errors" of
    *         the read of the writer row.

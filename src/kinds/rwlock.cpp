@@ -18,6 +18,7 @@
 #include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session.hpp"
+#include "storage/wait_queue.hpp"
 
 namespace dblock {
 
@@ -128,6 +129,17 @@ std::string rwlock::reader_lease_name(const std::string& name, int slot) {
 }
 
 std::optional<lease_guard> rwlock::try_acquire_shared() {
+  // Fair: only when nobody waits in the writer's queue (readers and writers alike), as a fair
+  // lease's try.
+  if (impl_->options.fair) {
+    impl_->reader_rows();  // a name too long for readers is refused first
+    const bool queued = detail::with_session(
+        detail::access::impl(impl_->db), "read the queue of " + impl_->what(),
+        [&](detail::session_scope& s) {
+          return detail::wait_queue::first_ticket(s, impl_->name).has_value();
+        });
+    if (queued) return std::nullopt;
+  }
   return try_shared(std::string());
 }
 
