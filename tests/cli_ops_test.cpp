@@ -179,6 +179,22 @@ void release_some(const dblock::test::context& ctx, const std::vector<std::strin
   }
 }
 
+// Runs `dblock status rest...` and checks that it exits 0, says `summary`, has a table line for
+// every name of `listed` and none for the names of `unlisted`; returns what it printed.
+cli_result check_status(const dblock::test::context& ctx, const std::vector<std::string>& rest,
+                        const std::string& summary, const std::vector<std::string>& listed,
+                        const std::vector<std::string>& unlisted = {}) {
+  auto r = cli(ctx, "status", rest);
+  INFO(r);
+  CHECK(r.status == 0);
+  CHECK(contains(r.out, summary));
+  for (const auto& name : listed)
+    CHECK_FALSE(status_line(r.out, name).empty());
+  for (const auto& name : unlisted)
+    CHECK(status_line(r.out, name).empty());
+  return r;
+}
+
 }  // namespace
 
 // ---- status -----------------------------------------------------------------------------------
@@ -220,43 +236,17 @@ DBLOCK_TEST("cli status --all lists released rows; a pattern filters names", "[c
     REQUIRE(g);
     guards.push_back(std::move(*g));
   }
-  auto held = cli(ctx, "status");
-  {
-    INFO(held);
-    CHECK(held.status == 0);
-    CHECK(contains(held.out, "4 held lock(s) in "));
-    CHECK(status_line(held.out, "jobs/done").empty());
-  }
-  auto all = cli(ctx, "status", {"--all"});
+  check_status(ctx, {}, "4 held lock(s) in ", {}, {"jobs/done"});
+  auto all = check_status(ctx, {"--all"}, "5 lock row(s) in ", {"jobs/a"});
   {
     INFO(all);
-    CHECK(all.status == 0);
-    CHECK(contains(all.out, "5 lock row(s) in "));
     CHECK(
         std::regex_search(status_line(all.out, "jobs/done"), std::regex(R"( free +0 +0 +- +-$)")));
-    CHECK_FALSE(status_line(all.out, "jobs/a").empty());
   }
-  auto jobs = cli(ctx, "status", {"jobs/*"});
-  {
-    INFO(jobs);
-    CHECK(jobs.status == 0);
-    CHECK(contains(jobs.out, "2 held lock(s) matching 'jobs/*' in "));
-    CHECK_FALSE(status_line(jobs.out, "jobs/a").empty());
-    CHECK_FALSE(status_line(jobs.out, "jobs/b").empty());
-    CHECK(status_line(jobs.out, "Jobs/d").empty());
-    CHECK(status_line(jobs.out, "other/c").empty());
-  }
-  auto jobs_all = cli(ctx, "status", {"--all", "jobs/?one"});
-  {
-    INFO(jobs_all);
-    CHECK(jobs_all.status == 0);
-    CHECK(contains(jobs_all.out, "1 lock row(s) matching 'jobs/?one'"));
-    CHECK_FALSE(status_line(jobs_all.out, "jobs/done").empty());
-  }
-  auto none = cli(ctx, "status", {"JOBS/*"});
-  INFO(none);
-  CHECK(none.status == 0);
-  CHECK(contains(none.out, "0 held lock(s) matching 'JOBS/*'"));
+  check_status(ctx, {"jobs/*"}, "2 held lock(s) matching 'jobs/*' in ", {"jobs/a", "jobs/b"},
+               {"Jobs/d", "other/c"});
+  check_status(ctx, {"--all", "jobs/?one"}, "1 lock row(s) matching 'jobs/?one'", {"jobs/done"});
+  check_status(ctx, {"JOBS/*"}, "0 held lock(s) matching 'JOBS/*'", {});
 }
 
 DBLOCK_TEST("cli status --json: the documented shape", "[cli]") {
