@@ -179,6 +179,33 @@ void release_some(const dblock::test::context& ctx, const std::vector<std::strin
   }
 }
 
+// Runs `dblock status rest...` and checks that it exits 0, says `summary`, has a table line for
+// every name of `listed` and none for the names of `unlisted`; returns what it printed.
+cli_result check_status(const dblock::test::context& ctx, const std::vector<std::string>& rest,
+                        const std::string& summary, const std::vector<std::string>& listed,
+                        const std::vector<std::string>& unlisted = {}) {
+  auto r = cli(ctx, "status", rest);
+  INFO(r);
+  CHECK(r.status == 0);
+  CHECK(contains(r.out, summary));
+  for (const auto& name : listed)
+    CHECK_FALSE(status_line(r.out, name).empty());
+  for (const auto& name : unlisted)
+    CHECK(status_line(r.out, name).empty());
+  return r;
+}
+
+// Checks that `r` exited with `status` and printed a JSON object that names DBLOCK_VERSION_STRING
+// as its "version"; returns the object.
+nlohmann::json versioned_json(const cli_result& r, int status) {
+  INFO(r);
+  CHECK(r.status == status);
+  nlohmann::json j;
+  REQUIRE_NOTHROW(j = nlohmann::json::parse(r.out));
+  CHECK(j.value("version", "") == DBLOCK_VERSION_STRING);
+  return j;
+}
+
 }  // namespace
 
 // ---- status -----------------------------------------------------------------------------------
@@ -220,43 +247,17 @@ DBLOCK_TEST("cli status --all lists released rows; a pattern filters names", "[c
     REQUIRE(g);
     guards.push_back(std::move(*g));
   }
-  auto held = cli(ctx, "status");
-  {
-    INFO(held);
-    CHECK(held.status == 0);
-    CHECK(contains(held.out, "4 held lock(s) in "));
-    CHECK(status_line(held.out, "jobs/done").empty());
-  }
-  auto all = cli(ctx, "status", {"--all"});
+  check_status(ctx, {}, "4 held lock(s) in ", {}, {"jobs/done"});
+  auto all = check_status(ctx, {"--all"}, "5 lock row(s) in ", {"jobs/a"});
   {
     INFO(all);
-    CHECK(all.status == 0);
-    CHECK(contains(all.out, "5 lock row(s) in "));
     CHECK(
         std::regex_search(status_line(all.out, "jobs/done"), std::regex(R"( free +0 +0 +- +-$)")));
-    CHECK_FALSE(status_line(all.out, "jobs/a").empty());
   }
-  auto jobs = cli(ctx, "status", {"jobs/*"});
-  {
-    INFO(jobs);
-    CHECK(jobs.status == 0);
-    CHECK(contains(jobs.out, "2 held lock(s) matching 'jobs/*' in "));
-    CHECK_FALSE(status_line(jobs.out, "jobs/a").empty());
-    CHECK_FALSE(status_line(jobs.out, "jobs/b").empty());
-    CHECK(status_line(jobs.out, "Jobs/d").empty());
-    CHECK(status_line(jobs.out, "other/c").empty());
-  }
-  auto jobs_all = cli(ctx, "status", {"--all", "jobs/?one"});
-  {
-    INFO(jobs_all);
-    CHECK(jobs_all.status == 0);
-    CHECK(contains(jobs_all.out, "1 lock row(s) matching 'jobs/?one'"));
-    CHECK_FALSE(status_line(jobs_all.out, "jobs/done").empty());
-  }
-  auto none = cli(ctx, "status", {"JOBS/*"});
-  INFO(none);
-  CHECK(none.status == 0);
-  CHECK(contains(none.out, "0 held lock(s) matching 'JOBS/*'"));
+  check_status(ctx, {"jobs/*"}, "2 held lock(s) matching 'jobs/*' in ", {"jobs/a", "jobs/b"},
+               {"Jobs/d", "other/c"});
+  check_status(ctx, {"--all", "jobs/?one"}, "1 lock row(s) matching 'jobs/?one'", {"jobs/done"});
+  check_status(ctx, {"JOBS/*"}, "0 held lock(s) matching 'JOBS/*'", {});
 }
 
 DBLOCK_TEST("cli status --json: the documented shape", "[cli]") {
@@ -328,14 +329,12 @@ DBLOCK_TEST("cli status --json: the documented shape", "[cli]") {
 // ---- release ----------------------------------------------------------------------------------
 
 DBLOCK_TEST("cli release: refuses without --force (exit 64) and leaves the lease alone", "[cli]") {
-  lease_lock lock(ctx.db, "rel/held");
-  auto g = lock.try_acquire();
-  REQUIRE(g);
+  held_lease hold(ctx.db, "rel/held");
   auto r = cli(ctx, "release", {"rel/held"});
   INFO(r);
   CHECK(r.status == exit_usage);
   CHECK(contains(r.err, "--force"));
-  CHECK_NOTHROW(g->renew());
+  CHECK_NOTHROW(hold.guard->renew());
   CHECK(dblock::recent_forced_releases(ctx.db).empty());
   // Without a name it is a usage error too.
   auto no_name = cli(ctx, "release", {"--force"});
@@ -344,10 +343,8 @@ DBLOCK_TEST("cli release: refuses without --force (exit 64) and leaves the lease
 }
 
 DBLOCK_TEST("cli release --force: the holder loses the lease, status shows the audit", "[cli]") {
-  lease_lock lock(ctx.db, "rel/stuck");
-  auto g = lock.try_acquire();
-  REQUIRE(g);
-  const auto fence = g->fence();
+  held_lease hold(ctx.db, "rel/stuck");
+  const auto fence = hold.guard->fence();
   const std::string reason = "stuck since the deploy";
 
   auto r = cli(ctx, "release", {"--force", "--reason", reason, "rel/stuck"});
@@ -359,7 +356,7 @@ DBLOCK_TEST("cli release --force: the holder loses the lease, status shows the a
     CHECK(contains(r.out, "last holder " + this_holder()));
     CHECK(contains(r.out, "fence " + std::to_string(fence) + " -> " + std::to_string(fence + 1)));
   }
-  CHECK(code_of([&] { g->renew(); }) == errc::lease_lost);
+  CHECK(code_of([&] { hold.guard->renew(); }) == errc::lease_lost);
 
   auto s = cli(ctx, "status");
   {
@@ -628,9 +625,7 @@ DBLOCK_TEST("cli bench: dblock.watchdog holds many watched leases on two threads
 
 DBLOCK_TEST("cli reap: deletes released rows, keeps held ones, says how many", "[cli]") {
   release_some(ctx, {"reap/a", "reap/b", "reap/c"});
-  lease_lock keep(ctx.db, "reap/held");
-  auto g = keep.try_acquire();
-  REQUIRE(g);
+  held_lease hold(ctx.db, "reap/held");
   auto r = cli(ctx, "reap", {"--retention", "0s", "--grace", "0s", "-v"});
   {
     INFO(r);
@@ -784,25 +779,9 @@ DBLOCK_TEST("cli --version, and a version in every JSON output", "[cli]") {
   CHECK(v.status == 0);
   CHECK(v.out == "dblock " DBLOCK_VERSION_STRING "\n");
   CHECK(std::string(dblock::version()) == DBLOCK_VERSION_STRING);
-  auto reap = cli(ctx, "reap", {"--json"});
-  INFO(reap);
-  CHECK(reap.status == 0);
-  nlohmann::json r;
-  REQUIRE_NOTHROW(r = nlohmann::json::parse(reap.out));
-  CHECK(r.value("version", "") == DBLOCK_VERSION_STRING);
-  CHECK(r.contains("rows_reaped"));
-  auto leader = cli(ctx, "leader", {"--json", "nobody/leads"});
-  INFO(leader);
-  CHECK(leader.status == exit_not_found);
-  nlohmann::json l;
-  REQUIRE_NOTHROW(l = nlohmann::json::parse(leader.out));
-  CHECK(l.value("version", "") == DBLOCK_VERSION_STRING);
-  auto mig = cli(ctx, "migrate", {"--json"});
-  INFO(mig);
-  CHECK(mig.status == 0);
-  nlohmann::json m;
-  REQUIRE_NOTHROW(m = nlohmann::json::parse(mig.out));
-  CHECK(m.value("version", "") == DBLOCK_VERSION_STRING);
+  CHECK(versioned_json(cli(ctx, "reap", {"--json"}), 0).contains("rows_reaped"));
+  versioned_json(cli(ctx, "leader", {"--json", "nobody/leads"}), exit_not_found);
+  const auto m = versioned_json(cli(ctx, "migrate", {"--json"}), 0);
   CHECK(m.value("lease_durability", "") == "durable");
   // Usage errors exit 64 (EX_USAGE), also for an unknown option.
   CHECK(run_cli({"status", "--no-such-option"}).status == exit_usage);
@@ -823,9 +802,7 @@ DBLOCK_TEST("cli -v: dblock's events go to stderr", "[cli]") {
   CHECK(acquired < released);
 
   // A held lock: the contended event is printed too.
-  lease_lock lock(ctx.db, "verbose/held");
-  auto g = lock.try_acquire();
-  REQUIRE(g);
+  held_lease hold(ctx.db, "verbose/held");
   auto busy = cli(ctx, "exec", {"--verbose", "--lock", "verbose/held", "--", "true"});
   INFO(busy);
   CHECK(busy.status == 75);
@@ -859,9 +836,7 @@ DBLOCK_TEST("cli: no --url and no DBLOCK_URL exits 64; DBLOCK_URL is the default
   CHECK(rel.status == exit_usage);
   CHECK(contains(rel.err, "DBLOCK_URL"));
 
-  lease_lock lock(ctx.db, "env/held");
-  auto g = lock.try_acquire();
-  REQUIRE(g);
+  held_lease hold(ctx.db, "env/held");
   auto s = run_cli({"status", "--table-prefix", ctx.prefix}, {"DBLOCK_URL=" + ctx.url});
   INFO(s);
   CHECK(s.status == 0);

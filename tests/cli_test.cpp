@@ -281,16 +281,14 @@ DBLOCK_TEST("cli exec with several --lock: a set, exclusive, both orders never d
 DBLOCK_TEST("cli exec with several --lock: a held member exits 75 and keeps none of the set",
             "[cli][lock_set]") {
   const std::string a = lock_name(), b = a + "/b";
-  dblock::lease_lock other(ctx.db, b);
-  auto g = other.try_acquire();
-  REQUIRE(g);
+  dblock::test::held_lease hold(ctx.db, b);
   auto r = run_cli(exec_args(ctx, {"--lock", a, "--lock", b, "--wait", "300ms", "--", "true"}));
   INFO(r.output);
   CHECK(r.status == exit_not_acquired);
   CHECK(contains(r.output, "is held by another owner (none of them is kept)"));
   dblock::lease_lock probe(ctx.db, a);
   CHECK(probe.try_acquire());  // a was not kept
-  g->release();
+  hold.guard->release();
   auto ok = run_cli(exec_args(ctx, {"--lock", b, "--lock", a, "--", "true"}));
   INFO(ok.output);
   CHECK(ok.status == 0);
@@ -495,9 +493,7 @@ DBLOCK_TEST("cli exec: passes the command's exit status through", "[cli]") {
 
 DBLOCK_TEST("cli exec: a held lock exits 75, with and without --wait", "[cli]") {
   const std::string name = lock_name();
-  dblock::lease_lock lock(ctx.db, name);
-  auto g = lock.try_acquire();
-  REQUIRE(g);
+  dblock::test::held_lease hold(ctx.db, name);
 
   auto now = run_cli(exec_args(ctx, {"--lock", name, "--wait", "0s", "--", "true"}));
   {
@@ -515,8 +511,8 @@ DBLOCK_TEST("cli exec: a held lock exits 75, with and without --wait", "[cli]") 
     CHECK(waited.seconds >= 1.0);
   }
 
-  CHECK(g->valid());
-  g->release();
+  CHECK(hold.guard->valid());
+  hold.guard->release();
   auto free = run_cli(exec_args(ctx, {"--lock", name, "--wait", "0s", "--", "true"}));
   INFO(free.output);
   CHECK(free.status == 0);
@@ -524,16 +520,14 @@ DBLOCK_TEST("cli exec: a held lock exits 75, with and without --wait", "[cli]") 
 
 DBLOCK_TEST("cli exec --wait: acquires when the holder releases during the wait", "[cli]") {
   const std::string name = lock_name();
-  dblock::lease_lock lock(ctx.db, name);
-  auto g = lock.try_acquire();
-  REQUIRE(g);
-  const long long held_fence = g->fence();
+  dblock::test::held_lease hold(ctx.db, name);
+  const long long held_fence = hold.guard->fence();
   const auto start = steady::now();
   std::string release_error;
   std::thread releaser([&] {
     std::this_thread::sleep_for(milliseconds(500));
     try {
-      g->release();
+      hold.guard->release();
     } catch (const std::exception& e) {
       release_error = e.what();
     }
@@ -578,9 +572,7 @@ DBLOCK_TEST("cli exec: a lost lease terminates the command and exits 76", "[cli]
                 << " WHERE resource_name = :name",
         soci::use(minus_hour_us, "d"), soci::use(name, "name");
   }
-  dblock::lease_lock lock(ctx.db, name);
-  auto g = lock.try_acquire();
-  REQUIRE(g);
+  dblock::test::held_lease hold(ctx.db, name);
   const auto taken = steady::now();
 
   auto r = cli.finish(std::chrono::seconds(40));
@@ -591,8 +583,8 @@ DBLOCK_TEST("cli exec: a lost lease terminates the command and exits 76", "[cli]
   CHECK(contains(r.output, "SIGTERM"));
   CHECK(after_takeover < 5.0);
   // The CLI left the successor's lease alone.
-  CHECK(g->valid());
-  CHECK_NOTHROW(g->release());
+  CHECK(hold.guard->valid());
+  CHECK_NOTHROW(hold.guard->release());
 }
 
 DBLOCK_TEST("cli exec: an unmigrated prefix exits 78 and says to run dblock migrate", "[cli]") {

@@ -31,7 +31,7 @@ int counter_value(dblock::test::context& ctx) {
 }  // namespace
 
 DBLOCK_TEST("acquire, release, and fences that only grow", "[lease]") {
-  lease_lock lock(ctx.db, "job/" + dblock::test::random_suffix());
+  lease_lock lock(ctx.db, unique_name("job"));
   std::int64_t last = 0;
   std::set<std::string> tokens;
   for (int i = 0; i < 5; ++i) {
@@ -56,7 +56,7 @@ DBLOCK_TEST("acquire, release, and fences that only grow", "[lease]") {
 // which a generator seeded once per thread and copied by fork() would.
 DBLOCK_TEST("owner tokens are unique across threads, and a forked child never repeats them",
             "[lease]") {
-  const std::string base = "tokens/" + dblock::test::random_suffix() + "/";
+  const std::string base = unique_name("tokens") + "/";
   std::mutex mu;
   std::set<std::string> tokens;
   std::vector<std::thread> ts;
@@ -112,7 +112,7 @@ DBLOCK_TEST("owner tokens are unique across threads, and a forked child never re
 }
 
 DBLOCK_TEST("a held lease is not granted to another owner", "[lease]") {
-  const std::string name = "held/" + dblock::test::random_suffix();
+  const std::string name = unique_name("held");
   lease_lock a(ctx.db, name), b(ctx.db, name);
   auto ga = a.try_acquire();
   REQUIRE(ga);
@@ -126,7 +126,7 @@ DBLOCK_TEST("a held lease is not granted to another owner", "[lease]") {
 }
 
 DBLOCK_TEST("reentrant holds share one acquisition", "[lease]") {
-  const std::string name = "reentrant/" + dblock::test::random_suffix();
+  const std::string name = unique_name("reentrant");
   lease_lock lock(ctx.db, name), other(ctx.db, name);
   auto g1 = lock.try_acquire();
   REQUIRE(g1);
@@ -149,7 +149,7 @@ DBLOCK_TEST("reentrant holds share one acquisition", "[lease]") {
 }
 
 DBLOCK_TEST("releasing twice, or a disarmed guard, is not_owner", "[lease]") {
-  lease_lock lock(ctx.db, "double/" + dblock::test::random_suffix());
+  lease_lock lock(ctx.db, unique_name("double"));
   auto g = lock.try_acquire();
   REQUIRE(g);
   auto moved = std::move(*g);
@@ -160,7 +160,7 @@ DBLOCK_TEST("releasing twice, or a disarmed guard, is not_owner", "[lease]") {
 }
 
 DBLOCK_TEST("an expired lease is taken over; the old holder learns lease_lost", "[lease]") {
-  const std::string name = "expiry/" + dblock::test::random_suffix();
+  const std::string name = unique_name("expiry");
   lease_lock a(ctx.db, name, ttl_of(milliseconds(300))), b(ctx.db, name);
   auto ga = a.try_acquire();
   REQUIRE(ga);
@@ -192,7 +192,7 @@ DBLOCK_TEST("an expired lease is taken over; the old holder learns lease_lost", 
 }
 
 DBLOCK_TEST("renew extends the lease on the database clock", "[lease]") {
-  const std::string name = "renew/" + dblock::test::random_suffix();
+  const std::string name = unique_name("renew");
   lease_lock a(ctx.db, name, ttl_of(milliseconds(400))), b(ctx.db, name);
   auto ga = a.try_acquire();
   REQUIRE(ga);
@@ -207,7 +207,7 @@ DBLOCK_TEST("renew extends the lease on the database clock", "[lease]") {
 }
 
 DBLOCK_TEST("the watchdog keeps a lease alive and reports its loss", "[lease]") {
-  const std::string name = "watchdog/" + dblock::test::random_suffix();
+  const std::string name = unique_name("watchdog");
   std::promise<std::string> lost;
   auto lost_future = lost.get_future();
   // Renewed every 333 ms, so a renewal may be up to 600 ms late on a loaded CI machine (a 300 ms
@@ -233,7 +233,7 @@ DBLOCK_TEST("the watchdog keeps a lease alive and reports its loss", "[lease]") 
 }
 
 DBLOCK_TEST("acquire(wait) waits for a release, times out, and can be cancelled", "[lease]") {
-  const std::string name = "wait/" + dblock::test::random_suffix();
+  const std::string name = unique_name("wait");
   lease_lock a(ctx.db, name), b(ctx.db, name);
   auto ga = a.try_acquire();
   REQUIRE(ga);
@@ -264,7 +264,7 @@ DBLOCK_TEST("acquire(wait) waits for a release, times out, and can be cancelled"
 }
 
 DBLOCK_TEST("acquire(wait) takes over an expired lease soon after its TTL", "[lease]") {
-  const std::string name = "takeover/" + dblock::test::random_suffix();
+  const std::string name = unique_name("takeover");
   lease_options fast = ttl_of(milliseconds(500));
   fast.poll_max = milliseconds(100);
   lease_lock a(ctx.db, name, ttl_of(milliseconds(500))), b(ctx.db, name, fast);
@@ -283,7 +283,7 @@ DBLOCK_TEST("fenced writes commit only while the lease is ours", "[lease]") {
   ctx.exec("CREATE TABLE " + ctx.table("counter") +
            " (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)");
   ctx.exec("INSERT INTO " + ctx.table("counter") + " (id, n) VALUES (1, 0)");
-  const std::string name = "fenced/" + dblock::test::random_suffix();
+  const std::string name = unique_name("fenced");
   lease_lock a(ctx.db, name, ttl_of(milliseconds(5000))), b(ctx.db, name);
   auto ga = a.try_acquire();
   REQUIRE(ga);
@@ -344,7 +344,7 @@ DBLOCK_TEST("names are bound, byte-exact, and limited to 255 bytes", "[lease][na
 
 DBLOCK_TEST_SERVERS("a guard destroyed after its connections dropped still releases",
                     "[lease][direct]") {
-  const std::string name = "dropped/" + dblock::test::random_suffix();
+  const std::string name = unique_name("dropped");
   auto db = ctx.open();
   lease_lock lock(db, name);
   auto g = lock.try_acquire();
@@ -384,7 +384,7 @@ DBLOCK_TEST_SERVERS("a guard destroyed after its connections dropped still relea
 
 DBLOCK_TEST("a re-entry after a forced takeover never lets the stale guard touch the new lease",
             "[lease]") {
-  const std::string name = "reentry-takeover/" + dblock::test::random_suffix();
+  const std::string name = unique_name("reentry-takeover");
   lease_lock lock(ctx.db, name);
   auto g1 = lock.try_acquire();
   REQUIRE(g1);
@@ -405,7 +405,7 @@ DBLOCK_TEST("a re-entry after a forced takeover never lets the stale guard touch
 }
 
 DBLOCK_TEST("the watchdog reports a loss before the TTL even when a renewal hangs", "[lease]") {
-  const std::string name = "hung-renewal/" + dblock::test::random_suffix();
+  const std::string name = unique_name("hung-renewal");
   std::promise<std::chrono::steady_clock::time_point> lost;
   auto lost_at = lost.get_future();
   lease_options o = ttl_of(milliseconds(1000));

@@ -156,11 +156,7 @@ TEST_CASE("sqlite::memory: every kind works", "[unit][memory]") {
   CHECK(sg->size() == 2);
   // Election.
   dblock::election e(db, "leader", "node-1");
-  auto lead = e.try_campaign();
-  REQUIRE(lead);
-  auto seen = dblock::election::observe(db, "leader");
-  REQUIRE(seen);
-  CHECK(seen->identity == "node-1");
+  auto lead = win_observed(db, e, "node-1");
   // A waiter woken by a release in the same process (no polling needed).
   dblock::lease_lock holder(db, "wait"), waiter(db, "wait");
   auto h = holder.try_acquire();

@@ -185,11 +185,7 @@ DBLOCK_TEST_SERVERS("privileges: the documented grants are enough for the applic
   }
   CHECK(rw.try_acquire());
   dblock::election el(db, "priv/election", "me");
-  auto lead = el.try_campaign();
-  REQUIRE(lead);
-  auto seen = dblock::election::observe(db, "priv/election");
-  REQUIRE(seen);
-  CHECK(seen->identity == "me");
+  auto lead = dblock::test::win_observed(db, el, "me");
   dblock::id_generator ids(db, "priv/ids");
   const auto id1 = ids.next(), id2 = ids.next();
   CHECK(id1 > 0);

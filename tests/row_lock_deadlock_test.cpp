@@ -65,6 +65,75 @@ row_selector acct(const std::string& t, long long id) {
   return row_selector{t, "id", id, {"v"}};
 }
 
+// How two transactions take accounts 1 and 2: row locks (then one UPDATE of both), or an UPDATE
+// of each.
+enum class take_by { lock_rows, update };
+
+// What run_opposite_orders() came to: each side's escaped error ("" for none), the retries (those
+// for errc::deadlock apart) and each side's retry_stats.
+struct retried_pair {
+  std::string errors[2];
+  std::atomic<int> retries{0};
+  std::atomic<int> deadlock_retries{0};
+  dblock::retry_stats stats[2];
+};
+
+// Runs two transactions under run_transaction() on two threads at once, adding 1 and 10 to
+// accounts 1 and 2 of `t`: the first takes 1 then 2, the second 2 then 1, and on their first
+// attempts only both have taken their first account before either goes on (a deadlock).
+void run_opposite_orders(const dblock::test::context& ctx, const std::string& t, take_by how,
+                         retried_pair& out) {
+  rendezvous both(2);
+  auto run = [&](int k) {
+    const long long first = k == 0 ? 1 : 2, second = k == 0 ? 2 : 1, delta = k == 0 ? 1 : 10;
+    auto policy = dblock::transaction_retry_policy();
+    policy.on_retry = [&](const dblock::retry_event& e) {
+      ++out.retries;
+      if (e.cause.code() == errc::deadlock) ++out.deadlock_retries;
+    };
+    auto take = [&](transaction& tx, long long id) {
+      if (how == take_by::lock_rows)
+        tx.lock_rows(acct(t, id));
+      else
+        tx.session() << "UPDATE " << t << " SET v = v + " << delta << " WHERE id = " << id;
+    };
+    int attempt = 0;
+    try {
+      dblock::run_transaction(
+          ctx.db,
+          [&](transaction& tx) {
+            ++attempt;
+            take(tx, first);
+            if (attempt == 1) both.arrive_and_wait();  // only the first attempts interleave
+            take(tx, second);
+            if (how == take_by::lock_rows)
+              tx.session() << "UPDATE " << t << " SET v = v + " << delta << " WHERE id IN (1, 2)";
+          },
+          policy, {}, &out.stats[k]);
+    } catch (const dblock::error& e) {
+      out.errors[k] = std::string("dblock::error ") + dblock::to_string(e.kind()) + ": " + e.what();
+    } catch (const std::exception& e) {
+      out.errors[k] = std::string("non-dblock exception escaped run_transaction: ") + e.what();
+    }
+  };
+  on_two_threads(run);
+}
+
+// Runs the two transactions (run_opposite_orders()) on a fresh accounts table and checks that
+// neither failed, that the runner retried, and that both applied exactly once (1 + 10 on each
+// account); `r` is what happened.
+void check_both_apply_once(const dblock::test::context& ctx, take_by how, retried_pair& r) {
+  const accounts acc(ctx);
+  run_opposite_orders(ctx, acc.t, how, r);
+  CHECK(r.errors[0] == "");
+  CHECK(r.errors[1] == "");
+  CHECK(r.retries.load() >= 1);
+  long long one = account(ctx.db, acc.t, 1), two = account(ctx.db, acc.t, 2);
+  INFO("final values " << one << ", " << two);
+  CHECK(one == 11);
+  CHECK(two == 11);
+}
+
 }  // namespace
 
 // PostgreSQL detects the cycle after deadlock_timeout (1 s), InnoDB at once. SQLite cannot
@@ -109,87 +178,21 @@ DBLOCK_TEST_SERVERS("deadlock: without the runner one transaction gets errc::dea
 
 DBLOCK_TEST_SERVERS("deadlock: run_transaction retries the victim, both apply exactly once",
                     "[rowlock]") {
-  const accounts acc(ctx);
-  const std::string& t = acc.t;
-  rendezvous both(2);
-  std::atomic<int> retries{0};
-  std::atomic<int> deadlock_retries{0};
-  dblock::retry_stats stats[2];
-  std::string errors[2];
-  auto run = [&](int k) {
-    const long long first = k == 0 ? 1 : 2, second = k == 0 ? 2 : 1, delta = k == 0 ? 1 : 10;
-    auto policy = dblock::transaction_retry_policy();
-    policy.on_retry = [&](const dblock::retry_event& e) {
-      ++retries;
-      if (e.cause.code() == errc::deadlock) ++deadlock_retries;
-    };
-    int attempt = 0;
-    try {
-      dblock::run_transaction(
-          ctx.db,
-          [&](transaction& tx) {
-            ++attempt;
-            tx.lock_rows(acct(t, first));
-            if (attempt == 1) both.arrive_and_wait();  // only the first attempts interleave
-            tx.lock_rows(acct(t, second));
-            tx.session() << "UPDATE " << t << " SET v = v + " << delta << " WHERE id IN (1, 2)";
-          },
-          policy, {}, &stats[k]);
-    } catch (const std::exception& e) {
-      errors[k] = e.what();
-    }
-  };
-  on_two_threads(run);
-  CHECK(errors[0] == "");
-  CHECK(errors[1] == "");
-  INFO("attempts " << stats[0].attempts << " + " << stats[1].attempts << ", retries "
-                   << retries.load());
-  CHECK(retries.load() >= 1);
-  CHECK(deadlock_retries.load() >= 1);
-  CHECK(stats[0].conflicts + stats[1].conflicts == retries.load());
-  CHECK(stats[0].attempts + stats[1].attempts == 2 + retries.load());
-  CHECK(account(ctx.db, t, 1) == 11);
-  CHECK(account(ctx.db, t, 2) == 11);
+  retried_pair r;
+  check_both_apply_once(ctx, take_by::lock_rows, r);
+  INFO("attempts " << r.stats[0].attempts << " + " << r.stats[1].attempts << ", retries "
+                   << r.retries.load());
+  CHECK(r.deadlock_retries.load() >= 1);
+  CHECK(r.stats[0].conflicts + r.stats[1].conflicts == r.retries.load());
+  CHECK(r.stats[0].attempts + r.stats[1].attempts == 2 + r.retries.load());
 }
 
 // The body's own statements (t.session()) can deadlock too: the runner promises to retry the
 // whole transaction on deadlock, whichever statement of the body hit it.
 DBLOCK_TEST_SERVERS("deadlock in the body's own UPDATE (t.session()) is retried by the runner",
                     "[rowlock]") {
-  const accounts acc(ctx);
-  const std::string& t = acc.t;
-  rendezvous both(2);
-  std::atomic<int> retries{0};
-  std::string errors[2];
-  auto run = [&](int k) {
-    const long long first = k == 0 ? 1 : 2, second = k == 0 ? 2 : 1, delta = k == 0 ? 1 : 10;
-    auto policy = dblock::transaction_retry_policy();
-    policy.on_retry = [&](const dblock::retry_event&) { ++retries; };
-    int attempt = 0;
-    try {
-      dblock::run_transaction(
-          ctx.db,
-          [&](transaction& tx) {
-            ++attempt;
-            tx.session() << "UPDATE " << t << " SET v = v + " << delta << " WHERE id = " << first;
-            if (attempt == 1) both.arrive_and_wait();
-            tx.session() << "UPDATE " << t << " SET v = v + " << delta << " WHERE id = " << second;
-          },
-          policy);
-    } catch (const dblock::error& e) {
-      errors[k] = std::string("dblock::error ") + dblock::to_string(e.kind()) + ": " + e.what();
-    } catch (const std::exception& e) {
-      errors[k] = std::string("non-dblock exception escaped run_transaction: ") + e.what();
-    }
-  };
-  on_two_threads(run);
-  CHECK(errors[0] == "");
-  CHECK(errors[1] == "");
-  CHECK(retries.load() >= 1);
-  long long one = account(ctx.db, t, 1), two = account(ctx.db, t, 2);
-  INFO("final values " << one << ", " << two);
-  CHECK(one == 11);
-  CHECK(two == 11);
+  retried_pair r;
+  check_both_apply_once(ctx, take_by::update, r);
 }
 
 // SQLite's honest equivalent: opposite lock orders cannot deadlock, because the second writer

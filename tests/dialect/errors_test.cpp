@@ -33,6 +33,16 @@ void create_items(dblock::test::context& ctx) {
   ctx.exec("INSERT INTO " + ctx.table("items") + " (id, v) VALUES (2, 0)");
 }
 
+// Two sessions, `a` and `b`, on a fresh table of items.
+struct two_sessions {
+  dblock::database::connection a, b;
+};
+
+two_sessions items_and_two_sessions(dblock::test::context& ctx) {
+  create_items(ctx);
+  return {ctx.db.connect(), ctx.db.connect()};
+}
+
 }  // namespace
 
 DBLOCK_TEST("a duplicate key is unique_violation", "[errors]") {
@@ -48,10 +58,8 @@ DBLOCK_TEST("a missing table is schema_missing", "[errors]") {
 }
 
 DBLOCK_TEST_SERVERS("NOWAIT on a locked row is lock_not_available", "[errors]") {
-  create_items(ctx);
+  auto [a, b] = items_and_two_sessions(ctx);
   const auto& d = dblock::test::dialect_of(ctx.db);
-  auto a = ctx.db.connect();
-  auto b = ctx.db.connect();
   a.session() << "BEGIN";
   a.session() << "SELECT v FROM " << ctx.table("items") << " WHERE id = 1" << d.sql.for_update();
   b.session() << "BEGIN";
@@ -63,10 +71,8 @@ DBLOCK_TEST_SERVERS("NOWAIT on a locked row is lock_not_available", "[errors]") 
 }
 
 DBLOCK_TEST_SERVERS("a lock wait timeout is lock_not_available", "[errors][direct]") {
-  create_items(ctx);
+  auto [a, b] = items_and_two_sessions(ctx);
   const auto& d = dblock::test::dialect_of(ctx.db);
-  auto a = ctx.db.connect();
-  auto b = ctx.db.connect();
   a.session() << "BEGIN";
   a.session() << "UPDATE " << ctx.table("items") << " SET v = 1 WHERE id = 1";
   d.conn.set_lock_timeout(b.session(), dblock::detail::access::scope(b).state(),
@@ -81,9 +87,7 @@ DBLOCK_TEST_SERVERS("a lock wait timeout is lock_not_available", "[errors][direc
 }
 
 DBLOCK_TEST_SERVERS("a deadlock between two sessions is deadlock for one of them", "[errors]") {
-  create_items(ctx);
-  auto a = ctx.db.connect();
-  auto b = ctx.db.connect();
+  auto [a, b] = items_and_two_sessions(ctx);
   const std::string t = ctx.table("items");
   a.session() << "BEGIN";
   b.session() << "BEGIN";
@@ -95,7 +99,8 @@ DBLOCK_TEST_SERVERS("a deadlock between two sessions is deadlock for one of them
     if (r) c.session() << "ROLLBACK";
     return r;
   };
-  auto fa = std::async(std::launch::async, [&] { return second_update(a, 2); });
+  // (C++17 lambdas cannot capture a structured binding itself: `a` is captured by an init-capture.)
+  auto fa = std::async(std::launch::async, [&, &sa = a] { return second_update(sa, 2); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   auto rb = second_update(b, 1);
   auto ra = fa.get();
@@ -112,9 +117,7 @@ DBLOCK_TEST_SERVERS("a deadlock between two sessions is deadlock for one of them
 
 DBLOCK_TEST_ONLY("postgresql", "a repeatable-read write conflict is serialization_failure",
                  "[errors]") {
-  create_items(ctx);
-  auto a = ctx.db.connect();
-  auto b = ctx.db.connect();
+  auto [a, b] = items_and_two_sessions(ctx);
   const std::string t = ctx.table("items");
   a.session() << "BEGIN ISOLATION LEVEL REPEATABLE READ";
   b.session() << "BEGIN ISOLATION LEVEL REPEATABLE READ";
@@ -129,10 +132,8 @@ DBLOCK_TEST_ONLY("postgresql", "a repeatable-read write conflict is serializatio
 }
 
 DBLOCK_TEST_ONLY("sqlite", "a second writer is lock_not_available (SQLITE_BUSY)", "[errors]") {
-  create_items(ctx);
+  auto [a, b] = items_and_two_sessions(ctx);
   const auto& d = dblock::test::dialect_of(ctx.db);
-  auto a = ctx.db.connect();
-  auto b = ctx.db.connect();
   a.session() << "BEGIN IMMEDIATE";
   d.conn.set_lock_timeout(b.session(), dblock::detail::access::scope(b).state(),
                           std::chrono::milliseconds(100));
@@ -144,9 +145,7 @@ DBLOCK_TEST_ONLY("sqlite", "a second writer is lock_not_available (SQLITE_BUSY)"
 
 DBLOCK_TEST_ONLY("sqlite", "a stale WAL snapshot upgrading to write is serialization_failure",
                  "[errors]") {
-  create_items(ctx);
-  auto a = ctx.db.connect();
-  auto b = ctx.db.connect();
+  auto [a, b] = items_and_two_sessions(ctx);
   const std::string t = ctx.table("items");
   int v = 0;
   b.session() << "BEGIN";  // deferred: reads from a snapshot

@@ -23,21 +23,15 @@ DBLOCK_TEST("example api_client_limit: at most K calls at once, every call recor
             "[examples][semaphore]") {
   const dblock::test::example_run ex(ctx, "api_client_limit", "acl_", {"api_gauge", "api_calls"},
                                      "--permits 3 --workers 8");
-  {
-    auto r = dblock::test::run_program(ex.cmd + " --calls 8 --call-ms 20");
-    INFO(r.output);
-    CHECK(r.status == 0);
+  dblock::test::check_run(ex.cmd + " --calls 8 --call-ms 20", 0, [](const auto& r) {
     CHECK(r.output.find("calls 64 of 64, recorded 64") != std::string::npos);
     const int peak = peak_of(r.output);
     CHECK(peak <= 3);
     CHECK(peak >= 2);  // permits really overlap
     CHECK(r.output.find("verdict: invariant held") != std::string::npos);
-  }
-  {
-    auto r = dblock::test::run_program(ex.cmd + " --calls 4 --call-ms 60 --no-semaphore");
-    INFO(r.output);
-    CHECK(r.status == 1);
+  });
+  dblock::test::check_run(ex.cmd + " --calls 4 --call-ms 60 --no-semaphore", 1, [](const auto& r) {
     CHECK(peak_of(r.output) > 3);
     CHECK(r.output.find("invariant BROKEN") != std::string::npos);
-  }
+  });
 }

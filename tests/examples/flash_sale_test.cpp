@@ -32,23 +32,22 @@ DBLOCK_TEST("example flash_sale: every strategy with a lock sells exactly the st
             "[examples]") {
   const std::string cmd = dblock::test::example_command("flash_sale", ctx.url, ctx.prefix + "fs_",
                                                         "--workers 8 --stock 60 --attempts 15");
-  auto r = dblock::test::run_program(cmd);
-  INFO(r.output);
-  CHECK(r.status == 0);
-  auto rows = parse(r.output);
-  REQUIRE(rows.size() == 6);
-  for (const char* s : {"lease", "for_update", "optimistic", "cas", "segmented"}) {
-    INFO(s);
-    CHECK(rows[s].sold == 60);
-    CHECK(rows[s].left == 0);
-    CHECK(rows[s].oversold == 0);
-    CHECK(rows[s].errors == 0);
-    CHECK(rows[s].failed == 8 * 15 - 60);
-  }
-  // Without a lock, 120 read-then-write attempts on 60 units lose updates and oversell.
-  CHECK(rows["none"].sold > 60);
-  CHECK(rows["none"].oversold > 0);
-  CHECK(r.output.find("invariant BROKEN") != std::string::npos);
+  dblock::test::check_run(cmd, 0, [](const auto& r) {
+    auto rows = parse(r.output);
+    REQUIRE(rows.size() == 6);
+    for (const char* s : {"lease", "for_update", "optimistic", "cas", "segmented"}) {
+      INFO(s);
+      CHECK(rows[s].sold == 60);
+      CHECK(rows[s].left == 0);
+      CHECK(rows[s].oversold == 0);
+      CHECK(rows[s].errors == 0);
+      CHECK(rows[s].failed == 8 * 15 - 60);
+    }
+    // Without a lock, 120 read-then-write attempts on 60 units lose updates and oversell.
+    CHECK(rows["none"].sold > 60);
+    CHECK(rows["none"].oversold > 0);
+    CHECK(r.output.find("invariant BROKEN") != std::string::npos);
+  });
   // A bad URL is a clear error, not a crash.
   auto bad = dblock::test::run_program(std::string(DBLOCK_EXAMPLES_BIN) +
                                        "/flash_sale/flash_sale --url nonsense://x");

@@ -32,27 +32,26 @@ DBLOCK_TEST("example leader_election: one leader at a time, prompt and safe take
             "[examples]") {
   const dblock::test::example_run ex(ctx, "leader_election", "le_", {"leader_log"},
                                      "--candidates 4 --ttl-ms 1000 --kills 2");
-  auto r = dblock::test::run_program(ex.cmd);
-  INFO(r.output);
-  CHECK(r.status == 0);
-  CHECK(dblock::test::count_of(r.output, "invariant held:") == 3);
-  CHECK(dblock::test::count_of(r.output, "invariant BROKEN") == 0);
-  CHECK(r.output.find("problem:") == std::string::npos);
-  CHECK(r.output.find("0 stopped uncleanly; 0 errors") != std::string::npos);
+  dblock::test::check_run(ex.cmd, 0, [](const auto& r) {
+    CHECK(dblock::test::count_of(r.output, "invariant held:") == 3);
+    CHECK(dblock::test::count_of(r.output, "invariant BROKEN") == 0);
+    CHECK(r.output.find("problem:") == std::string::npos);
+    CHECK(r.output.find("0 stopped uncleanly; 0 errors") != std::string::npos);
 
-  auto kills = parse_kills(r.output);
-  REQUIRE(kills.size() == 2);
-  for (const auto& k : kills) {
-    CHECK(k.victim != k.new_leader);
-    CHECK(k.new_fence > k.fence);
-    // The killed leader's watchdog renewed at ttl/3, so at least ~2/3 of the lease was left.
-    CHECK(k.lease_left > 0);
-    CHECK(k.lease_left <= 1000);
-    // Not before the lease could have expired, and within 1.5 x ttl + 200 ms.
-    CHECK(k.takeover >= k.lease_left);
-    CHECK(k.takeover <= 1700);
-  }
-  CHECK(kills[1].fence == kills[0].new_fence);
+    auto kills = parse_kills(r.output);
+    REQUIRE(kills.size() == 2);
+    for (const auto& k : kills) {
+      CHECK(k.victim != k.new_leader);
+      CHECK(k.new_fence > k.fence);
+      // The killed leader's watchdog renewed at ttl/3, so at least ~2/3 of the lease was left.
+      CHECK(k.lease_left > 0);
+      CHECK(k.lease_left <= 1000);
+      // Not before the lease could have expired, and within 1.5 x ttl + 200 ms.
+      CHECK(k.takeover >= k.lease_left);
+      CHECK(k.takeover <= 1700);
+    }
+    CHECK(kills[1].fence == kills[0].new_fence);
+  });
 
   // Bad arguments are usage errors, not crashes.
   auto bad = dblock::test::run_program(std::string(DBLOCK_EXAMPLES_BIN) +

@@ -41,36 +41,34 @@ DBLOCK_TEST("example migration_guard: one deploy host applies, the others skip",
                           dblock::test::shell_quote(script()) + " --url " +
                           dblock::test::shell_quote(ctx.url) + " --table-prefix " + prefix +
                           " --hosts 5";
-  auto r = dblock::test::run_program(cmd);
-  INFO(r.output);
-  CHECK(r.status == 0);
-  CHECK(r.output.find("invariant held: every migration applied exactly once (3 migrations, 3 "
-                      "log entries, 5 hosts)") != std::string::npos);
-  auto hosts = parse_hosts(r.output);
-  REQUIRE(hosts.size() == 5);
-  int appliers = 0;
-  std::set<std::string> fences;
-  for (const auto& h : hosts) {
-    CHECK(h.status == 0);
-    CHECK(h.applied + h.skipped == 3);
-    if (h.applied > 0) {
-      ++appliers;
-      CHECK(h.applied == 3);
+  dblock::test::check_run(cmd, 0, [](const auto& r) {
+    CHECK(r.output.find("invariant held: every migration applied exactly once (3 migrations, 3 "
+                        "log entries, 5 hosts)") != std::string::npos);
+    auto hosts = parse_hosts(r.output);
+    REQUIRE(hosts.size() == 5);
+    int appliers = 0;
+    std::set<std::string> fences;
+    for (const auto& h : hosts) {
+      CHECK(h.status == 0);
+      CHECK(h.applied + h.skipped == 3);
+      if (h.applied > 0) {
+        ++appliers;
+        CHECK(h.applied == 3);
+      }
+      CHECK(h.fence != "none");
+      fences.insert(h.fence);
     }
-    CHECK(h.fence != "none");
-    fences.insert(h.fence);
-  }
-  CHECK(appliers == 1);
-  CHECK(fences.size() == 5);  // five acquisitions of the lock, each with its own fence
+    CHECK(appliers == 1);
+    CHECK(fences.size() == 5);  // five acquisitions of the lock, each with its own fence
+  });
 
   if (ctx.backend == "sqlite") {
     // Without the lock the same hosts apply the migrations more than once.
     // (Slower migrations make the race certain even on a loaded machine.)
-    auto neg =
-        dblock::test::run_program("MIGRATION_SECONDS=0.5 bash " +
-                                  dblock::test::shell_quote(script()) + " --no-lock --hosts 5");
-    INFO(neg.output);
-    CHECK(neg.status == 1);
-    CHECK(neg.output.find("invariant BROKEN") != std::string::npos);
+    dblock::test::check_run("MIGRATION_SECONDS=0.5 bash " + dblock::test::shell_quote(script()) +
+                                " --no-lock --hosts 5",
+                            1, [](const auto& neg) {
+                              CHECK(neg.output.find("invariant BROKEN") != std::string::npos);
+                            });
   }
 }

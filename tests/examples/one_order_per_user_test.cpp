@@ -50,10 +50,7 @@ DBLOCK_TEST("example one_order_per_user: one order per user, no unique violation
             "[examples]") {
   const dblock::test::example_run ex(ctx, "one_order_per_user", "oo_", {"orders"},
                                      "--workers 6 --users 15 --attempts 2");
-  {
-    auto r = dblock::test::run_program(ex.cmd);
-    INFO(r.output);
-    CHECK(r.status == 0);
+  dblock::test::check_run(ex.cmd, 0, [](const auto& r) {
     auto s = parse(r.output);
     CHECK(s.mode == "lease");
     CHECK(s.attempts == 6 * 15 * 2);
@@ -68,13 +65,10 @@ DBLOCK_TEST("example one_order_per_user: one order per user, no unique violation
     CHECK(s.orders == 15);
     CHECK(r.output.find("verdict: invariant held: exactly one order per user, 0 unique "
                         "violations") != std::string::npos);
-  }
-  {
-    // Without the lock, concurrent check-then-insert passes the check several times per user;
-    // the UNIQUE constraint rejects the duplicates and still keeps one order per user.
-    auto r = dblock::test::run_program(ex.cmd + " --no-lock");
-    INFO(r.output);
-    CHECK(r.status == 0);
+  });
+  // Without the lock, concurrent check-then-insert passes the check several times per user;
+  // the UNIQUE constraint rejects the duplicates and still keeps one order per user.
+  dblock::test::check_run(ex.cmd + " --no-lock", 0, [](const auto& r) {
     auto s = parse(r.output);
     CHECK(s.mode == "no-lock");
     CHECK(s.placed == 15);
@@ -85,5 +79,5 @@ DBLOCK_TEST("example one_order_per_user: one order per user, no unique violation
     CHECK(s.more == 0);
     CHECK(s.orders == 15);
     CHECK(r.output.find("only thanks to the UNIQUE constraint") != std::string::npos);
-  }
+  });
 }

@@ -59,36 +59,32 @@ result parse(const std::string& out) {
 DBLOCK_TEST("example run_once_job: exactly one run per period, fences increasing", "[examples]") {
   const dblock::test::example_run ex(ctx, "run_once_job", "rj_", {"job_runs"},
                                      "--instances 4 --max-skew 200 --at-most-for 800 --job-ms 20");
-  {
-    auto r = dblock::test::run_program(ex.cmd + " --periods 3 --period-ms 600 --at-least-for 300");
-    INFO(r.output);
-    CHECK(r.status == 0);
-    auto res = parse(r.output);
-    REQUIRE(res.runs.size() == 3);
-    for (int k = 1; k <= 3; ++k) {
-      INFO("period " << k);
-      CHECK(res.runs[static_cast<std::size_t>(k - 1)].period == k);
-      CHECK(res.runs[static_cast<std::size_t>(k - 1)].fence >= 1);
-    }
-    REQUIRE(res.instances.size() == 4);
-    int ran = 0, skipped = 0;
-    for (const auto& i : res.instances) {
-      ran += i.ran;
-      skipped += i.skipped;
-      CHECK(i.lost == 0);
-      CHECK(i.errors == 0);
-    }
-    CHECK(ran == 3);
-    CHECK(skipped == 4 * 3 - 3);
-    CHECK(r.output.find("verdict: invariant held: exactly one run per period (3 periods), "
-                        "fences increasing") != std::string::npos);
-  }
-  {
-    // Negative control: released at once, the lock is free again when the late instances'
-    // clocks reach the period start, and they run it again (with higher fences).
-    auto r = dblock::test::run_program(ex.cmd + " --periods 2 --period-ms 500 --at-least-for 0");
-    INFO(r.output);
-    CHECK(r.status == 1);
+  dblock::test::check_run(
+      ex.cmd + " --periods 3 --period-ms 600 --at-least-for 300", 0, [](const auto& r) {
+        auto res = parse(r.output);
+        REQUIRE(res.runs.size() == 3);
+        for (int k = 1; k <= 3; ++k) {
+          INFO("period " << k);
+          CHECK(res.runs[static_cast<std::size_t>(k - 1)].period == k);
+          CHECK(res.runs[static_cast<std::size_t>(k - 1)].fence >= 1);
+        }
+        REQUIRE(res.instances.size() == 4);
+        int ran = 0, skipped = 0;
+        for (const auto& i : res.instances) {
+          ran += i.ran;
+          skipped += i.skipped;
+          CHECK(i.lost == 0);
+          CHECK(i.errors == 0);
+        }
+        CHECK(ran == 3);
+        CHECK(skipped == 4 * 3 - 3);
+        CHECK(r.output.find("verdict: invariant held: exactly one run per period (3 periods), "
+                            "fences increasing") != std::string::npos);
+      });
+  // Negative control: released at once, the lock is free again when the late instances'
+  // clocks reach the period start, and they run it again (with higher fences).
+  const std::string released_at_once = ex.cmd + " --periods 2 --period-ms 500 --at-least-for 0";
+  dblock::test::check_run(released_at_once, 1, [](const auto& r) {
     auto res = parse(r.output);
     std::map<int, std::vector<long long>> fences;
     for (const auto& run : res.runs)
@@ -102,5 +98,5 @@ DBLOCK_TEST("example run_once_job: exactly one run per period, fences increasing
     }
     CHECK(most > 1);
     CHECK(r.output.find("invariant BROKEN") != std::string::npos);
-  }
+  });
 }

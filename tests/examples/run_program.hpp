@@ -34,6 +34,16 @@ inline program_result run_program(const std::string& command) {
   return r;
 }
 
+/// Runs `command` (run_program()) and, with its output as the message of every check, checks that
+/// it exits with `status` and then calls `checks(result)`.
+template <class F>
+void check_run(const std::string& command, int status, F&& checks) {
+  auto r = run_program(command);
+  INFO(r.output);
+  CHECK(r.status == status);
+  checks(r);
+}
+
 /// Single-quotes a shell argument.
 inline std::string shell_quote(const std::string& s) {
   std::string out = "'";

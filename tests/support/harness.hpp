@@ -283,6 +283,43 @@ inline std::optional<errc> code_when_cancelled(
   return code;
 }
 
+/// Checks that `wait()` gives up with errc::timeout, with `says` in its message, no sooner than
+/// `at_least_ms` after it began; FAILs with `got_in` when it returns instead.
+inline void check_times_out(const std::function<void()>& wait, const std::string& says,
+                            long long at_least_ms, const std::string& got_in) {
+  const long long t0 = monotonic_ns();
+  try {
+    wait();
+    FAIL(got_in);
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == errc::timeout);
+    CHECK(std::string(e.what()).find(says) != std::string::npos);
+  }
+  CHECK((monotonic_ns() - t0) / ns_per_ms >= at_least_ms);
+}
+
+/// A lease of `name` through its own lease_lock, taken at once with try_acquire() (REQUIRE: the
+/// test stops when it is not granted) and held until this is destroyed or `guard` released.
+struct held_lease {
+  held_lease(const database& db, const std::string& name, const lease_options& options = {})
+      : lock(db, name, options), guard(lock.try_acquire()) {
+    REQUIRE(guard);
+  }
+  lease_lock lock;
+  std::optional<lease_guard> guard;
+};
+
+/// Campaigns through `e`, which must win at once (REQUIRE), and checks that election::observe()
+/// then shows `identity` as the leader of `e`'s election; returns the leadership, held.
+inline leadership win_observed(const database& db, election& e, const std::string& identity) {
+  auto lead = e.try_campaign();
+  REQUIRE(lead);
+  auto seen = election::observe(db, e.name());
+  REQUIRE(seen);
+  CHECK(seen->identity == identity);
+  return std::move(*lead);
+}
+
 /// How many milliseconds `wait()` took while another thread ran `end()` after `delay` (a release
 /// that ends the wait); the clock starts before that thread does.
 inline long long ms_until_ended(std::chrono::milliseconds delay, const std::function<void()>& end,

@@ -1,6 +1,6 @@
 // Shared by the waiting, handover and wake-up tests: reading the waiter queue of a test, taking a
-// lease through the queue, a listener that counts wake-ups, holding a lease long, and cutting
-// server connections (PostgreSQL backends, MySQL queries).
+// lease through the queue, a listener that counts wake-ups, holding a lease long, the three ends
+// of a wait behind a holder, and cutting server connections (PostgreSQL backends, MySQL queries).
 #pragma once
 
 #include <soci/soci.h>
@@ -21,6 +21,27 @@
 #include "harness.hpp"
 
 namespace dblock::test {
+
+/// Checks the three ends of a wait behind a holder, `wait(timeout)` and `wait(timeout, c)` (an
+/// acquire() or campaign()): 300 ms time out (errc::timeout, not before 290 ms), a cancellation
+/// 200 ms in ends a 20 s wait (errc::cancelled), and `release()` 200 ms into a 20 s wait lets it
+/// in, after 195 ms to 5 s. Returns what that last wait got (valid), still held.
+template <class Wait, class Release>
+auto check_wait_ends(Wait&& wait, Release&& release) {
+  const long long t0 = monotonic_ns();
+  CHECK(code_of([&] { (void)wait(milliseconds(300)); }) == errc::timeout);
+  CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
+  CHECK(code_when_cancelled(milliseconds(200), [&](const dblock::cancellation& c) {
+          (void)wait(std::chrono::seconds(20), c);
+        }) == errc::cancelled);
+  std::optional<decltype(wait(std::chrono::seconds(20)))> got;
+  const long long waited_ms = ms_until_ended(milliseconds(200), release,
+                                             [&] { got.emplace(wait(std::chrono::seconds(20))); });
+  CHECK(got->valid());
+  CHECK(waited_ms >= 195);
+  CHECK(waited_ms < 5000);
+  return std::move(*got);
+}
 
 // Counts the wake-ups and releases a database handle reports, and keeps its log messages.
 struct counting_listener : dblock::listener {
@@ -71,7 +92,7 @@ inline bool wait_for_waiters(const dblock::test::context& ctx, const std::string
 // Inserts a live queue entry for `name` (expiring in 2200) of a waiter on `host` that is not
 // there: nothing refreshes it, nothing rings it.
 inline void plant_waiter(const dblock::test::context& ctx, const std::string& name,
-                  const std::string& host) {
+                         const std::string& host) {
   const std::string later = ctx.backend == "postgresql" ? "'2200-01-01 00:00:00+00'"
                             : ctx.backend == "mysql"    ? "'2200-01-01 00:00:00'"
                                                         : "7258118400000000";
