@@ -83,9 +83,12 @@ void lease_state::report_released(int left, const lock_table::release_wake& wake
   // is woken now rather than at its next poll.
   if (left == 0) {
     open_gate();
-    wait_queue::ring_freed(db, name, fence, token, wake);
-    if (!ring_also.empty())  // a permit: its semaphore's waiters (fence 0: not this row's)
-      wait_queue::ring_freed(db, ring_also, 0, token, lock_table::release_wake::look_up());
+    // A permit rings its semaphore's waiters instead (fence 0: the row's fence is not the
+    // queue's); the release statement looked up that queue's head (release_wake::queue).
+    if (ring_also.empty())
+      wait_queue::ring_freed(db, name, fence, token, wake);
+    else
+      wait_queue::ring_freed(db, ring_also, 0, token, wake);
   }
   db->notify([&](listener& l) {
     l.released(name,
@@ -104,6 +107,7 @@ lease_state::release_outcome lease_state::release_sent(int left) {
   if (left == 0) {
     out.wake.bell = db->hub->relay_bell();
     out.wake.hand_over = hand_over.load();
+    out.wake.queue = ring_also;
   }
   for (int round = 0; round < 3; ++round) {
     session_ref server;

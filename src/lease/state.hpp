@@ -47,8 +47,8 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   /// so its release may hand the lease to the head (lock_statements::release_granting).
   std::atomic<bool> hand_over{false};
   /// A queue-only name (dialect/doorbell.hpp) whose head a release that frees this lease rings
-  /// too: a semaphore's permit rings its semaphore's queue (lease/queue_wait.hpp). Set before
-  /// the guard is handed out.
+  /// instead of the lease's own queue, from the release statement itself: a semaphore's permit
+  /// rings its semaphore's queue (lease/queue_wait.hpp). Set before the guard is handed out.
   std::string ring_also;
 
   /// The deadline of a call on this lease (renew, release, a fenced write): its TTL less the

@@ -198,7 +198,12 @@ bool release(session_scope& s, const std::string& name, const std::string& token
   const statement& st =
       hand_over && all.can.hand_over == handover::in_release ? all.release_granting : all.release;
   std::vector<sql_param> v{name, token, static_cast<long long>(fence)};
-  if (st.params.size() > 3) v.emplace_back(wake ? wake->bell : std::string());
+  for (std::size_t i = 3; i < st.params.size(); ++i) {  // the ring's: "bell", "queue"
+    if (st.params[i] == "bell")
+      v.emplace_back(wake ? wake->bell : std::string());
+    else
+      v.emplace_back(wake && !wake->queue.empty() ? wake->queue : name);
+  }
   const sql_result r = write_statement(s, write_kind::unflushed, st, v);
   // An UPDATE: the rows it changed (0 or 1); release_granting: the rows it returned (1, or 2
   // when it handed the lease over).

@@ -78,6 +78,9 @@ struct release_wake {
   /// In: the releasing handle's relay bell (PostgreSQL, wake_hub::relay_bell()), where the
   /// release may leave a head of this host to this process; else empty.
   std::string bell;
+  /// In: the queue whose head the release rings when it frees the lease (empty: the lease's own
+  /// name); a semaphore's permit names its semaphore's queue (lease_state::ring_also).
+  std::string queue;
   /// In: a fair holder that came through the queue: the release may hand the freed lease to
   /// the head of the queue (lock_statements::release_granting, or grant_take and grant_give).
   bool hand_over = false;

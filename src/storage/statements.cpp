@@ -43,7 +43,9 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
                           (can.ring == release_ring::interrupt ? v.release_head(t) : "") +
                           ours_and_held + now + rings,
                       can.ring == release_ring::notify
-                          ? std::vector<std::string>{"name", "token", "fence", "bell"}
+                          ? std::vector<std::string>{"name", "token", "fence", "bell", "queue"}
+                      : can.ring == release_ring::interrupt
+                          ? std::vector<std::string>{"name", "token", "fence", "queue"}
                           : std::vector<std::string>{"name", "token", "fence"});
   if (can.hand_over == handover::in_release)
     s.release_granting = routine("lease_release_granting", v.lease_release_granting(t),

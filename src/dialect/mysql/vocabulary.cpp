@@ -61,12 +61,13 @@ std::string vocabulary::id_reserve(const table_names& t) const {
 // holder_pid keeps its value.
 namespace {
 
-// The session id of the wake-up connection of the handle of the head of :name's live queue
+// The session id of the wake-up connection of the handle of the head of `queue`'s live queue
 // (entries of :token excluded), NULL when none.
-std::string head_sleeper_of(const table_names& t, const std::string& now) {
+std::string head_sleeper_of(const table_names& t, const std::string& now,
+                            const std::string& queue) {
   return "(SELECT IF(w.bell = '', NULL, IS_USED_LOCK(CONCAT('" + std::string(bell_lock_prefix) +
-         "', w.bell))) FROM " + t.waiters +
-         " w WHERE w.resource_name = :name AND w.owner_token <> :token AND w.expires_at > " + now +
+         "', w.bell))) FROM " + t.waiters + " w WHERE w.resource_name = " + queue +
+         " AND w.owner_token <> :token AND w.expires_at > " + now +
          " ORDER BY w.ticket LIMIT 1)";
 }
 
@@ -74,11 +75,11 @@ std::string head_sleeper_of(const table_names& t, const std::string& now) {
 
 std::string vocabulary::release_head(const table_names& t) const {
   return ", holder_pid = holder_pid + 0 * LAST_INSERT_ID(IF(hold_count = 0, COALESCE(" +
-         head_sleeper_of(t, now()) + ", 0), 0))";
+         head_sleeper_of(t, now(), ":queue") + ", 0), 0))";
 }
 
 std::string vocabulary::head_sleeper(const table_names& t) const {
-  return "SELECT COALESCE(" + head_sleeper_of(t, now()) + ", 0)";
+  return "SELECT COALESCE(" + head_sleeper_of(t, now(), ":name") + ", 0)";
 }
 
 std::string vocabulary::queue_ring_all(const table_names& t) const {

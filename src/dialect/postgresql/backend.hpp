@@ -220,8 +220,10 @@ class vocabulary final : public detail::vocabulary {
   bool reap_in_key_order() const override { return true; }
 
  private:
-  /// release_returning()'s value for the release's new row `row` ("<table>." or "l.").
-  std::string freed_ring(const table_names& t, const std::string& row) const;
+  /// release_returning()'s value for the release's new row `row` ("<table>." or "l."), ringing
+  /// the head of `queue` (an SQL expression; empty: the row's own name).
+  std::string freed_ring(const table_names& t, const std::string& row,
+                         const std::string& queue = std::string()) const;
 };
 
 /// Behind a transaction-mode pooler, a statement::routine statement runs as a PL/pgSQL routine

@@ -57,11 +57,13 @@ std::string vocabulary::lease_acquire_dequeue(const table_names& t, bool in_queu
 
 namespace {
 
-// The head of the freed lease's live queue, entries of :token (the releaser's) excluded.
-std::string queue_head(const table_names& t, const std::string& now) {
+// The head of the live queue `queue` (the freed lease's, :name, unless given), entries of :token
+// (the releaser's) excluded.
+std::string queue_head(const table_names& t, const std::string& now,
+                       const std::string& queue = ":name") {
   return "(SELECT CAST(w.owner_token AS TEXT) AS owner_token, CAST(w.bell AS TEXT) AS bell"
          " FROM " +
-         t.waiters + " w WHERE w.resource_name = :name AND w.owner_token <> :token AND" +
+         t.waiters + " w WHERE w.resource_name = " + queue + " AND w.owner_token <> :token AND" +
          " w.expires_at > " + now + " ORDER BY w.ticket LIMIT 1) h";
 }
 
@@ -115,14 +117,23 @@ std::string vocabulary::release_returning(const table_names& t, bool forced) con
   // true) lasts until the end of this statement's own transaction. A server crash can undo such
   // a release only (the lease then runs out at its TTL); the next grant's commit is durable and
   // flushes the release before it. A forced release raises the fence and stays durable.
-  return " RETURNING " + freed_ring(t, row);
+  //
+  // The queue rung is :queue: the lease's own name, or the queue of a semaphore whose permit this
+  // is (lease/queue_wait.hpp), whose ring carries fence 0 (the hub filters repeats per fence,
+  // and permits' fences are not the queue's).
+  return " RETURNING " + freed_ring(t, row, "CAST(:queue AS TEXT)");
 }
 
-std::string vocabulary::freed_ring(const table_names& t, const std::string& row) const {
+std::string vocabulary::freed_ring(const table_names& t, const std::string& row,
+                                   const std::string& queue) const {
   const std::string free = " WHERE " + row + "hold_count = 0";
+  const std::string q = queue.empty() ? row + "resource_name" : queue;
+  const std::string fence = queue.empty() ? row + "fence"
+                                          : "CASE WHEN " + queue + " = " + row +
+                                                "resource_name THEN " + row + "fence ELSE 0 END";
   return "COALESCE((SELECT CASE WHEN " + same_relay("h.bell") + " THEN " + relay_handle("h.bell") +
-         " ELSE 0 * length(CAST(" + notify_head(row + "fence", row + "resource_name") +
-         " AS TEXT)) END FROM " + queue_head(t, now()) + free + "), 0) + CASE WHEN " + row +
+         " ELSE 0 * length(CAST(" + notify_head(fence, q) + " AS TEXT)) END FROM " +
+         queue_head(t, now(), queue.empty() ? ":name" : queue) + free + "), 0) + CASE WHEN " + row +
          "hold_count = 0 THEN 0 * length(set_config('synchronous_commit', 'off', true))"
          " ELSE 0 END";
 }
