@@ -31,13 +31,12 @@ inline bool is_broadcast(std::string_view name) {
 
 /// A queue name ending so (U+FFFF then "Q") is the queue of a kind whose waiters wait for any of
 /// several lease rows (a semaphore's permits, lease/queue_wait.hpp): no lease row has the name,
-/// a release of one of the rows rings its head (lease_state::ring_also, release_wake::queue), and a read that asks
-/// whether a queue's lease is free leaves it out, as it does broadcast queues.
+/// a release of one of the rows rings its head (lease_state::ring_also, release_wake::queue), and a
+/// read that asks whether a queue's lease is free leaves it out, as it does broadcast queues.
 inline constexpr std::string_view queue_suffix = "\xEF\xBF\xBFQ";
 inline bool is_queue_only(std::string_view name) {
-  return is_broadcast(name) ||
-         (name.size() > queue_suffix.size() &&
-          name.substr(name.size() - queue_suffix.size()) == queue_suffix);
+  return is_broadcast(name) || (name.size() > queue_suffix.size() &&
+                                name.substr(name.size() - queue_suffix.size()) == queue_suffix);
 }
 
 /// FNV-1a of a resource name: how a doorbell names a lock without carrying the name.

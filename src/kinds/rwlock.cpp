@@ -133,11 +133,11 @@ std::optional<lease_guard> rwlock::try_acquire_shared() {
   // lease's try.
   if (impl_->options.fair) {
     impl_->reader_rows();  // a name too long for readers is refused first
-    const bool queued = detail::with_session(
-        detail::access::impl(impl_->db), "read the queue of " + impl_->what(),
-        [&](detail::session_scope& s) {
-          return detail::wait_queue::first_ticket(s, impl_->name).has_value();
-        });
+    const bool queued =
+        detail::with_session(detail::access::impl(impl_->db), "read the queue of " + impl_->what(),
+                             [&](detail::session_scope& s) {
+                               return detail::wait_queue::first_ticket(s, impl_->name).has_value();
+                             });
     if (queued) return std::nullopt;
   }
   return try_shared(std::string());
@@ -162,8 +162,7 @@ lease_guard rwlock::acquire_shared_until(steady_clock::time_point deadline,
   deadline = std::max(deadline, steady_clock::now());  // time_point::min(): no overflow below
   impl_->reader_rows();  // a name too long for readers: refused before any wait
   const auto& dbi = detail::access::impl(impl_->db);
-  detail::queue_wait w(dbi, impl_->name, "read " + impl_->what(), impl_->options, deadline,
-                       cancel);
+  detail::queue_wait w(dbi, impl_->name, "read " + impl_->what(), impl_->options, deadline, cancel);
   std::optional<lease_guard> got;
   w.run(
       [&](std::int64_t ticket, long long& limit_us) {

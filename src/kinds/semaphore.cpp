@@ -80,9 +80,8 @@ struct semaphore::impl {
 
   /// One try of permit `slot`, with a waiter's owner token and queue ticket (none: a new token).
   std::optional<lease_guard> try_slot(int slot, const std::string& token, std::int64_t ticket) {
-    lease_lock lk =
-        detail::lease_access::internal(db, lease_names[static_cast<std::size_t>(slot)],
-                                       permit_options);
+    lease_lock lk = detail::lease_access::internal(db, lease_names[static_cast<std::size_t>(slot)],
+                                                   permit_options);
     auto g = token.empty() ? lk.try_acquire() : detail::lease_access::attempt(lk, token, ticket);
     if (g) detail::lease_access::state(*g)->ring_also = queue;  // its release rings the queue
     return g;

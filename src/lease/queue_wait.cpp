@@ -75,10 +75,9 @@ void queue_wait::enqueue() {
 // The entry is a lease too: extended while it waits, made again (at the back) when it was
 // reaped after this waiter stalled past its TTL.
 void queue_wait::refresh() {
-  const bool alive =
-      with_session(db_, what_ + " (refreshing the queue entry)", [&](session_scope& s) {
-        return wait_queue::refresh(s, ticket_, token_, ttl_us());
-      });
+  const bool alive = with_session(
+      db_, what_ + " (refreshing the queue entry)",
+      [&](session_scope& s) { return wait_queue::refresh(s, ticket_, token_, ttl_us()); });
   if (!alive) {
     enqueue();
     return;
@@ -121,8 +120,7 @@ void queue_wait::run(const attempt_fn& attempt, const std::function<void()>& on_
                     e.backend(), e.sqlstate(), e.native_code());
       }
       db_->notify([&](listener& l) {
-        l.log(log_level::warning,
-              what_ + ": " + e.what() + "; trying again until the wait's end");
+        l.log(log_level::warning, what_ + ": " + e.what() + "; trying again until the wait's end");
       });
       leave();  // best effort; an entry left behind expires within the TTL
       entry_.reset();
@@ -154,7 +152,8 @@ void queue_wait::run_once(const attempt_fn& attempt, const std::function<void()>
     // Asleep until a release rings or, as the safety net, the holder's expiry or poll_max
     // (with jittered backoff while rings cannot be relied on).
     nanoseconds sleep = live ? poll_ceiling(o_) : poll_backoff(o_, round);
-    if (limit_us >= 0) sleep = std::min<nanoseconds>(sleep, microseconds(limit_us) + milliseconds(1));
+    if (limit_us >= 0)
+      sleep = std::min<nanoseconds>(sleep, microseconds(limit_us) + milliseconds(1));
     if (entry_->wait(bounded(sleep))) round = 0;
     if (steady::now() >= refresh_at_) refresh();
   }

@@ -36,8 +36,7 @@ class queue_wait {
   /// Waits in `queue` (a queue-only name, dialect/doorbell.hpp, or a lease's own name) until
   /// `deadline`; `what` names the call in errors ("acquire a permit of semaphore 'x'").
   queue_wait(std::shared_ptr<database_impl> db, std::string queue, std::string what,
-             const lease_options& options, steady::time_point deadline,
-             const cancellation& cancel);
+             const lease_options& options, steady::time_point deadline, const cancellation& cancel);
   ~queue_wait();
   queue_wait(const queue_wait&) = delete;
   queue_wait& operator=(const queue_wait&) = delete;

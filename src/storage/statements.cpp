@@ -99,6 +99,33 @@ statement wait_read(const vocabulary& v, const table_names& t) {
               {"token", "name"});
 }
 
+// The reads of a queue's head, and the rings that name it.
+void queue_head_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  const std::string now = v.now();
+  const capabilities can = v.can();
+  s.waiter_head = make("waiter_head",
+                       "SELECT owner_token, bell FROM " + t.waiters +
+                           " WHERE resource_name = :name AND owner_token <> :token AND"
+                           " expires_at > " +
+                           now + " ORDER BY ticket LIMIT 1",
+                       {"name", "token"});
+  // The lowest live ticket of a queue, the entries of a holder of the lease of the same name
+  // excluded (a fair waiter of a kind other than a lease, lease/queue_wait.hpp, reads it).
+  s.waiter_first = make("waiter_first",
+                        "SELECT MIN(w.ticket) FROM " + t.waiters +
+                            " w WHERE w.resource_name = :name AND w.expires_at > " + now +
+                            " AND NOT EXISTS (SELECT 1 FROM " + t.lock +
+                            " l WHERE l.resource_name = w.resource_name AND l.owner_token ="
+                            " w.owner_token AND l.hold_count > 0)",
+                        {"name"});
+  if (can.ring == release_ring::notify)
+    s.head_notify = make("head_notify", v.head_notify(t), {"name", "token", "fence"});
+  if (can.ring == release_ring::interrupt) {
+    s.bell_ring = make("bell_ring", v.bell_ring(), {"id"});
+    s.head_sleeper = make("head_sleeper", v.head_sleeper(t), {"name", "token"});
+  }
+}
+
 void waiter_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
   const capabilities can = v.can();
@@ -130,27 +157,6 @@ void waiter_statements(lock_statements& s, const vocabulary& v, const table_name
       "SELECT ticket FROM " + t.waiters + " WHERE resource_name = :name AND owner_token = :token",
       {"name", "token"});
   s.wait_read = wait_read(v, t);
-  s.waiter_head = make("waiter_head",
-                       "SELECT owner_token, bell FROM " + t.waiters +
-                           " WHERE resource_name = :name AND owner_token <> :token AND"
-                           " expires_at > " +
-                           now + " ORDER BY ticket LIMIT 1",
-                       {"name", "token"});
-  // The lowest live ticket of a queue, the entries of a holder of the lease of the same name
-  // excluded (a fair waiter of a kind other than a lease, lease/queue_wait.hpp, reads it).
-  s.waiter_first = make("waiter_first",
-                        "SELECT MIN(w.ticket) FROM " + t.waiters +
-                            " w WHERE w.resource_name = :name AND w.expires_at > " + now +
-                            " AND NOT EXISTS (SELECT 1 FROM " + t.lock +
-                            " l WHERE l.resource_name = w.resource_name AND l.owner_token ="
-                            " w.owner_token AND l.hold_count > 0)",
-                        {"name"});
-  if (can.ring == release_ring::notify)
-    s.head_notify = make("head_notify", v.head_notify(t), {"name", "token", "fence"});
-  if (can.ring == release_ring::interrupt) {
-    s.bell_ring = make("bell_ring", v.bell_ring(), {"id"});
-    s.head_sleeper = make("head_sleeper", v.head_sleeper(t), {"name", "token"});
-  }
   s.queue_ring_all = make("queue_ring_all", v.queue_ring_all(t), {"name"});
   // Live entries, the holders' own excluded (MySQL deletes a new holder's entry during its hold,
   // wait_queue::deferred_exit).
@@ -360,6 +366,7 @@ lock_statements build_lock_statements(const dialect& d, const table_names& t) {
   s.can = d.sql.can();
   lease_statements(s, d.sql, t);
   waiter_statements(s, d.sql, t);
+  queue_head_statements(s, d.sql, t);
   row_statements(s, d.sql, t);
   admin_statements(s, d.sql, t);
   stock_statements(s, d.sql, t);

@@ -233,8 +233,7 @@ class channel final : public bell_channel {
       hex += digits[c >> 4];
       hex += digits[c & 15];
     }
-    return "RIGHT(" + e + ".resource_name, " + std::to_string(suffix.size()) + ") = X'" + hex +
-           "'";
+    return "RIGHT(" + e + ".resource_name, " + std::to_string(suffix.size()) + ") = X'" + hex + "'";
   }
   /// The sleep, unless a lease whose queue this handle's waiter heads is free already: a
   /// release whose KILL QUERY came while this connection was between sleeps (reading heads,

@@ -67,8 +67,7 @@ std::string head_sleeper_of(const table_names& t, const std::string& now,
                             const std::string& queue) {
   return "(SELECT IF(w.bell = '', NULL, IS_USED_LOCK(CONCAT('" + std::string(bell_lock_prefix) +
          "', w.bell))) FROM " + t.waiters + " w WHERE w.resource_name = " + queue +
-         " AND w.owner_token <> :token AND w.expires_at > " + now +
-         " ORDER BY w.ticket LIMIT 1)";
+         " AND w.owner_token <> :token AND w.expires_at > " + now + " ORDER BY w.ticket LIMIT 1)";
 }
 
 }  // namespace
