@@ -123,6 +123,8 @@ bool raw_release(raw_client& c, const backend_ctx& b, const std::string& name,
   if (level > 1) c.run("relax", "PRAGMA synchronous = NORMAL", {});
   params p{{"name", name}, {"token", tok}, {"fence", fence}};
   if (b.sql.release.find(":bell") != std::string::npos) p.push_back({"bell", std::string()});
+  // The queue the release rings: the lease's own (a semaphore's permit names its semaphore's).
+  if (b.sql.release.find(":queue") != std::string::npos) p.push_back({"queue", name});
   const bool ok = raw_simple_write(c, b, "release", b.sql.release, p);
   if (level > 1) c.exec("PRAGMA synchronous = " + std::to_string(level));
   return ok;

@@ -143,6 +143,7 @@ void queue_wait::run_once(const attempt_fn& attempt, const std::function<void()>
   // that try's read sees the entry and rings this waiter.
   entry_ = std::make_unique<hub_entry>(*db_->hub, queue_, token_, cancel_);
   enqueue();
+  bool joined = true;  // not yet slept since the entry was made
   for (int round = 0;; ++round) {
     check(timeout_text);
     const bool live = entry_->live();  // before the try: a later release will ring
@@ -154,6 +155,14 @@ void queue_wait::run_once(const attempt_fn& attempt, const std::function<void()>
     nanoseconds sleep = live ? poll_ceiling(o_) : poll_backoff(o_, round);
     if (limit_us >= 0)
       sleep = std::min<nanoseconds>(sleep, microseconds(limit_us) + milliseconds(1));
+    // Just joined: a release that ran while the entry was being made may have looked for the
+    // head before the entry was there, and freed the lock after this try looked
+    // (bell_channel::joined_recheck()); look once more soon rather than at the safety net.
+    if (joined && live) {
+      joined = false;
+      const milliseconds r = db_->hub->joined_recheck();
+      if (r.count() > 0) sleep = std::min<nanoseconds>(sleep, r);
+    }
     if (entry_->wait(bounded(sleep))) round = 0;
     if (steady::now() >= refresh_at_) refresh();
   }

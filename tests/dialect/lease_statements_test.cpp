@@ -100,6 +100,22 @@ DBLOCK_TEST_ONLY("postgresql", "acquire, renew and release are one round trip ea
   CHECK(pg_round_trips(db, [&] { g->release(); }) == 1);
 }
 
+// A permit's release rings its semaphore's queue from the release statement itself: no extra
+// round trip on a permit's cycle (the semaphore's count is declared on the first use).
+DBLOCK_TEST_ONLY("postgresql", "a semaphore's permit: try and release are one round trip each",
+                 "[semaphore][statements]") {
+  auto db = one_connection(ctx);
+  dblock::semaphore sem(db, "rt-sem/" + dblock::test::random_suffix(), 1);
+  sem.try_acquire()->release();  // declares the count and prepares the statements
+  auto g = sem.try_acquire();
+  REQUIRE(g);
+  CHECK(pg_round_trips(db, [&] { g->release(); }) == 1);
+  CHECK(pg_round_trips(db, [&] {
+          auto again = sem.try_acquire();
+          REQUIRE(again);
+        }) == 2);  // the try, then the release by the guard's destructor
+}
+
 DBLOCK_TEST_ONLY("mysql", "acquire, renew and release are one statement each",
                  "[lease][statements]") {
   auto db = one_connection(ctx);
