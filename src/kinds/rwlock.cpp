@@ -18,7 +18,6 @@
 #include "storage/deadline.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session.hpp"
-#include "storage/wait_queue.hpp"
 
 namespace dblock {
 
@@ -133,12 +132,9 @@ std::optional<lease_guard> rwlock::try_acquire_shared() {
   // lease's try.
   if (impl_->options.fair) {
     impl_->reader_rows();  // a name too long for readers is refused first
-    const bool queued =
-        detail::with_session(detail::access::impl(impl_->db), "read the queue of " + impl_->what(),
-                             [&](detail::session_scope& s) {
-                               return detail::wait_queue::first_ticket(s, impl_->name).has_value();
-                             });
-    if (queued) return std::nullopt;
+    if (detail::queue_wait::first_ticket(detail::access::impl(impl_->db), impl_->name,
+                                         impl_->what()))
+      return std::nullopt;
   }
   return try_shared(std::string());
 }

@@ -89,9 +89,7 @@ struct semaphore::impl {
 
   /// True when nobody waits in the queue (a fair try goes only then).
   bool queue_empty() {
-    return !detail::with_session(
-        detail::access::impl(db), "read the queue of " + what(),
-        [&](detail::session_scope& s) { return detail::wait_queue::first_ticket(s, queue); });
+    return !detail::queue_wait::first_ticket(detail::access::impl(db), queue, what());
   }
 
   /// The permit slots held now (one statement), and next_expiry_us.

@@ -55,10 +55,15 @@ void queue_wait::check(const std::string& timeout_text) const {
     throw error(errc::timeout, what_ + ": " + timeout_text + " " + wait_text(started_, deadline_));
 }
 
+std::optional<std::int64_t> queue_wait::first_ticket(const std::shared_ptr<database_impl>& db,
+                                                     const std::string& queue,
+                                                     const std::string& what) {
+  return with_session(db, what + " (reading the queue)",
+                      [&](session_scope& s) { return wait_queue::first_ticket(s, queue); });
+}
+
 bool queue_wait::at_front() {
-  const std::optional<std::int64_t> first =
-      with_session(db_, what_ + " (reading the queue)",
-                   [&](session_scope& s) { return wait_queue::first_ticket(s, queue_); });
+  const std::optional<std::int64_t> first = first_ticket(db_, queue_, what_);
   // Before joining (ticket 0): only when nobody waits; after: when nobody joined before it.
   return !first || (ticket_ != 0 && *first >= ticket_);
 }

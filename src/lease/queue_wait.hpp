@@ -53,6 +53,11 @@ class queue_wait {
   const std::string& token() const { return token_; }
   /// The try that succeeded deleted the queue entry itself.
   void entry_deleted() { ticket_ = 0; }
+  /// The lowest live ticket of `queue` (the lease holder's own entries excluded); nothing when
+  /// nobody waits. A fair try goes only when nobody is ahead of it.
+  static std::optional<std::int64_t> first_ticket(const std::shared_ptr<database_impl>& db,
+                                                  const std::string& queue,
+                                                  const std::string& what);
   /// Rings the head of `queue` now (a reader that got in lets the next waiter of its writer's
   /// queue look: readers share).
   static void ring_head(const std::shared_ptr<database_impl>& db, const std::string& queue,
