@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <iostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -19,6 +21,7 @@
 
 using dblock::lease_guard;
 using dblock::rwlock;
+using dblock::semaphore;
 using namespace dblock::test;
 
 namespace {
@@ -398,4 +401,130 @@ DBLOCK_TEST("negative control: writers without writer preference are starved pas
   CHECK(most_reader_entries_in_a_writer_wait(r.all) >= reader_entries_bound);
   CHECK(writer_overlaps(r.all) == 0);  // starved, but still alone
   CHECK(r.counter == 12);
+}
+
+// A writer finds the readers in by one range read of their names (`NAME` U+FFFF "R" U+FFFF
+// and the slot's digits, in byte order): readers of neighbouring names (a longer name, a name
+// with punctuation after it) never hold it back, and its own readers do, three-digit slots too.
+DBLOCK_TEST("rwlock: a writer counts its own readers by the range of their names, nothing else",
+            "[rwlock]") {
+  const std::string name = unique_name("range");
+  std::vector<lease_guard> others;
+  for (const std::string& n : {name + "0", name + ":", name + "z", name + " "}) {
+    dblock::rwlock r(ctx.db, n);
+    auto g = r.try_acquire_shared();
+    REQUIRE(g);
+    others.push_back(std::move(*g));
+  }
+  dblock::rwlock rw(ctx.db, name);
+  {
+    auto w = rw.try_acquire();
+    CHECK(w);  // the neighbours' readers are not its readers
+  }
+  std::vector<lease_guard> readers;
+  for (int k = 0; k < 12; ++k) {
+    auto g = rw.try_acquire_shared();
+    REQUIRE(g);
+    readers.push_back(std::move(*g));
+  }
+  std::sort(readers.begin(), readers.end(), [](const lease_guard& a, const lease_guard& b) {
+    return semaphore::permit_slot(a) < semaphore::permit_slot(b);
+  });
+  INFO("the last reader left in has slot " << semaphore::permit_slot(readers.back()));
+  CHECK_FALSE(rw.try_acquire());
+  readers.erase(readers.begin(), readers.end() - 1);  // the highest slot stays in
+  CHECK_FALSE(rw.try_acquire());
+  readers.clear();
+  CHECK(rw.try_acquire());
+}
+
+namespace {
+
+// PostgreSQL: a database whose default collation is ICU's en-US (U+FFFF sorts last,
+// punctuation before digits), owned by the test's user; dropped on scope exit.
+struct icu_database {
+  dblock::database admin;
+  std::string name = "dblock_icu_" + dblock::test::random_suffix(8);
+  std::string url;
+  icu_database(const context& ctx, const char* admin_url) : admin(admin_url) {
+    std::string user;
+    ctx.db.connect().session() << "SELECT current_user", soci::into(user);
+    admin.connect().session() << "CREATE DATABASE " + name +
+                                     " TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'"
+                                     " LOCALE 'C.UTF-8' OWNER \"" +
+                                     user + "\"";
+    const auto q = ctx.url.find('?');
+    const auto slash = ctx.url.rfind('/', q);
+    url = ctx.url.substr(0, slash + 1) + name +
+          (q == std::string::npos ? std::string() : ctx.url.substr(q));
+  }
+  ~icu_database() {
+    try {
+      admin.connect().session() << "DROP DATABASE IF EXISTS " + name + " WITH (FORCE)";
+    } catch (const std::exception& e) {
+      std::cerr << "could not drop database " << name << ": " << e.what() << "\n";
+    }
+  }
+};
+
+}  // namespace
+
+// A writer's read of its readers is one range of names in byte order (`COLLATE "C"`, with
+// migration 0013's index), whatever the database's collation. The control reads the same range
+// under the database's ICU collation and finds no row: a read that took the column's collation
+// would let the writer in beside the reader. Without the index the read is right, only slower.
+DBLOCK_TEST_ONLY("postgresql",
+                 "rwlock: a writer finds its readers by name range under an ICU collation",
+                 "[rwlock][direct]") {
+  const char* admin_url = std::getenv("DBLOCK_TEST_POSTGRESQL_ADMIN_URL");
+  if (!admin_url || !*admin_url) DBLOCK_SKIP("no admin URL to create an ICU database");
+  icu_database icu(ctx, admin_url);
+  {
+    dblock::database db(icu.url, ctx.options());
+    dblock::migrate(db);
+    auto c = db.connect();
+    const std::string table = ctx.table("resource_lock");
+    const auto plan = [&] {
+      std::string p;
+      soci::rowset<std::string> rows =
+          (c.session().prepare << "EXPLAIN SELECT resource_name FROM " + table +
+                                      " WHERE resource_name COLLATE \"C\" >= 'a' AND"
+                                      " resource_name COLLATE \"C\" < 'b'");
+      for (const auto& r : rows)
+        p += r + "\n";
+      return p;
+    };
+    c.session() << "SET enable_seqscan = off";  // a tiny table: make the planner show the index
+    INFO(plan());
+    CHECK(plan().find("rl_name_bytes_idx") != std::string::npos);
+
+    dblock::rwlock rw(db, "icu");
+    auto reader = rw.try_acquire_shared();
+    REQUIRE(reader);
+    CHECK_FALSE(rw.try_acquire());  // the writer sees the reader in
+
+    // The control: the same range under the database's collation misses the reader.
+    const std::string lo = "icu\xEF\xBF\xBFR\xEF\xBF\xBF";  // the readers' names: U+FFFF R U+FFFF
+    const std::string hi = lo + ":";
+    int in_bytes = -1, in_icu = -1;
+    const std::string count =
+        "SELECT count(*) FROM " + table + " WHERE hold_count > 0 AND resource_name";
+    c.session() << count + " COLLATE \"C\" >= :lo AND resource_name COLLATE \"C\" < :hi",
+        soci::use(lo), soci::use(hi), soci::into(in_bytes);
+    c.session() << count +
+                       " COLLATE \"default\" >= :lo AND resource_name COLLATE \"default\" < :hi",
+        soci::use(lo), soci::use(hi), soci::into(in_icu);
+    CHECK(in_bytes == 1);
+    CHECK(in_icu == 0);
+
+    // Without migration 0013's index: the same answer (a scan of the table).
+    reader.reset();
+    c.session() << "DROP INDEX " + ctx.table("rl_name_bytes_idx");
+    CHECK(plan().find("rl_name_bytes_idx") == std::string::npos);
+    auto again = rw.try_acquire_shared();
+    REQUIRE(again);
+    CHECK_FALSE(rw.try_acquire());
+    again.reset();
+    CHECK(rw.try_acquire());
+  }
 }

@@ -289,6 +289,10 @@ class vocabulary {
   }
   /// Condition "column matches the bound pattern :param" (case-sensitive).
   virtual std::string name_pattern(const std::string& column, const std::string& param) const;
+  /// `column` compared byte by byte. MySQL's names are VARBINARY and SQLite's BINARY already;
+  /// PostgreSQL's are `COLLATE "C"` since migration 0013, and says so in the expression, so that
+  /// a range of names stays right (only slower) on a schema not yet migrated.
+  virtual std::string bytewise(const std::string& column) const { return column; }
   /// Turns a shell-style pattern (`*`, `?`) into the value bound for name_pattern().
   virtual std::string name_pattern_value(const std::string& glob) const;
   /// Select-list expression reading a user column as a dblock::value, aliased to its name.

@@ -49,7 +49,7 @@ struct semaphore::impl {
   /// From the last read of held permits: microseconds until the first of them expires (-1: no
   /// read yet, or none held).
   long long next_expiry_us = -1;
-  /// The lease name of each permit slot, built once (every try names one or all of them).
+  /// The lease name of each permit slot, built once (every try names one of them).
   std::vector<std::string> lease_names = {};
   /// The queue its waiters join (U+FFFF "Q": no lease row has the name); a permit's release
   /// rings its head.
@@ -96,12 +96,13 @@ struct semaphore::impl {
   std::set<int> read_held() {
     const auto rows = detail::with_session(
         detail::access::impl(db), "read the held permits of " + what(),
-        [&](detail::session_scope& s) { return detail::semaphore_table::held(s, lease_names); });
+        [&](detail::session_scope& s) { return detail::semaphore_table::held(s, name); });
     std::set<int> held;
     long long first = std::numeric_limits<long long>::max();
     for (const auto& r : rows) {
       const int slot = permit_slot_of(r.lease_name);
-      if (slot >= 0) held.insert(slot);
+      if (slot < 0 || slot >= permits) continue;
+      held.insert(slot);
       first = std::min<long long>(first, r.expires_in_us);
     }
     next_expiry_us = held.empty() ? -1 : std::max(first, 0LL);

@@ -199,8 +199,9 @@ struct held_permit {
   std::string lease_name;
   std::int64_t expires_in_us = 0;
 };
-/// Which of the lease rows `lease_names` are held now (one statement).
-std::vector<held_permit> held(session_scope&, const std::vector<std::string>& lease_names);
+/// The permit rows of semaphore `semaphore_name` held now (one range read of the primary key;
+/// the caller checks each name's slot).
+std::vector<held_permit> held(session_scope&, const std::string& semaphore_name);
 
 }  // namespace semaphore_table
 

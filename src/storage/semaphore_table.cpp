@@ -1,3 +1,4 @@
+#include "core/identifier.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/write_scope.hpp"
 
@@ -11,19 +12,11 @@ std::optional<std::int64_t> declare(session_scope& s, const std::string& name, i
   return r.integer(0, 0);
 }
 
-std::vector<held_permit> held(session_scope& s, const std::vector<std::string>& lease_names) {
-  std::string text = s.statements().permits_held;
-  std::vector<std::string> params;
-  std::vector<sql_param> values;
-  for (std::size_t k = 0; k < lease_names.size(); ++k) {
-    params.push_back("s" + std::to_string(k));
-    text += (k ? ", :" : ":") + params.back();
-    values.emplace_back(lease_names[k]);
-  }
-  text += ")";
-  // Prepared once per connection and number of names (the semaphore's permits).
-  const statement st{"permits_held_" + std::to_string(lease_names.size()), text, params};
-  const sql_result r = s.run(st, values);
+std::vector<held_permit> held(session_scope& s, const std::string& semaphore_name) {
+  // Permit names are the semaphore's name, U+FFFF and the slot's digits: in byte order, the
+  // names from `NAME` U+FFFF up to (not including) `NAME` U+FFFF ":" (the byte after '9').
+  const std::string lo = semaphore_name + std::string(internal_separator);
+  const sql_result r = s.run(s.statements().permits_held, {lo, lo + ":"});
   std::vector<held_permit> out;
   for (std::size_t i = 0; i < r.rows.size(); ++i)
     out.push_back({r.text(i, 0), r.integer(i, 1) - r.integer(i, 2)});

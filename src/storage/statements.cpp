@@ -323,9 +323,12 @@ void semaphore_statements(lock_statements& s, const vocabulary& v, const table_n
   s.semaphore_permits =
       make("semaphore_permits",
            "SELECT permits FROM " + t.semaphores + " WHERE semaphore_name = :name", {"name"});
-  s.permits_held = "SELECT resource_name, " + v.epoch_us("expires_at") + ", " +
-                   v.epoch_us(v.now()) + " FROM " + t.lock +
-                   " WHERE hold_count > 0 AND expires_at > " + v.now() + " AND resource_name IN (";
+  s.permits_held = make(
+      "permits_held",
+      "SELECT resource_name, " + v.epoch_us("expires_at") + ", " + v.epoch_us(v.now()) + " FROM " +
+          t.lock + " WHERE " + v.bytewise("resource_name") + " >= :lo AND " +
+          v.bytewise("resource_name") + " < :hi AND hold_count > 0 AND expires_at > " + v.now(),
+      {"lo", "hi"});
 }
 
 void migration_statements(lock_statements& s, const vocabulary& v, const table_names& t) {

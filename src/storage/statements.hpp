@@ -118,6 +118,9 @@ struct lock_statements {
   // ---- semaphores -----------------------------------------------------------------------------
   statement semaphore_declare;  ///< name, permits; a declaration row unless one exists
   statement semaphore_permits;  ///< name -> the declared permits
+  /// lo, hi -> resource_name, expires (µs), now (µs) of the rows held now whose names are in
+  /// [lo, hi) under byte order (the lock table's collation on every backend, migration 0013)
+  statement permits_held;
 
   // ---- leader elections ------------------------------------------------------------------------
   statement leader_clear;     ///< name; the election's announcement row, whoever wrote it
@@ -134,8 +137,6 @@ struct lock_statements {
   std::string reap_delete;   ///< DELETE FROM lock table WHERE resource_name IN (
   std::string reap_recheck;  ///< ) AND still reapable (neg_retention)
   bool reap_by_key = false;  ///< reap_candidates walks the table in key order (see above)
-  /// SELECT resource_name, expires (µs), now (µs) of held rows ... AND resource_name IN (
-  std::string permits_held;
   /// Batch renewal (renew_batch.cpp): SELECT resource_name, owner_token, fence of held rows
   /// ... AND resource_name IN (
   std::string renew_batch_select;

@@ -218,6 +218,9 @@ class vocabulary final : public detail::vocabulary {
     return "SET LOCAL synchronous_commit = remote_apply";
   }
   bool reap_in_key_order() const override { return true; }
+  std::string bytewise(const std::string& column) const override {
+    return column + " COLLATE \"C\"";
+  }
 
  private:
   /// release_returning()'s value for the release's new row `row` ("<table>." or "l."), ringing
