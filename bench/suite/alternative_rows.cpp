@@ -1,8 +1,15 @@
 // The alternatives users pick instead of dblock: PostgreSQL's advisory locks, MySQL's GET_LOCK()
 // and a Redis lock (SET NX PX + compare-and-delete). None gives a fencing token.
+#include <soci/soci.h>
+#include <unistd.h>
 #include <dblock/dblock.hpp>
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <ostream>
 #include <stdexcept>
@@ -57,6 +64,140 @@ setup_fn redis_setup(const std::string& hostport, int keys) {
 }
 #endif
 
+// The sequence of the fenced rows' fences (the design of session leases: a fence from a sequence
+// in the lock statement itself).
+std::string fence_sequence(const backend_ctx& b) {
+  return b.prefix + "bench_fence_seq";
+}
+
+bool is_mariadb(const backend_ctx& b) {
+  return b.version.find("MariaDB") != std::string::npos;
+}
+
+// libpq's URI for pgbench: the dblock URL without the parameters libpq does not know.
+std::string libpq_uri(const std::string& url) {
+  const auto q = url.find('?');
+  if (q == std::string::npos) return url;
+  std::string out = url.substr(0, q), sep = "?";
+  std::size_t at = q + 1;
+  while (at <= url.size()) {
+    const auto amp = std::min(url.find('&', at), url.size());
+    const std::string kv = url.substr(at, amp - at);
+    const std::string key = kv.substr(0, kv.find('='));
+    for (const char* known : {"host", "port", "sslmode", "sslrootcert", "connect_timeout",
+                              "application_name", "options", "target_session_attrs"})
+      if (key == known) {
+        out += sep + kv;
+        sep = "&";
+      }
+    at = amp + 1;
+  }
+  return out;
+}
+
+// Runs pgbench (-M prepared, one thread per client) on `script` for the row's time; reads its
+// transactions per second and average latency.
+result run_pgbench(const backend_ctx& b, const std::string& script, int clients, double seconds) {
+  result r;
+  r.clients = clients;
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string file =
+      (dir / ("dblock-bench-" + std::to_string(::getpid()) + "-" + token() + ".sql")).string();
+  std::ofstream(file) << script;
+  const int secs = std::max(1, static_cast<int>(std::lround(seconds)));
+  const std::string n = std::to_string(clients);
+  const std::string cmd = "pgbench -n -M prepared -c " + n + " -j " + n + " -T " +
+                          std::to_string(secs) + " -f '" + file + "' '" + libpq_uri(b.url) +
+                          "' 2>&1";
+  std::string out;
+  if (FILE* f = ::popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, f))
+      out += buf;
+    if (::pclose(f) != 0) r.first_error = "pgbench failed: " + out.substr(0, 400);
+  } else {
+    r.first_error = "cannot run pgbench";
+  }
+  std::filesystem::remove(file);
+  const auto num = [&](const std::string& after) {
+    const auto at = out.find(after);
+    return at == std::string::npos ? -1.0 : std::atof(out.c_str() + at + after.size());
+  };
+  r.per_second = num("tps = ");
+  const double latency_ms = num("latency average = ");
+  if (r.per_second < 0 || latency_ms < 0) {
+    if (r.first_error.empty()) r.first_error = "no tps in pgbench's output: " + out.substr(0, 400);
+    r.per_second = 0;
+    r.errors = 1;
+    return r;
+  }
+  r.operations = r.successes = static_cast<long long>(r.per_second * secs);
+  r.figures["latency_mean_us"] = latency_ms * 1000;
+  r.note = "; pgbench's own count over " + std::to_string(secs) + " s; its mean latency " +
+           std::to_string(static_cast<long long>(latency_ms * 1000)) +
+           " us (pgbench reports no percentiles: the p50 and p99 columns stay 0)";
+  return r;
+}
+
+// A row run by pgbench: `statements` once per cycle on key :k, distinct per client.
+row pgbench_row(const std::string& name, const std::string& floor, const std::string& note,
+                const std::string& statements, const options& o) {
+  const std::string script = "\\set k 1000000 * (:client_id + 1) + random(0, " +
+                             std::to_string(std::max(1, o.keys) - 1) + ")\n" + statements;
+  row r = make_row(name, "alternative", floor, note, schedule::external,
+                   [script, seconds = o.seconds](backend_ctx* b, int clients, std::ostream&) {
+                     return run_pgbench(*b, script, clients, seconds);
+                   });
+  if (std::system("command -v pgbench > /dev/null 2>&1") != 0)
+    r.skipped = "pgbench is not installed (Debian: postgresql-client)";
+  return r;
+}
+
+// pg_try_advisory_lock with a fence from a sequence in the same statement, and the unlock: the
+// floor of a session lease's cycle (fences without a row write).
+row pg_advisory_fenced(int keys) {
+  row r{"pg.advisory_fenced", "alternative", "pg.advisory",
+        "pg_try_advisory_lock + nextval(sequence) in one statement, pg_advisory_unlock: the "
+        "floor of a session lease (a fence, no row write)"};
+  r.setup = [keys](backend_ctx& b, int t) {
+    auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+    const std::string lock = "SELECT CASE WHEN pg_try_advisory_lock(:k) THEN nextval('" +
+                             fence_sequence(b) + "') ELSE 0 END";
+    return cycle_fn([c, t, keys, lock] {
+      const long long k = 1000000LL * (t + 1) + rand_below(keys);
+      if (c->run("adv_fenced", lock, {{"k", k}}).value.value_or(0) <= 0) return false;
+      return c->run("adv_unlock", "SELECT pg_advisory_unlock(:k)::int", {{"k", k}}).value == 1;
+    });
+  };
+  r.prepare = [](backend_ctx& b, std::ostream&) {
+    b.db.connect().session() << "CREATE SEQUENCE IF NOT EXISTS " + fence_sequence(b);
+  };
+  return r;
+}
+
+// GET_LOCK with a fence from a MariaDB SEQUENCE in the same statement, and RELEASE_LOCK.
+row mysql_get_lock_fenced(const backend_ctx& on, int keys) {
+  row r{"mysql.get_lock_fenced", "alternative", "mysql.get_lock",
+        "GET_LOCK(name, 0) + NEXTVAL(sequence) in one statement, RELEASE_LOCK: the floor of a "
+        "session lease (MariaDB's SEQUENCE; a fence, no row write)"};
+  r.setup = [keys](backend_ctx& b, int t) {
+    auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+    const std::string lock =
+        "SELECT IF(GET_LOCK(:k, 0) = 1, NEXTVAL(" + fence_sequence(b) + "), 0)";
+    return cycle_fn([c, t, keys, lock] {
+      const std::string k = key_name(t, keys);
+      if (c->run("gl_fenced", lock, {{"k", k}}).value.value_or(0) <= 0) return false;
+      return c->run("rl", "SELECT RELEASE_LOCK(:k)", {{"k", k}}).value == 1;
+    });
+  };
+  r.prepare = [](backend_ctx& b, std::ostream&) {
+    b.db.connect().session() << "CREATE SEQUENCE IF NOT EXISTS " + fence_sequence(b);
+  };
+  if (!is_mariadb(on))
+    r.skipped = "MySQL has no SEQUENCE (MariaDB 10.3 and later have); server " + on.version;
+  return r;
+}
+
 }  // namespace
 
 std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
@@ -79,6 +220,21 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
                     1;
            });
          }});
+  if (pg && b.db.options().pooler != dblock::pooler_mode::transaction) {
+    ops.push_back(pg_advisory_fenced(keys));
+    ops.push_back(pgbench_row("pgbench.advisory", "pg.advisory",
+                              "pgbench -M prepared running pg.advisory's cycle (the best "
+                              "client's figure for the anchor)",
+                              "SELECT pg_try_advisory_lock(:k);\nSELECT pg_advisory_unlock(:k);\n",
+                              o));
+    ops.push_back(pgbench_row("pgbench.advisory_fenced", "pg.advisory_fenced",
+                              "pgbench -M prepared running pg.advisory_fenced's cycle",
+                              "SELECT CASE WHEN pg_try_advisory_lock(:k) THEN nextval('" +
+                                  fence_sequence(b) +
+                                  "') ELSE 0 END;\nSELECT pg_advisory_unlock(:k);\n",
+                              o));
+  }
+  if (my) ops.push_back(mysql_get_lock_fenced(b, keys));
   if (my)
     ops.push_back({"mysql.get_lock", "alternative", "",
                    "GET_LOCK(name, 0) + RELEASE_LOCK, distinct names (no fencing, no lease)",
@@ -95,6 +251,16 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
 }
 
 std::vector<row> backendless_rows(const options& o) {
+  // The harness's own cost: a cycle that does nothing, timed as every row's cycle is. Its p50 is
+  // what the clock and the threads add to every figure; its rate is the most any row can show.
+  row noop = make_row(
+      "harness.noop", "floor", "",
+      "a cycle that does nothing: the measuring harness's own cost at this client count",
+      schedule::per_count, [seconds = o.seconds](backend_ctx*, int clients, std::ostream&) {
+        result r = measure(clients, seconds, [](int) { return cycle_fn([] { return true; }); });
+        r.backend = r.label = "none";
+        return r;
+      });
   row redis =
       make_row("redis.lock", "alternative", "",
                "SET key token NX PX + compare-and-delete Lua (EVALSHA); in memory, no fencing",
@@ -103,7 +269,7 @@ std::vector<row> backendless_rows(const options& o) {
     redis.skipped =
         "no --redis HOST:PORT given (scripts/bench.sh starts a throwaway redis-server when one "
         "is installed)";
-    return {redis};
+    return {noop, redis};
   }
 #ifdef DBLOCK_HAVE_HIREDIS
   redis.run = [hostport = o.redis, seconds = o.seconds, keys = o.keys](backend_ctx*, int clients,
@@ -122,7 +288,7 @@ std::vector<row> backendless_rows(const options& o) {
 #else
   redis.skipped = "this dblock was built without hiredis (libhiredis-dev)";
 #endif
-  return {redis};
+  return {noop, redis};
 }
 
 }  // namespace dblock::bench

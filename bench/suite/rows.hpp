@@ -20,7 +20,8 @@ enum class schedule {
   rounds,     ///< measure() with `setup` at every client count, --rounds times; the median counts
   contended,  ///< `run` once per client count above one (the handoff rows)
   once,       ///< `run` once per backend (the watchdog rows)
-  per_count,  ///< `run` once per client count, on no backend (redis.lock)
+  per_count,  ///< `run` once per client count, on no backend (redis.lock, harness.noop)
+  external,   ///< `run` once per client count on a backend: an outside client measures (pgbench)
 };
 
 /// One row of the suite: an operation, as its family registers it.
@@ -62,7 +63,8 @@ std::vector<row> data_rows(backend_ctx& b, const options& o);         // data_ro
 std::vector<row> alternative_rows(backend_ctx& b, const options& o);  // alternative_rows.cpp
 std::vector<row> handoff_rows(backend_ctx& b, const options& o);      // handoff_rows.cpp
 std::vector<row> watchdog_rows(backend_ctx& b, const options& o);     // watchdog_rows.cpp
-/// The rows on no database (schedule::per_count): redis.lock (alternative_rows.cpp).
+/// The rows on no database (schedule::per_count): redis.lock and harness.noop
+/// (alternative_rows.cpp).
 std::vector<row> backendless_rows(const options& o);
 
 /// --only: comma-separated parts; an operation runs when its name contains one of them, or is

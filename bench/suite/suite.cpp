@@ -123,7 +123,7 @@ void open(run_state& s, const std::string& url) {
 void plan_all(run_state& s) {
   for (const auto& url : s.o.urls)
     open(s, url);
-  for (schedule when : {schedule::contended, schedule::once})
+  for (schedule when : {schedule::contended, schedule::once, schedule::external})
     for (std::size_t i = 0; i < s.ctxs.size(); ++i)
       plan_rows(s, s.ctxs[i].get(), s.rows[i], when);
   plan_rows(s, nullptr, backendless_rows(s.o), schedule::per_count);
