@@ -74,25 +74,24 @@ bool is_mariadb(const backend_ctx& b) {
   return b.version.find("MariaDB") != std::string::npos;
 }
 
-// libpq's URI for pgbench: the dblock URL without the parameters libpq does not know.
-std::string libpq_uri(const std::string& url) {
-  const auto q = url.find('?');
-  if (q == std::string::npos) return url;
-  std::string out = url.substr(0, q), sep = "?";
-  std::size_t at = q + 1;
-  while (at <= url.size()) {
-    const auto amp = std::min(url.find('&', at), url.size());
-    const std::string kv = url.substr(at, amp - at);
-    const std::string key = kv.substr(0, kv.find('='));
-    for (const char* known : {"host", "port", "sslmode", "sslrootcert", "connect_timeout",
-                              "application_name", "options", "target_session_attrs"})
-      if (key == known) {
-        out += sep + kv;
-        sep = "&";
-      }
-    at = amp + 1;
-  }
-  return out;
+// `s` as one word of the shell.
+std::string shell_word(const std::string& s) {
+  std::string out = "'";
+  for (const char c : s)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Creates the fenced rows' sequence (their prepare step).
+void create_fence_sequence(backend_ctx& b, std::ostream&) {
+  b.db.connect().session() << "CREATE SEQUENCE IF NOT EXISTS " + fence_sequence(b);
+}
+
+// The fenced advisory lock of key :k: its fence when taken, else 0 (pg.advisory_fenced's and
+// pgbench.advisory_fenced's statement).
+std::string pg_fenced_lock(const backend_ctx& b) {
+  return "SELECT CASE WHEN pg_try_advisory_lock(:k) THEN nextval('" + fence_sequence(b) +
+         "') ELSE 0 END";
 }
 
 // Runs pgbench (-M prepared, one thread per client) on `script` for the row's time; reads its
@@ -107,8 +106,8 @@ result run_pgbench(const backend_ctx& b, const std::string& script, int clients,
   const int secs = std::max(1, static_cast<int>(std::lround(seconds)));
   const std::string n = std::to_string(clients);
   const std::string cmd = "pgbench -n -M prepared -c " + n + " -j " + n + " -T " +
-                          std::to_string(secs) + " -f '" + file + "' '" + libpq_uri(b.url) +
-                          "' 2>&1";
+                          std::to_string(secs) + " -f " + shell_word(file) + " " +
+                          shell_word(libpq_conninfo(b.url)) + " 2>&1";
   std::string out;
   if (FILE* f = ::popen(cmd.c_str(), "r")) {
     char buf[512];
@@ -161,17 +160,14 @@ row pg_advisory_fenced(int keys) {
         "floor of a session lease (a fence, no row write)"};
   r.setup = [keys](backend_ctx& b, int t) {
     auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
-    const std::string lock = "SELECT CASE WHEN pg_try_advisory_lock(:k) THEN nextval('" +
-                             fence_sequence(b) + "') ELSE 0 END";
+    const std::string lock = pg_fenced_lock(b);
     return cycle_fn([c, t, keys, lock] {
       const long long k = 1000000LL * (t + 1) + rand_below(keys);
       if (c->run("adv_fenced", lock, {{"k", k}}).value.value_or(0) <= 0) return false;
       return c->run("adv_unlock", "SELECT pg_advisory_unlock(:k)::int", {{"k", k}}).value == 1;
     });
   };
-  r.prepare = [](backend_ctx& b, std::ostream&) {
-    b.db.connect().session() << "CREATE SEQUENCE IF NOT EXISTS " + fence_sequence(b);
-  };
+  r.prepare = create_fence_sequence;
   return r;
 }
 
@@ -190,9 +186,7 @@ row mysql_get_lock_fenced(const backend_ctx& on, int keys) {
       return c->run("rl", "SELECT RELEASE_LOCK(:k)", {{"k", k}}).value == 1;
     });
   };
-  r.prepare = [](backend_ctx& b, std::ostream&) {
-    b.db.connect().session() << "CREATE SEQUENCE IF NOT EXISTS " + fence_sequence(b);
-  };
+  r.prepare = create_fence_sequence;
   if (!is_mariadb(on))
     r.skipped = "MySQL has no SEQUENCE (MariaDB 10.3 and later have); server " + on.version;
   return r;
@@ -229,10 +223,7 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
                               o));
     ops.push_back(pgbench_row("pgbench.advisory_fenced", "pg.advisory_fenced",
                               "pgbench -M prepared running pg.advisory_fenced's cycle",
-                              "SELECT CASE WHEN pg_try_advisory_lock(:k) THEN nextval('" +
-                                  fence_sequence(b) +
-                                  "') ELSE 0 END;\nSELECT pg_advisory_unlock(:k);\n",
-                              o));
+                              pg_fenced_lock(b) + ";\nSELECT pg_advisory_unlock(:k);\n", o));
   }
   if (my) ops.push_back(mysql_get_lock_fenced(b, keys));
   if (my)

@@ -25,15 +25,26 @@ std::string to_text(const param& p) {
 // ---- PostgreSQL: libpq, each statement prepared once per connection (behind a transaction-mode
 // pooler, as dblock runs them there: the lease statements through routines, others unnamed) -----
 
+}  // namespace
+
+std::string libpq_conninfo(const std::string& url) {
+  auto u = detail::parse_url(url);
+  const auto& dia = detail::dialect_for_scheme(u.scheme);
+  database_options o;
+  dia.conn.adjust_options(u, o);
+  return dia.conn.connect_string(u, o);
+}
+
+namespace {
+
 class pg_client final : public raw_client {
  public:
   explicit pg_client(const std::string& url) {
     auto u = detail::parse_url(url);
-    const auto& dia = detail::dialect_for_scheme(u.scheme);
     database_options o;
-    dia.conn.adjust_options(u, o);
+    detail::dialect_for_scheme(u.scheme).conn.adjust_options(u, o);
     unnamed_ = o.pooler == pooler_mode::transaction;
-    conn_ = PQconnectdb(dia.conn.connect_string(u, o).c_str());
+    conn_ = PQconnectdb(libpq_conninfo(url).c_str());
     if (PQstatus(conn_) != CONNECTION_OK) {
       std::string msg = PQerrorMessage(conn_);
       PQfinish(conn_);

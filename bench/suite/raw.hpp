@@ -48,5 +48,7 @@ class raw_client {
 
 /// Opens a raw connection for a dblock URL (same syntax as dblock::database).
 std::unique_ptr<raw_client> connect_raw(const std::string& url);
+/// libpq's connection string for a PostgreSQL dblock URL, as dblock's dialect builds it.
+std::string libpq_conninfo(const std::string& url);
 
 }  // namespace dblock::bench

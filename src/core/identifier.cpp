@@ -87,6 +87,12 @@ std::string permit_lease_name(std::string_view name, int slot) {
   return out;
 }
 
+std::pair<std::string, std::string> permit_name_range(std::string_view name) {
+  std::string lo(name);
+  lo += internal_separator;
+  return {lo, lo + ":"};
+}
+
 void validate_lease_name(std::string_view name) {
   if (name.empty()) throw error(errc::invalid_argument, "invalid resource name: it is empty");
   if (name.size() > max_resource_name_bytes)

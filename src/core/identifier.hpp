@@ -3,6 +3,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace dblock::detail {
 
@@ -32,6 +33,10 @@ void validate_lease_name(std::string_view name);
 
 /// The lease name of permit `slot` of semaphore `name`.
 std::string permit_lease_name(std::string_view name, int slot);
+/// The names of every permit of semaphore `name` in byte order: [first, second). Permit names
+/// are `name` U+FFFF and the slot's digits, so the range ends before `name` U+FFFF ":" (the byte
+/// after '9'); no other name falls in it.
+std::pair<std::string, std::string> permit_name_range(std::string_view name);
 
 /// Throws errc::invalid_argument unless free text (a name pattern, a force_release reason)
 /// is valid UTF-8 without NUL: PostgreSQL text holds neither, and libpq and SOCI pass C strings,

@@ -49,8 +49,6 @@ struct semaphore::impl {
   /// From the last read of held permits: microseconds until the first of them expires (-1: no
   /// read yet, or none held).
   long long next_expiry_us = -1;
-  /// The lease name of each permit slot, built once (every try names one of them).
-  std::vector<std::string> lease_names = {};
   /// The queue its waiters join (U+FFFF "Q": no lease row has the name); a permit's release
   /// rings its head.
   std::string queue = name + std::string(detail::queue_suffix);
@@ -80,8 +78,8 @@ struct semaphore::impl {
 
   /// One try of permit `slot`, with a waiter's owner token and queue ticket (none: a new token).
   std::optional<lease_guard> try_slot(int slot, const std::string& token, std::int64_t ticket) {
-    lease_lock lk = detail::lease_access::internal(db, lease_names[static_cast<std::size_t>(slot)],
-                                                   permit_options);
+    lease_lock lk =
+        detail::lease_access::internal(db, detail::permit_lease_name(name, slot), permit_options);
     auto g = token.empty() ? lk.try_acquire() : detail::lease_access::attempt(lk, token, ticket);
     if (g) detail::lease_access::state(*g)->ring_also = queue;  // its release rings the queue
     return g;
@@ -152,8 +150,6 @@ semaphore::semaphore(database db, std::string name, int permits, lease_options o
     : impl_(
           std::make_unique<impl>(impl{db, name, permits, impl::checked(db, name, permits, options),
                                       detail::grant_conflict_policy(), false, false, -1})) {
-  for (int k = 0; k < impl_->permits; ++k)
-    impl_->lease_names.push_back(detail::permit_lease_name(impl_->name, k));
   impl_->permit_options = impl_->options;
   impl_->permit_options.fair = false;
 }
