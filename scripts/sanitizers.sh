@@ -34,8 +34,8 @@ TSAN_BUILD_DIR=${TSAN_BUILD_DIR:-build-tsan}
 JOBS=${JOBS:-$(nproc)}
 # Tests whose bodies run dblock code on several threads (watchdog and reaper threads, pools shared
 # by threads, concurrent acquirers); the multi-process variants add nothing for TSan.
-# The coordination primitives' CLI and example tests run other processes only.
-TSAN_TAGS=${TSAN_TAGS:-"[idioms],[memory],[lease]~[process],[waiting]~[process],[id_generator]~[process],[reaper]~[process],[rowlock]~[process],[optimistic]~[process],[admin],[database],[election]~[processes]~[cli],[lock_set]~[processes]~[cli],[rwlock]~[processes]~[cli]~[examples],[semaphore]~[process]~[cli]~[examples],[watchdog]"}
+# The CLI's tests (and the coordination primitives' example tests) run other processes only.
+TSAN_TAGS=${TSAN_TAGS:-"[idioms],[memory],[lease]~[process],[waiting]~[process]~[cli],[id_generator]~[process]~[cli],[reaper]~[process],[rowlock]~[process],[optimistic]~[process],[admin],[database],[election]~[processes]~[cli],[lock_set]~[processes]~[cli],[rwlock]~[processes]~[cli]~[examples],[semaphore]~[process]~[cli]~[examples],[watchdog]"}
 
 msg() { printf '\n==> %s\n' "$*" >&2; }
 T0=$SECONDS

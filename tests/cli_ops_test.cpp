@@ -98,6 +98,7 @@ cli_result run_cli(const std::vector<std::string>& args, const std::vector<std::
   bool killed = false;
   while (fds[0] >= 0 || fds[1] >= 0) {
     if (!killed && steady::now() >= deadline) {
+      dblock::test::describe_hung_process(pid);
       ::kill(pid, SIGKILL);
       killed = true;
     }
@@ -894,7 +895,12 @@ DBLOCK_TEST("cli exec --fair: queued commands run in arrival order; status shows
     const auto give_up = steady::now() + std::chrono::seconds(20);
     while (waiters() < i + 1 && steady::now() < give_up)
       std::this_thread::sleep_for(milliseconds(20));
-    if (waiters() != i + 1) FAIL("exec " << i << " never showed up in the waiter queue");
+    if (waiters() != i + 1) {
+      finish.now();  // the holder lets go and the commands end: their outcomes say why
+      for (const auto& r : results)
+        UNSCOPED_INFO(r);
+      FAIL("exec " << i << " never showed up in the waiter queue (" << waiters() << " waiters)");
+    }
   }
   auto st = cli(ctx, "status", {"--json"});
   INFO(st);

@@ -83,6 +83,7 @@ class cli_process {
     while (fd_ >= 0) {
       auto left = std::chrono::duration_cast<milliseconds>(deadline - steady::now()).count();
       if (left <= 0 && !killed) {
+        dblock::test::describe_hung_process(pid_);
         ::kill(pid_, SIGKILL);
         killed = true;
       }

@@ -242,13 +242,8 @@ void sleep_until_monotonic(long long t_ns) {
 
 // ---- process_set -------------------------------------------------------------------------------
 
-namespace {
-
-// Prints what a worker that outlived its deadline is doing, before it is killed: each thread's
-// kernel wait channel and, where gdb is installed, every thread's backtrace. A hang in CI then
-// says where it hung.
-void describe_hung_worker(int pid) {
-  std::cerr << "worker " << pid << " did not exit in time; its threads:" << std::endl;
+void describe_hung_process(int pid) {
+  std::cerr << "process " << pid << " did not exit in time; its threads:" << std::endl;
   const std::string task = "/proc/" + std::to_string(pid) + "/task";
   std::error_code ec;
   for (const auto& t : std::filesystem::directory_iterator(task, ec)) {
@@ -262,7 +257,16 @@ void describe_hung_worker(int pid) {
                           " -batch -nx -ex 'thread apply all bt 25' 2>/dev/null | grep -E "
                           "'^(Thread|#)' | head -200 1>&2";
   if (std::system(cmd.c_str()) != 0) std::cerr << "  (gdb could not attach)" << std::endl;
+  // A process stuck waiting for a child of its own (the command of `dblock exec`) shows where
+  // that one is stuck too.
+  for (const auto& t : std::filesystem::directory_iterator(task, ec)) {
+    std::ifstream children(t.path() / "children");
+    for (int child = 0; children >> child;)
+      describe_hung_process(child);
+  }
 }
+
+namespace {
 
 // Kills a worker with SIGKILL and reaps it.
 void kill_and_reap(int pid) {
@@ -294,7 +298,7 @@ int process_set::wait(int pid, std::chrono::milliseconds timeout) {
     if (r == pid) break;
     if (r < 0 && errno != EINTR) return -2;
     if (monotonic_ns() > deadline) {
-      describe_hung_worker(pid);
+      describe_hung_process(pid);
       kill_and_reap(pid);
       forget(pid);
       return -1;

@@ -175,6 +175,11 @@ class exec_argv {
 /// (async-signal-safe calls only).
 void redirect_child_stdio(int out, int err);
 
+/// Prints to stderr what a child process that outlived its deadline is doing, before it is
+/// killed: each thread's kernel wait channel and, where gdb is installed, every thread's
+/// backtrace. A hang in CI then says where it hung.
+void describe_hung_process(int pid);
+
 /// Starts the test binary as a worker process; returns its pid.
 int spawn_worker(const std::string& name, const std::vector<std::string>& args,
                  const std::vector<std::string>& extra_env = {});
