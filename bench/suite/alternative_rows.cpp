@@ -216,6 +216,24 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
          }});
   if (pg && b.db.options().pooler != dblock::pooler_mode::transaction) {
     ops.push_back(pg_advisory_fenced(keys));
+    row ls{"dblock.lease_session", "alternative", "pg.advisory",
+           "lease_lock with lease_mode::session: try_acquire() + release(), distinct keys (two "
+           "statements per cycle: the lock with its fence and idle timeouts, the unlock)"};
+    ls.setup = [keys](backend_ctx& b, int t) {
+      dblock::lease_options lo;
+      lo.mode = dblock::lease_mode::session;
+      auto locks = std::make_shared<std::vector<dblock::lease_lock>>();
+      for (int k = 0; k < keys; ++k)
+        locks->emplace_back(b.db, "bench/session/" + std::to_string(t) + "/" + std::to_string(k),
+                            lo);
+      return cycle_fn([locks, keys] {
+        auto g = (*locks)[static_cast<std::size_t>(rand_below(keys))].try_acquire();
+        if (!g) return false;
+        g->release();
+        return true;
+      });
+    };
+    ops.push_back(std::move(ls));
     ops.push_back(pgbench_row("pgbench.advisory", "pg.advisory",
                               "pgbench -M prepared running pg.advisory's cycle (the best "
                               "client's figure for the anchor)",

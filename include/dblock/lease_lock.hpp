@@ -27,6 +27,19 @@ struct internal_name_t;
 struct lease_access;
 }  // namespace detail
 
+/// How a lease is held (docs/session-leases.md).
+enum class lease_mode {
+  row,  ///< a row of the lock table (the default): durable, on every backend
+  /**
+   * A server session lock (PostgreSQL 14+, direct connections): one pooled connection is pinned
+   * for the hold and its server session holds a session-level advisory lock; the fence comes
+   * from a sequence in the same statement; the server ends the session, and so frees the lock,
+   * when it stays idle past the TTL; waits queue in the server in arrival order. Refused with
+   * errc::invalid_argument on MySQL/MariaDB, SQLite and behind a transaction-mode pooler.
+   */
+  session,
+};
+
 /// Settings of a lease lock; lease_lock's constructor checks them.
 /// Thread-safety: a plain value.
 struct lease_options {
@@ -77,6 +90,10 @@ struct lease_options {
    * release still wakes one waiter (the longest waiting), but anyone may take the lease first.
    */
   bool fair = false;
+  /// How the lease is held: a row of the lock table (the default) or a server session lock
+  /// (lease_mode::session; docs/session-leases.md). A name used in session mode stays in it: a
+  /// lease of that name in row mode is refused (the name's lock row is held by the session mode).
+  lease_mode mode = lease_mode::row;
 };
 
 /// Sets the process-wide handler for release failures in guard destructors (default: ignore);
@@ -241,7 +258,9 @@ class lease_guard {
   /**
    * @brief Extends the lease to `ttl` (default: the lock's ttl) from now on the database clock.
    *
-   * Safe to repeat, also after a lost reply, and alongside the watchdog.
+   * Safe to repeat, also after a lost reply, and alongside the watchdog. A session lease
+   * (lease_mode::session) is renewed by one statement on its holding session, for at most its
+   * lock's ttl (the server's idle timeout was set at the grant).
    * @throws dblock::error errc::lease_lost when the lease expired or was taken over (the guard
    *         becomes invalid); errc::not_owner when the guard is disarmed; errc::deadlock,
    *         errc::serialization_failure or errc::lock_not_available when 3 attempts all met one

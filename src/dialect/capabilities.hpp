@@ -39,6 +39,9 @@ struct capabilities {
   /// A statement makes one transaction's COMMIT wait for durability whatever the session's
   /// setting (PostgreSQL's synchronous_commit); elsewhere every commit does.
   bool durable_commit = false;
+  /// Session leases (lease_mode::session, storage/session_lock): a session-level lock the
+  /// server queues in order, a sequence, and idle timeouts that end a session (PostgreSQL 14+).
+  bool session_leases = false;
 };
 
 }  // namespace dblock::detail

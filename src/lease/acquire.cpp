@@ -239,6 +239,7 @@ void acquire_call::failed(acquire_failure why) {
 
 std::optional<lease_guard> lease_lock::impl::attempt(const std::string& token,
                                                      std::int64_t ticket) {
+  if (options.mode == lease_mode::session) return session_attempt();
   const auto& dbi = detail::access::impl(db);
   auto cur = current;
   const bool reentry = cur && cur->holds.load() > 0 && cur->valid();
@@ -296,6 +297,8 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
   s->on_lost = options.on_lost;
   s->on_release_error = options.on_release_error;
   s->holds.store(1);
+  s->session_mode = options.mode == lease_mode::session;
+  s->pinned = std::move(pinning);
   s->set_deadline(sent, options.ttl);
   s->acquired_at = steady::now();
   s->start_hold();

@@ -180,6 +180,16 @@ std::optional<lease_row> lease_state::read_back(const std::string& what) const {
 
 void lease_state::release_one() {
   const call_deadline bound(call_bound(), call_bound_what());
+  if (session_mode) {  // the session lock goes with the last hold
+    if (holds.fetch_sub(1) - 1 > 0) return;
+    stop_watchdog();
+    struct ender {
+      lease_state* s;
+      ~ender() { s->end_hold(); }
+    } end{this};
+    pinned_release();
+    return;
+  }
   const int left = holds.fetch_sub(1) - 1;
   if (left == 0) {
     stop_watchdog();
@@ -317,6 +327,7 @@ void lease_guard::fenced(const std::function<void(soci::session&)>& write) {
   auto& st = *state_;
   const std::string what = "fenced write under lease '" + st.name + "'";
   const detail::call_deadline bound(st.call_bound(), st.call_bound_what());
+  if (st.session_mode) return st.pinned_fenced(write, what);
   // One write transaction: the lock row is locked and checked, the caller's statements run,
   // and COMMIT lands only while the lease is ours (a lost COMMIT reply is in_doubt).
   bool lost = false;

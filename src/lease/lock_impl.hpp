@@ -101,6 +101,18 @@ struct lease_lock::impl {
                                           const detail::session_ref& server, const error& cause);
   lease_guard granted(const detail::acquire_params& p, std::int64_t fence,
                       detail::steady::time_point sent, bool reentry);
+  /// lease_mode::session (src/lease/session_mode.cpp): one try, and a wait in the server's own
+  /// lock queue until `deadline`.
+  std::optional<lease_guard> session_attempt();
+  /// Refuses lease_mode::session where it cannot work (errc::invalid_argument, with the reason).
+  void session_checks() const;
+  std::optional<lease_guard> session_reentry();
+  lease_guard session_granted(std::unique_ptr<detail::session_scope> s, std::int64_t fence,
+                              detail::steady::time_point sent);
+  lease_guard session_wait(detail::steady::time_point deadline, const cancellation& cancel);
+  /// The connection a session lease's grant pins (set just before granted(), which moves it
+  /// into the lease's state before its watchdog starts).
+  std::unique_ptr<detail::session_scope> pinning;
 };
 
 namespace detail {

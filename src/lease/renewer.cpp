@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -63,6 +64,8 @@ struct lease_renewer::core {
   void run();
   void watch_deadlines();
   void renew(std::vector<state_ptr>& batch);
+  void renew_sessions(std::vector<state_ptr>& batch);
+  void renew_session(const state_ptr& s);
   /// A lease found lost, why, and (unknown: read the row to tell) the reason.
   struct loss {
     state_ptr state;
@@ -114,7 +117,21 @@ static void report_round(database_impl& dbi, steady::time_point sent,
 }
 
 // One batch of leases with the same TTL.
+// Session leases (lease_mode::session) are renewed one by one, by a statement on the server
+// session that holds each: renewed here and taken out of the batch.
+void lease_renewer::core::renew_sessions(std::vector<state_ptr>& batch) {
+  const auto rows = std::stable_partition(batch.begin(), batch.end(),
+                                          [](const state_ptr& s) { return !s->session_mode; });
+  std::vector<state_ptr> sessions(std::make_move_iterator(rows),
+                                  std::make_move_iterator(batch.end()));
+  batch.erase(rows, batch.end());
+  for (auto& s : sessions)
+    renew_session(s);
+}
+
 void lease_renewer::core::renew(std::vector<state_ptr>& batch) {
+  renew_sessions(batch);
+  if (batch.empty()) return;
   std::vector<lock_table::renewal> rs;
   for (const auto& s : batch)
     rs.push_back({s->name, s->token, s->fence});
@@ -170,6 +187,35 @@ void lease_renewer::core::renew(std::vector<state_ptr>& batch) {
     report(lost);
   }
   batch.clear();
+}
+
+// A session lease: one statement on its holding session restarts the server's idle timer (its
+// TTL). A failure means the session is gone or unusable, and the lock with it.
+void lease_renewer::core::renew_session(const state_ptr& s) {
+  const auto sent = steady::now();
+  const bool alive = s->pinned_alive();
+  std::vector<loss> lost;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    auto it = entries.find(s.get());
+    if (it == entries.end() || it->second.state != s) return;  // unwatched meanwhile
+    entry& e = it->second;
+    e.in_flight = false;
+    if (alive) {
+      s->set_deadline(sent, s->ttl);
+      e.due = sent + interval_of(*s);
+    } else {
+      lost.push_back({s,
+                      error(errc::lease_lost, "lease '" + s->name +
+                                                  "': its server session ended (session mode); "
+                                                  "watchdog stopped"),
+                      loss_reason::connection});
+    }
+  }
+  if (!lost.empty()) {
+    watcher_cv.notify_one();
+    report(lost);
+  }
 }
 
 // The runner: sleeps until the first lease is due, then renews every lease within half an

@@ -50,6 +50,22 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   /// instead of the lease's own queue, from the release statement itself: a semaphore's permit
   /// rings its semaphore's queue (lease/queue_wait.hpp). Set before the guard is handed out.
   std::string ring_also;
+  /// lease_mode::session (src/lease/session_mode.cpp): set at the grant, never changed.
+  bool session_mode = false;
+  /// lease_mode::session: the pooled connection whose server session holds the lock, for the
+  /// whole hold (empty once released or lost); its mutex serializes the watchdog's statements
+  /// with the holder's.
+  std::unique_ptr<session_scope> pinned;
+  std::mutex pinned_mu;
+  /// lease_mode::session: one statement on the holding session, which restarts the server's
+  /// idle timer (the TTL); false when it failed (the session, and its lock, are gone: the
+  /// connection is dropped).
+  bool pinned_alive() noexcept;
+  /// lease_mode::session: gives the session lock back and the connection to the pool (the last
+  /// hold); throws lease_lost when the session had ended.
+  void pinned_release();
+  /// lease_mode::session: lease_guard::fenced() on the holding session.
+  void pinned_fenced(const std::function<void(soci::session&)>& write, const std::string& what);
 
   /// The deadline of a call on this lease (renew, release, a fenced write): its TTL less the
   /// safety margin, at least one second (docs/safety.md, "Deadlines").

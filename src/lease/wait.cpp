@@ -338,6 +338,7 @@ lease_guard lease_lock::acquire_until(steady_clock::time_point deadline,
   // A deadline in the past is now (time_point::min() would overflow `deadline - now`).
   deadline = std::max(deadline, steady_clock::now());
   detail::thread_check entered(*impl_);
+  if (impl_->options.mode == lease_mode::session) return impl_->session_wait(deadline, cancel);
   return detail::waiting_acquire(*impl_, deadline, cancel).run();
 }
 

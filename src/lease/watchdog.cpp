@@ -49,6 +49,13 @@ void lease_state::end_hold() noexcept {
 
 bool lease_state::renew_sql(milliseconds lease) {
   const call_deadline bound(call_bound(), call_bound_what());
+  if (session_mode) {  // any statement on the holding session renews it
+    const auto at = steady::now();
+    if (!pinned_alive()) return false;
+    // The server's idle timeout stays the TTL of the grant: a longer renewal is not granted.
+    set_deadline(at, std::min(lease, ttl));
+    return true;
+  }
   auto sent = steady::now();
   struct timed {  // listener::renew_latency(), failed renewals included
     const lease_state& s;

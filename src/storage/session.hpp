@@ -131,6 +131,11 @@ class session_scope final : public exec_session {
 
   /// Bounds the use of this connection by `until` (see storage/deadline.hpp).
   void arm(deadline_clock::time_point until, std::string what);
+  /// Ends the bound set by arm() (deadline_fired() stays).
+  void disarm() noexcept {
+    armed_.disarm();
+    state().call_deadline.reset();
+  }
   /// True once the deadline fired on this connection: whatever it was running may have been
   /// cancelled or cut off, and a write that seemed to succeed is in doubt (PostgreSQL answers a
   /// COMMIT cancelled while it waited for a synchronous standby with success and a warning:

@@ -183,6 +183,7 @@ class vocabulary final : public detail::vocabulary {
     c.skip_locked = true;
     c.durability_per_table = true;
     c.durable_commit = true;
+    c.session_leases = true;
     return c;
   }
   fence_check check_fence_native(const table_names& t) const override;

@@ -1,0 +1,44 @@
+// Internal: the statements of a lease held as a server session lock (PostgreSQL). The
+// exclusion is the session-level advisory lock of a key the server hashes from the table prefix
+// and the name; the fence is the name's marker fence plus the next value of a sequence. A name
+// in session mode has a marker: its lock row, held for good by session_mode_token, so a durable
+// lease of the name is refused while it is in session mode, and its session fences start above
+// every durable fence it had.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "storage/session.hpp"
+
+namespace dblock::detail::session_lock {
+
+/// The owner token of a marker row (no random token is all zeros but with chance 2^-128).
+inline const std::string session_mode_token(32, '0');
+
+/// What a try returned.
+struct tried {
+  enum kind_t { granted, held, unmarked } kind;
+  std::int64_t fence = 0;
+};
+
+/// On the session `s` that will hold it: takes the session lock of `name` without waiting and
+/// reads its fence (one statement); granted, the server ends the session when it idles past
+/// `ttl_ms`. `unmarked`: the name has no marker; the lock is not kept.
+tried try_lock(session_scope& s, const std::string& name, std::int64_t ttl_ms);
+/// The server's limit on the next lock wait of session `s`: `wait_ms` (at least 1).
+void set_lock_timeout(session_scope& s, std::int64_t wait_ms);
+/// Waits in the server's own lock queue (FIFO) for the session lock of `name`, up to the limit
+/// set_lock_timeout() set (then the server's lock_timeout error is thrown); granted or
+/// `unmarked` as try_lock(), and the limit back to none. A failure may leave the lock held by
+/// the session: the caller then drops the connection (which ends the session).
+tried wait_lock(session_scope& s, const std::string& name, std::int64_t ttl_ms);
+/// Gives the session lock of `name` back and the idle timeouts to none; false when this session
+/// did not hold it.
+bool unlock(session_scope& s, const std::string& name);
+/// Makes `name`'s marker when its lock row is free (one acquire); false when a durable lease
+/// holds it.
+bool mark(session_scope& s, const std::string& name);
+
+}  // namespace dblock::detail::session_lock
