@@ -335,6 +335,20 @@ class vocabulary {
   /// is durable, whatever the session's settings. Empty where every commit is.
   virtual std::string durable_commit() const { return {}; }
   /**
+   * Session leases (capabilities::session_leases, storage/session_lock.hpp); empty elsewhere.
+   * A lock statement: key (the text the server hashes into the lock's key), name, marker (the
+   * owner token of a name's marker row), ttl (ms) -> one row whose first column is the fence
+   * (the marker's plus the fence sequence's next value), 0 when another session holds the
+   * lock, -1 when it was taken but the name has no marker. Granted, the session's idle timeouts
+   * become ttl. `wait`: waits in the server's lock queue (bounded by session_lock_timeout())
+   * instead of trying once, and sets the wait limit back to none.
+   */
+  virtual std::string session_lock(const table_names&, bool /*wait*/) const { return {}; }
+  /// key -> 1 when this session held the lock (given back now), else 0; idle timeouts to none.
+  virtual std::string session_unlock() const { return {}; }
+  /// ms -> sets this session's limit on its next lock wait.
+  virtual std::string session_lock_timeout() const { return {}; }
+  /**
    * Reserves IDs of a generator: `next_id = max(next_id, (now_ms - :epoch_ms) * :per_ms) + :n`
    * on the database clock, for the row `generator = :name`. Yields the new next_id (RETURNING;
    * MySQL: LAST_INSERT_ID() from the OK packet); the reserved IDs are [next_id - n, next_id).

@@ -59,10 +59,12 @@ class sentinel {
       std::thread([this] { loop(); }).detach();
       started_ = true;
     }
-    const bool first = due_.empty() || e->until < due_.begin()->first;
     e->at = due_.emplace(e->until, e);
     e->queued = true;
-    if (first) cv_.notify_one();
+    // Woken only when this deadline comes before the time it sleeps until: most calls arm a
+    // deadline later than one already scheduled (and disarm long before it), and a wake-up per
+    // call would cost every call a context switch.
+    if (e->until < wake_at_) cv_.notify_one();
   }
 
   void remove(armed_connection::entry& e) {
@@ -77,14 +79,18 @@ class sentinel {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
       if (due_.empty()) {
+        wake_at_ = deadline_clock::time_point::max();
         cv_.wait(lk);
+        wake_at_ = deadline_clock::time_point::min();
         continue;
       }
       const auto t = due_.begin()->first;
       const auto now = deadline_clock::now();
       if (now < t) {
         // At most an hour at a time: a far deadline never overflows the wait's conversions.
-        cv_.wait_until(lk, std::min(t, now + std::chrono::hours(1)));
+        wake_at_ = std::min(t, now + std::chrono::hours(1));
+        cv_.wait_until(lk, wake_at_);
+        wake_at_ = deadline_clock::time_point::min();
         continue;
       }
       auto e = due_.begin()->second;
@@ -114,6 +120,9 @@ class sentinel {
   std::mutex mu_;
   std::condition_variable cv_;
   std::multimap<deadline_clock::time_point, std::shared_ptr<armed_connection::entry>> due_;
+  /// When the sentinel wakes by itself (max: not before it is notified; min: it is awake).
+  /// Under mu_.
+  deadline_clock::time_point wake_at_ = deadline_clock::time_point::max();
   bool started_ = false;
 };
 

@@ -1,9 +1,9 @@
-// Internal: the statements of a lease held as a server session lock (PostgreSQL). The
-// exclusion is the session-level advisory lock of a key the server hashes from the table prefix
-// and the name; the fence is the name's marker fence plus the next value of a sequence. A name
-// in session mode has a marker: its lock row, held for good by session_mode_token, so a durable
-// lease of the name is refused while it is in session mode, and its session fences start above
-// every durable fence it had.
+// Internal: a lease held as a server session lock (PostgreSQL; the statements are the dialect's,
+// vocabulary::session_lock() and its neighbours). The exclusion is the session-level advisory
+// lock of a key the server hashes from the table prefix and the name; the fence is the name's
+// marker fence plus the next value of a sequence. A name in session mode has a marker: its lock
+// row, held for good by session_mode_token, so a durable lease of the name is refused while it
+// is in session mode, and its session fences start above every durable fence it had.
 #pragma once
 
 #include <cstdint>

@@ -192,6 +192,14 @@ void row_statements(lock_statements& s, const vocabulary& v, const table_names& 
   s.lock_skip_locked = make("lock_skip_locked", select + v.for_update_skip_locked(), {"name"});
 }
 
+void session_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  if (!s.can.session_leases) return;
+  s.session_try = make("session_try", v.session_lock(t, false), {"key", "name", "marker", "ttl"});
+  s.session_wait = make("session_wait", v.session_lock(t, true), {"key", "name", "marker", "ttl"});
+  s.session_unlock = make("session_unlock", v.session_unlock(), {"key"});
+  s.session_lock_timeout = make("session_lock_timeout", v.session_lock_timeout(), {"ms"});
+}
+
 void admin_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
   s.force_read = make("force_read",
@@ -372,6 +380,7 @@ lock_statements build_lock_statements(const dialect& d, const table_names& t) {
   queue_head_statements(s, d.sql, t);
   row_statements(s, d.sql, t);
   admin_statements(s, d.sql, t);
+  session_statements(s, d.sql, t);
   stock_statements(s, d.sql, t);
   id_statements(s, d.sql, t);
   semaphore_statements(s, d.sql, t);

@@ -45,6 +45,10 @@ struct lock_statements {
   /// table -> 1 when the lock table is durable, 0 when a crash may lose its writes (PostgreSQL:
   /// UNLOGGED). Empty text where it is always durable.
   statement lock_durable;
+  /// Session leases (vocabulary::session_lock() and the next two; empty texts where
+  /// can.session_leases is false): key, name, marker, ttl -> fence, 0 or -1; the same waiting;
+  /// key -> 1 when given back; ms -> the next lock wait's limit.
+  statement session_try, session_wait, session_unlock, session_lock_timeout;
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
   statement durable_commit;
   /// Raises the fence epoch by one -> the new epoch (PostgreSQL; see fence_floor())

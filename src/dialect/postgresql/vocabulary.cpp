@@ -204,4 +204,44 @@ vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) con
   return {"SELECT " + t.prefix + "dblock_check_fence(CAST($1 AS TEXT), CAST($2 AS BIGINT))", false};
 }
 
+// ---- session leases -----------------------------------------------------------------------------
+// The key is the server's 64-bit hash of the text the caller binds (prefix, U+FFFF, name).
+
+namespace {
+const char* const session_key = "hashtextextended(CAST(:key AS TEXT), 0)";
+
+std::string session_fence(const table_names& t) {
+  return "COALESCE((SELECT fence FROM " + t.lock +
+         " WHERE resource_name = :name AND owner_token = :marker AND hold_count > 0) + nextval('" +
+         t.prefix + "session_fence'), -1)";
+}
+
+// The server ends the session (so frees its locks) when it idles past `ttl_text` ms, inside a
+// transaction or not.
+std::string idle_timeouts(const std::string& ttl_text) {
+  return "set_config('idle_session_timeout', " + ttl_text +
+         ", false), set_config('idle_in_transaction_session_timeout', " + ttl_text + ", false)";
+}
+}  // namespace
+
+std::string vocabulary::session_lock(const table_names& t, bool wait) const {
+  if (!wait)
+    return std::string("WITH l AS (SELECT pg_try_advisory_lock(") + session_key +
+           ") AS got) SELECT CASE WHEN got THEN " + session_fence(t) + " ELSE 0 END, " +
+           idle_timeouts("CASE WHEN got THEN CAST(:ttl AS TEXT) ELSE '0' END") + " FROM l";
+  // MATERIALIZED: the lock is taken before the grant's columns are read.
+  return std::string("WITH l AS MATERIALIZED (SELECT pg_advisory_lock(") + session_key +
+         ") AS got) SELECT " + session_fence(t) + ", " + idle_timeouts("CAST(:ttl AS TEXT)") +
+         ", set_config('lock_timeout', '0', false) FROM l";
+}
+
+std::string vocabulary::session_unlock() const {
+  return std::string("SELECT CAST(pg_advisory_unlock(") + session_key + ") AS INTEGER), " +
+         idle_timeouts("'0'");
+}
+
+std::string vocabulary::session_lock_timeout() const {
+  return "SELECT set_config('lock_timeout', CAST(:ms AS TEXT), false)";
+}
+
 }  // namespace dblock::detail::pg
