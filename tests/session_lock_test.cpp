@@ -11,10 +11,12 @@
 #include <chrono>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "dblock/admin.hpp"
 #include "harness.hpp"
 #include "internals.hpp"
 #include "storage/session_lock.hpp"
@@ -358,4 +360,67 @@ DBLOCK_TEST_ONLY("postgresql",
   });
   ctx.db.connect().session() << "SELECT count(*) FROM " + items, soci::into(rows);
   CHECK(rows == 1);
+}
+
+DBLOCK_TEST_ONLY("postgresql",
+                 "session lease: status lists the holding and waiting server sessions; a forced "
+                 "release ends the holder's session and keeps the name in session mode",
+                 "[session_lease][admin][direct]") {
+  const std::string name = unique_name("session-force");
+  const std::string items = ctx.table("session_forced");
+  ctx.exec("CREATE TABLE " + items + " (id INT PRIMARY KEY)");
+  dblock::lease_lock a(ctx.db, name, session_mode());
+  auto ga = a.try_acquire();
+  REQUIRE(ga);
+  std::optional<dblock::lease_guard> gb;
+  std::string waiter_error;
+  std::thread waiter([&] {
+    try {
+      dblock::lease_lock b(ctx.db, name, session_mode());
+      gb.emplace(b.acquire(std::chrono::seconds(20)));
+    } catch (const std::exception& e) {
+      waiter_error = e.what();
+    }
+  });
+  CHECK(eventually([&] { return session_waiters(ctx.db) >= 1; }, std::chrono::seconds(10)));
+  dblock::list_options lo;
+  lo.pattern = name;
+  auto listed = dblock::list_locks(ctx.db, lo);
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].session_mode);
+  CHECK(listed[0].held);
+  CHECK(listed[0].holder_pid > 0);
+  CHECK(listed[0].holder_thread == "session");
+  CHECK(listed[0].waiters == 1);
+  CHECK_FALSE(listed[0].head_waiter.empty());
+
+  const auto f = dblock::force_release(ctx.db, name, "test: stuck holder", "session-test");
+  CHECK(f.was_held);
+  CHECK(f.previous_holder.find(std::to_string(listed[0].holder_pid)) != std::string::npos);
+  waiter.join();  // the server gave the lock to the waiter once the holder's session ended
+  INFO(waiter_error);
+  REQUIRE(gb);
+  CHECK(gb->fence() > ga->fence());
+  // The old holder writes nothing; the name stays in session mode (no row-mode lease beside it).
+  CHECK(dblock::test::code_of([&] {
+          ga->fenced([&](soci::session& sql) { sql << "INSERT INTO " << items << " VALUES (1)"; });
+        }) == dblock::errc::lease_lost);
+  {
+    dblock::lease_lock row_mode(ctx.db, name);
+    CHECK_FALSE(row_mode.try_acquire());
+  }
+  auto history = dblock::recent_forced_releases(ctx.db, 10);
+  REQUIRE_FALSE(history.empty());
+  CHECK(history.front().name == name);
+  CHECK(history.front().was_held);
+  gb->release();
+  // Free now: listed only with include_free, as not held.
+  CHECK(dblock::list_locks(ctx.db, lo).empty());
+  lo.include_free = true;
+  listed = dblock::list_locks(ctx.db, lo);
+  REQUIRE(listed.size() == 1);
+  CHECK_FALSE(listed[0].held);
+  int rows = -1;
+  ctx.db.connect().session() << "SELECT count(*) FROM " + items, soci::into(rows);
+  CHECK(rows == 0);
 }

@@ -149,7 +149,10 @@ std::function<dblock::lease_guard()> handoff_lock(handed kind, const dblock::dat
     case handed::lease:
       break;
   }
-  auto lk = std::make_shared<dblock::lease_lock>(db, "bench/handoff", lo);
+  // A name used in session mode stays in it (its row is the session mode's marker): the session
+  // rows hand over a name of their own.
+  auto lk = std::make_shared<dblock::lease_lock>(
+      db, lo.mode == dblock::lease_mode::session ? "bench/handoff_session" : "bench/handoff", lo);
   return [lk, wait] { return lk->acquire(wait); };
 }
 
@@ -330,6 +333,24 @@ std::vector<row> handoff_rows(backend_ctx& b, const options& o) {
             hold,
         schedule::contended, [seconds, hold_us](backend_ctx* b, int clients, std::ostream&) {
           return handoff_dblock(*b->fast, clients, seconds, hold_us, true, b->wait_options);
+        }));
+  // Session leases (docs/session-leases.md): the waiters queue in the server's own lock queue,
+  // which hands the lock over at the release. A session lock needs a session of its own.
+  if (b.backend == "postgresql" && b.db.options().pooler != dblock::pooler_mode::transaction)
+    ops.push_back(make_row(
+        "dblock.handoff_session", "handoff", "dblock.handoff",
+        "lease_mode::session: waiters in the server's lock queue (FIFO); one database handle per "
+        "client; K=clients-1 waiters; latency from release() start to the next acquire() return "
+        "(p50/p99); ops/s = handoffs/s" +
+            hold,
+        schedule::contended, [seconds, hold_us](backend_ctx* b, int clients, std::ostream&) {
+          auto lo = b->wait_options;
+          lo.mode = dblock::lease_mode::session;
+          result r = handoff_dblock(*b, clients, seconds, hold_us, true, lo);
+          char extra[64];
+          std::snprintf(extra, sizeof extra, "; max/mean wait %.2f", r.fairness.value_or(0));
+          r.note = extra;
+          return r;
         }));
   // LISTEN needs a session of its own.
   if (b.backend == "postgresql" && b.db.options().pooler != dblock::pooler_mode::transaction)

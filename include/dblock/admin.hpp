@@ -35,6 +35,15 @@ struct lock_info {
   std::string head_waiter;
   /// How long the longest waiting acquire has been queued (database clock).
   std::chrono::microseconds oldest_wait{0};
+  /**
+   * The name is in session mode (lease_mode::session, docs/session-leases.md): its row is the
+   * name's marker (owner_token all zeros, fence the marker's: the holder's fence is above it).
+   * `held`, holder_host (the client's address) and holder_pid (the server's process id) are
+   * those of the server session holding the lock, holder_thread is "session", acquired_at and
+   * expires_at are the marker's; waiters, head_waiter and oldest_wait are the server sessions
+   * waiting in the server's lock queue.
+   */
+  bool session_mode = false;
 };
 
 /// Which rows list_locks() returns.
@@ -76,6 +85,10 @@ struct forced_release {
  * it), replaces the owner token and ends the lease, so the old holder's renew, release and
  * fenced() fail with errc::lease_lost. Records who, when and why in `<prefix>resource_lock_audit`.
  * Never retried internally: a second attempt would bump the fence and write the audit twice.
+ *
+ * A name in session mode (lease_mode::session, docs/session-leases.md) is freed by ending the
+ * server session that holds its lock (waiting up to 5 s for it to go); its marker row stays, so
+ * new_fence is the marker's fence and the next grant's fence is above every earlier one.
  *
  * Thread-safety: safe to call concurrently; each call uses its own pooled connection, and calls
  * on one name take turns on its row lock (each one bumps the fence).

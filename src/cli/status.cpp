@@ -42,6 +42,7 @@ void print_status_json(const dblock::database& db, const std::vector<dblock::loc
   j["locks"] = nlohmann::json::array();
   for (const auto& l : locks) {
     j["locks"].push_back({{"name", l.name},
+                          {"mode", l.session_mode ? "session" : "row"},
                           {"held", l.held},
                           {"holder", l.holder_host + ":" + std::to_string(l.holder_pid)},
                           {"holder_thread", l.holder_thread},
@@ -94,9 +95,12 @@ void print_status_table(const dblock::database& db, const std::vector<dblock::lo
     std::cout << std::left << std::setw(static_cast<int>(w)) << display_name(l.name).substr(0, 60)
               << "  " << std::setw(28)
               << (l.holder_host + ":" + std::to_string(l.holder_pid)).substr(0, 28) << std::right
-              << std::setw(10) << l.fence << std::setw(12) << (human(ago) + " ago") << std::setw(12)
-              << (l.held ? human(l.expires_in) : std::string("free")) << std::setw(6)
-              << l.hold_count << std::setw(9) << l.waiters << std::setw(12)
+              << std::setw(10) << l.fence << std::setw(12)
+              << (l.session_mode ? std::string("-") : human(ago) + " ago") << std::setw(12)
+              << (l.session_mode && l.held ? std::string("session")
+                  : l.held                 ? human(l.expires_in)
+                                           : std::string("free"))
+              << std::setw(6) << l.hold_count << std::setw(9) << l.waiters << std::setw(12)
               << (l.waiters ? human(l.oldest_wait) : std::string("-")) << "  "
               << (l.waiters ? l.head_waiter : std::string("-")) << "\n";
   }

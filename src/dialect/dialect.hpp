@@ -289,9 +289,8 @@ class vocabulary {
   }
   /// Condition "column matches the bound pattern :param" (case-sensitive).
   virtual std::string name_pattern(const std::string& column, const std::string& param) const;
-  /// `column` compared byte by byte. MySQL's names are VARBINARY and SQLite's BINARY already;
-  /// PostgreSQL's are `COLLATE "C"` since migration 0013, and says so in the expression, so that
-  /// a range of names stays right (only slower) on a schema not yet migrated.
+  /// `column` compared byte by byte (MySQL's VARBINARY and SQLite's BINARY names are; PostgreSQL
+  /// says `COLLATE "C"`, which migration 0013's index serves).
   virtual std::string bytewise(const std::string& column) const { return column; }
   /// Turns a shell-style pattern (`*`, `?`) into the value bound for name_pattern().
   virtual std::string name_pattern_value(const std::string& glob) const;
@@ -317,37 +316,26 @@ class vocabulary {
   /// Condition: a live entry of :name's fair queue below :ticket waits that is not an entry of
   /// `owner` (the lock row's owner_token as the acquire statement names it).
   std::string queue_ahead(const table_names&, const std::string& owner) const;
-  /// Fast leases (docs/fast-leases.md): a query (parameter `table`, the lock table's name) giving
-  /// 1 when the lock table is durable, 0 when a crash loses its writes (PostgreSQL: UNLOGGED).
-  /// Empty where it is always durable.
+  /// Fast leases (docs/fast-leases.md): `table` (the lock table's name) -> 1 when it is durable,
+  /// 0 when a crash loses its writes (PostgreSQL: UNLOGGED). Empty where it is always durable.
   virtual std::string lock_table_durable() const { return {}; }
-  /// True where the lock table has no expiry index (PostgreSQL, migration 0010: lease writes
-  /// stay HOT updates): the reaper then walks it in primary-key order, batch after batch.
+  /// True where the lock table has no expiry index (PostgreSQL, migration 0010: HOT lease
+  /// writes): the reaper walks it in primary-key order.
   virtual bool reap_in_key_order() const { return false; }
   /// The DDL making the lock table non-durable (`fast`) or durable again; empty where the
   /// backend has no such table (see no_fast_leases()).
   virtual std::string set_lock_table_durability(const table_names&, bool /*fast*/) const {
     return {};
   }
-  /// Why the backend has no fast lease mode (set_lock_table_durability() is empty).
-  virtual std::string no_fast_leases() const { return {}; }
-  /// Inside a write transaction: a statement that makes its COMMIT wait until the transaction
-  /// is durable, whatever the session's settings. Empty where every commit is.
+  virtual std::string no_fast_leases() const { return {}; }  ///< why there is no fast mode
+  /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does).
   virtual std::string durable_commit() const { return {}; }
-  /**
-   * Session leases (capabilities::session_leases, storage/session_lock.hpp); empty elsewhere.
-   * A lock statement: key (the text the server hashes into the lock's key), name, marker (the
-   * owner token of a name's marker row), ttl (ms) -> one row whose first column is the fence
-   * (the marker's plus the fence sequence's next value), 0 when another session holds the
-   * lock, -1 when it was taken but the name has no marker. Granted, the session's idle timeouts
-   * become ttl. `wait`: waits in the server's lock queue (bounded by session_lock_timeout())
-   * instead of trying once, and sets the wait limit back to none.
-   */
-  virtual std::string session_lock(const table_names&, bool /*wait*/) const { return {}; }
-  /// key -> 1 when this session held the lock (given back now), else 0; idle timeouts to none.
-  virtual std::string session_unlock() const { return {}; }
-  /// ms -> sets this session's limit on its next lock wait.
-  virtual std::string session_lock_timeout() const { return {}; }
+  /// Session leases (capabilities::session_leases): the texts of lock_statements::session_try
+  /// and the next ones (storage/statements.hpp, which says what each does); empty elsewhere.
+  struct session_texts {
+    std::string try_lock, wait_lock, lock_timeout, unlock, sessions, end;
+  };
+  virtual session_texts session_leases(const table_names&) const { return {}; }
   /**
    * Reserves IDs of a generator: `next_id = max(next_id, (now_ms - :epoch_ms) * :per_ms) + :n`
    * on the database clock, for the row `generator = :name`. Yields the new next_id (RETURNING;
@@ -498,13 +486,10 @@ const dialect& sqlite_dialect();
 
 /// The dialect for a URL scheme; throws errc::invalid_argument for an unknown scheme.
 const dialect& dialect_for_scheme(const std::string& scheme);
-
 /// Builds the names of dblock's tables for a prefix (validated here).
 table_names make_table_names(const std::string& prefix);
-
 /// Replaces "{{prefix}}" in migration text.
 std::string apply_prefix(const std::string& sql, const std::string& prefix);
-
 /// Splits a migration file into statements (a statement ends with ';' at the end of a line).
 std::vector<std::string> split_statements(const std::string& sql);
 

@@ -109,7 +109,8 @@ struct lease_lock::impl {
   std::optional<lease_guard> session_reentry();
   lease_guard session_granted(std::unique_ptr<detail::session_scope> s, std::int64_t fence,
                               detail::steady::time_point sent);
-  lease_guard session_wait(detail::steady::time_point deadline, const cancellation& cancel);
+  lease_guard session_wait(detail::steady::time_point deadline, const cancellation& cancel,
+                           detail::acquire_call& call);
   /// The connection a session lease's grant pins (set just before granted(), which moves it
   /// into the lease's state before its watchdog starts).
   std::unique_ptr<detail::session_scope> pinning;

@@ -165,8 +165,8 @@ std::optional<lease_guard> lease_lock::impl::session_attempt() {
   }
 }
 
-lease_guard lease_lock::impl::session_wait(steady::time_point deadline,
-                                           const cancellation& cancel) {
+lease_guard lease_lock::impl::session_wait(steady::time_point deadline, const cancellation& cancel,
+                                           detail::acquire_call& call) {
   session_checks();
   const auto start = steady::now();
   const std::string what = "acquire lease '" + detail::printable(name) + "'";
@@ -183,6 +183,8 @@ lease_guard lease_lock::impl::session_wait(steady::time_point deadline,
                                       "the wait of " + detail::wait_text(start, deadline));
     if (auto g = session_attempt()) return std::move(*g);
   }
+  call.refused();
+  call.waits();
   const auto& dbi = detail::access::impl(db);
   const detail::call_deadline bound(deadline, "the wait of " + detail::wait_text(start, deadline));
   for (;;) {

@@ -9,6 +9,7 @@
 #include "dialect/doorbell.hpp"
 #include "kinds/followers.hpp"
 #include "storage/lock_table.hpp"
+#include "storage/session_lock.hpp"
 #include "storage/wait_queue.hpp"
 #include "storage/write_scope.hpp"
 #include "wake/ring.hpp"
@@ -46,6 +47,40 @@ bool glob_match(const std::string& pattern, const std::string& name) {
 
 }  // namespace
 
+namespace {
+
+// Names in session mode (their row is the marker): the holder and the waiters are server
+// sessions, read from the server's lock table. Without include_free, a name nobody holds goes.
+void describe_sessions(session_scope& s, std::vector<lock_info>& rows, bool include_free) {
+  for (auto& li : rows) {
+    if (!detail::session_lock::is_marker(li.owner_token)) continue;
+    li.session_mode = true;
+    li.held = false;
+    li.hold_count = 0;
+    li.holder_host.clear();
+    li.holder_pid = 0;
+    li.holder_thread = "session";
+    li.expires_in = std::chrono::microseconds(0);
+    for (const auto& x : detail::session_lock::sessions(s, li.name)) {
+      if (x.holds) {
+        li.held = true;
+        li.hold_count = 1;
+        li.holder_host = x.client;
+        li.holder_pid = x.pid;
+      } else if (li.waiters++ == 0) {
+        li.head_waiter = x.client + ":" + std::to_string(x.pid);
+        li.oldest_wait = std::chrono::microseconds(x.now_us - x.since_us);
+      }
+    }
+  }
+  if (!include_free)
+    rows.erase(std::remove_if(rows.begin(), rows.end(),
+                              [](const lock_info& li) { return li.session_mode && !li.held; }),
+               rows.end());
+}
+
+}  // namespace
+
 std::vector<lock_info> list_locks(const database& db, const list_options& o) {
   if (o.limit < 1 || o.limit > 100000)
     throw error(errc::invalid_argument, "list_locks: limit must be 1..100000");
@@ -53,6 +88,7 @@ std::vector<lock_info> list_locks(const database& db, const list_options& o) {
   detail::validate_text(o.pattern, "list_locks pattern");
   return detail::with_session(access::impl(db), "list locks", [&](session_scope& s) {
     auto rows = detail::lock_table::list(s, o);
+    if (s.statements().can.session_leases) describe_sessions(s, rows, o.include_free);
     std::map<std::string, std::size_t> by_name;
     for (std::size_t i = 0; i < rows.size(); ++i)
       by_name[rows[i].name] = i;

@@ -4,6 +4,7 @@
 #include <random>
 #include <utility>
 
+#include "storage/session_lock.hpp"
 #include "storage/write_scope.hpp"
 
 namespace dblock::detail::lock_table {
@@ -292,6 +293,31 @@ std::vector<lock_info> list(session_scope& s, const list_options& o) {
   return out;
 }
 
+namespace {
+
+// A name in session mode (its row is the marker): its holder is a server session, which is ended,
+// and its lock with it. The marker stays (the name stays in session mode, and the next grant's
+// fence is above every earlier one: new_fence is the marker's).
+void force_session(session_scope& s, forced_release& f) {
+  f.new_fence = f.previous_fence;
+  f.was_held = false;
+  f.previous_holder.clear();
+  for (const auto& h : session_lock::sessions(s, f.name)) {
+    if (!h.holds) continue;
+    f.previous_holder = h.client + ":" + std::to_string(h.pid) + " (server session)";
+    if (!session_lock::end_session(s, h.pid))
+      throw error(errc::backend_error, "force release of '" + f.name +
+                                           "': its holding server session " +
+                                           std::to_string(h.pid) + " did not end within 5 s");
+    f.was_held = true;
+  }
+  s.run(s.statements().audit_insert,
+        {f.name, static_cast<long long>(f.new_fence), static_cast<long long>(f.previous_fence),
+         f.previous_owner, f.previous_holder, f.was_held ? 1LL : 0LL, f.forced_by, f.reason});
+}
+
+}  // namespace
+
 forced_release force(session_scope& s, const std::string& name, const std::string& reason,
                      const std::string& forced_by) {
   const lock_statements& t = s.statements();
@@ -309,6 +335,10 @@ forced_release force(session_scope& s, const std::string& name, const std::strin
   const long long expires = r.integer(0, 5), now = r.integer(0, 6);
   f.was_held = r.integer(0, 2) > 0 && expires > now;
   f.at = from_us(now);
+  if (t.can.session_leases && session_lock::is_marker(f.previous_owner)) {
+    force_session(s, f);
+    return f;
+  }
   s.run(t.force_update, {forced_token(), name});
   s.run(t.audit_insert,
         {name, static_cast<long long>(f.new_fence), static_cast<long long>(f.previous_fence),

@@ -48,6 +48,19 @@ bool unlock(session_scope& s, const std::string& name) {
   return s.run(s.statements().session_unlock, {key_text(s, name)}).integer(0, 0) == 1;
 }
 
+std::vector<server_session> sessions(session_scope& s, const std::string& name) {
+  const sql_result r = s.run(s.statements().session_sessions, {key_text(s, name)});
+  std::vector<server_session> out;
+  for (std::size_t i = 0; i < r.rows.size(); ++i)
+    out.push_back(
+        {r.integer(i, 0), r.text(i, 1), r.integer(i, 2) == 1, r.integer(i, 3), r.integer(i, 4)});
+  return out;
+}
+
+bool end_session(session_scope& s, std::int64_t pid) {
+  return s.run(s.statements().session_end, {static_cast<long long>(pid)}).integer(0, 0) == 1;
+}
+
 bool mark(session_scope& s, const std::string& name) {
   // A marker is a lease of the session mode that does not run out (about a century).
   const std::int64_t century_us = 100LL * 366 * 24 * 3600 * 1000000;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "storage/session.hpp"
 
@@ -37,6 +38,21 @@ tried wait_lock(session_scope& s, const std::string& name, std::int64_t ttl_ms);
 /// Gives the session lock of `name` back and the idle timeouts to none; false when this session
 /// did not hold it.
 bool unlock(session_scope& s, const std::string& name);
+/// A server session holding or waiting for the session lock of a name.
+struct server_session {
+  std::int64_t pid = 0;                   ///< the server's process id
+  std::string client;                     ///< its client's address ("local": a Unix socket)
+  bool holds = false;                     ///< holds the lock (else waits for it)
+  std::int64_t since_us = 0, now_us = 0;  ///< start of its statement; the database's now
+};
+/// The sessions holding, then waiting for, the session lock of `name` (waiters by arrival).
+std::vector<server_session> sessions(session_scope& s, const std::string& name);
+/// Ends the server session `pid` (and so its locks); true once it is gone.
+bool end_session(session_scope& s, std::int64_t pid);
+/// True when `owner_token` is a marker's: the name is in session mode.
+inline bool is_marker(const std::string& owner_token) {
+  return owner_token == session_mode_token;
+}
 /// Makes `name`'s marker when its lock row is free (one acquire); false when a durable lease
 /// holds it.
 bool mark(session_scope& s, const std::string& name);

@@ -194,10 +194,13 @@ void row_statements(lock_statements& s, const vocabulary& v, const table_names& 
 
 void session_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   if (!s.can.session_leases) return;
-  s.session_try = make("session_try", v.session_lock(t, false), {"key", "name", "marker", "ttl"});
-  s.session_wait = make("session_wait", v.session_lock(t, true), {"key", "name", "marker", "ttl"});
-  s.session_unlock = make("session_unlock", v.session_unlock(), {"key"});
-  s.session_lock_timeout = make("session_lock_timeout", v.session_lock_timeout(), {"ms"});
+  const auto x = v.session_leases(t);
+  s.session_try = make("session_try", x.try_lock, {"key", "name", "marker", "ttl"});
+  s.session_wait = make("session_wait", x.wait_lock, {"key", "name", "marker", "ttl"});
+  s.session_lock_timeout = make("session_lock_timeout", x.lock_timeout, {"ms"});
+  s.session_unlock = make("session_unlock", x.unlock, {"key"});
+  s.session_sessions = make("session_sessions", x.sessions, {"key"});
+  s.session_end = make("session_end", x.end, {"pid"});
 }
 
 void admin_statements(lock_statements& s, const vocabulary& v, const table_names& t) {

@@ -45,10 +45,22 @@ struct lock_statements {
   /// table -> 1 when the lock table is durable, 0 when a crash may lose its writes (PostgreSQL:
   /// UNLOGGED). Empty text where it is always durable.
   statement lock_durable;
-  /// Session leases (vocabulary::session_lock() and the next two; empty texts where
-  /// can.session_leases is false): key, name, marker, ttl -> fence, 0 or -1; the same waiting;
-  /// key -> 1 when given back; ms -> the next lock wait's limit.
-  statement session_try, session_wait, session_unlock, session_lock_timeout;
+  // ---- session leases (vocabulary::session_lock() and the next ones; PostgreSQL) -------------
+  /// key (the text the server hashes into the lock's key), name, marker (a marker row's owner
+  /// token), ttl (ms) -> the fence (the marker's plus the fence sequence's next value), 0 when
+  /// another session holds the lock, -1 when taken but the name has no marker (given back);
+  /// granted, the session's idle timeouts become ttl.
+  statement session_try;
+  /// The same, waiting in the server's lock queue up to the limit session_lock_timeout (ms) set;
+  /// the limit back to none after.
+  statement session_wait, session_lock_timeout;
+  /// key -> 1 when this session held the lock (given back now); idle timeouts off.
+  statement session_unlock;
+  /// key -> one row per server session holding or waiting for the lock, holders first, waiters
+  /// by arrival: pid, client address, 1 when holding, its statement's start (µs), now (µs).
+  statement session_sessions;
+  /// pid -> 1 once that server session ended (waiting up to 5 s).
+  statement session_end;
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
   statement durable_commit;
   /// Raises the fence epoch by one -> the new epoch (PostgreSQL; see fence_floor())

@@ -218,9 +218,7 @@ class vocabulary final : public detail::vocabulary {
   std::string durable_commit() const override {
     return "SET LOCAL synchronous_commit = remote_apply";
   }
-  std::string session_lock(const table_names& t, bool wait) const override;
-  std::string session_unlock() const override;
-  std::string session_lock_timeout() const override;
+  session_texts session_leases(const table_names& t) const override;
   bool reap_in_key_order() const override { return true; }
   std::string bytewise(const std::string& column) const override {
     return column + " COLLATE \"C\"";

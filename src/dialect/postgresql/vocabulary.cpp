@@ -224,24 +224,33 @@ std::string idle_timeouts(const std::string& ttl_text) {
 }
 }  // namespace
 
-std::string vocabulary::session_lock(const table_names& t, bool wait) const {
-  if (!wait)
-    return std::string("WITH l AS (SELECT pg_try_advisory_lock(") + session_key +
-           ") AS got) SELECT CASE WHEN got THEN " + session_fence(t) + " ELSE 0 END, " +
-           idle_timeouts("CASE WHEN got THEN CAST(:ttl AS TEXT) ELSE '0' END") + " FROM l";
+vocabulary::session_texts vocabulary::session_leases(const table_names& t) const {
+  session_texts x;
+  x.try_lock = std::string("WITH l AS (SELECT pg_try_advisory_lock(") + session_key +
+               ") AS got) SELECT CASE WHEN got THEN " + session_fence(t) + " ELSE 0 END, " +
+               idle_timeouts("CASE WHEN got THEN CAST(:ttl AS TEXT) ELSE '0' END") + " FROM l";
   // MATERIALIZED: the lock is taken before the grant's columns are read.
-  return std::string("WITH l AS MATERIALIZED (SELECT pg_advisory_lock(") + session_key +
-         ") AS got) SELECT " + session_fence(t) + ", " + idle_timeouts("CAST(:ttl AS TEXT)") +
-         ", set_config('lock_timeout', '0', false) FROM l";
-}
-
-std::string vocabulary::session_unlock() const {
-  return std::string("SELECT CAST(pg_advisory_unlock(") + session_key + ") AS INTEGER), " +
-         idle_timeouts("'0'");
-}
-
-std::string vocabulary::session_lock_timeout() const {
-  return "SELECT set_config('lock_timeout', CAST(:ms AS TEXT), false)";
+  x.wait_lock = std::string("WITH l AS MATERIALIZED (SELECT pg_advisory_lock(") + session_key +
+                ") AS got) SELECT " + session_fence(t) + ", " +
+                idle_timeouts("CAST(:ttl AS TEXT)") +
+                ", set_config('lock_timeout', '0', false) FROM l";
+  x.lock_timeout = "SELECT set_config('lock_timeout', CAST(:ms AS TEXT), false)";
+  x.unlock = std::string("SELECT CAST(pg_advisory_unlock(") + session_key + ") AS INTEGER), " +
+             idle_timeouts("'0'");
+  // pg_locks shows a 64-bit advisory key as its high and low 32 bits (classid, objid) with
+  // objsubid 1.
+  x.sessions = std::string("WITH k AS (SELECT ") + session_key +
+               " AS v) SELECT l.pid, COALESCE(host(a.client_addr), 'local'), CAST(l.granted AS "
+               "INTEGER), " +
+               epoch_us("COALESCE(a.query_start, clock_timestamp())") + ", " +
+               epoch_us("clock_timestamp()") +
+               " FROM k JOIN pg_locks l ON l.classid = CAST((k.v >> 32) & 4294967295 AS oid) AND "
+               "l.objid = CAST(k.v & 4294967295 AS oid) LEFT JOIN pg_stat_activity a ON a.pid = "
+               "l.pid WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.database = (SELECT "
+               "oid FROM pg_database WHERE datname = current_database()) ORDER BY l.granted DESC, "
+               "a.query_start";
+  x.end = "SELECT CAST(pg_terminate_backend(CAST(:pid AS INTEGER), 5000) AS INTEGER)";
+  return x;
 }
 
 }  // namespace dblock::detail::pg
