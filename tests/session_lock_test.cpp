@@ -424,3 +424,24 @@ DBLOCK_TEST_ONLY("postgresql",
   ctx.db.connect().session() << "SELECT count(*) FROM " + items, soci::into(rows);
   CHECK(rows == 0);
 }
+
+DBLOCK_TEST("session mode: the other kinds refuse it, with the reason", "[session_lease]") {
+  const auto o = session_mode();
+  auto refused = [](const std::function<void()>& make) {
+    try {
+      make();
+    } catch (const dblock::error& e) {
+      INFO(e.what());
+      return e.code() == dblock::errc::invalid_argument &&
+             std::string(e.what()).find("lease_mode::session") != std::string::npos;
+    }
+    return false;
+  };
+  CHECK(refused([&] { dblock::semaphore(ctx.db, unique_name("s"), 2, o); }));
+  CHECK(refused([&] { dblock::rwlock(ctx.db, unique_name("rw"), o); }));
+  CHECK(refused([&] { dblock::lock_set(ctx.db, {unique_name("a"), unique_name("b")}, o); }));
+  CHECK(refused([&] { dblock::election(ctx.db, unique_name("e"), "me", o); }));
+  // The control: the same kinds in row mode are made.
+  CHECK_FALSE(refused([&] { dblock::semaphore(ctx.db, unique_name("s"), 2); }));
+  CHECK_FALSE(refused([&] { dblock::rwlock(ctx.db, unique_name("rw")); }));
+}

@@ -35,7 +35,8 @@ enum class lease_mode {
    * for the hold and its server session holds a session-level advisory lock; the fence comes
    * from a sequence in the same statement; the server ends the session, and so frees the lock,
    * when it stays idle past the TTL; waits queue in the server in arrival order. Refused with
-   * errc::invalid_argument on MySQL/MariaDB, SQLite and behind a transaction-mode pooler.
+   * errc::invalid_argument on MySQL/MariaDB, SQLite and behind a transaction-mode pooler, and by
+   * the other kinds (semaphore, rwlock, lock_set, election).
    */
   session,
 };

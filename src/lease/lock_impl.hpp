@@ -118,6 +118,15 @@ struct lease_lock::impl {
 
 namespace detail {
 
+/// Session mode (lease_mode::session) is a lease_lock's alone for now: every other kind (its
+/// permits, readers, members or leadership) refuses it, with errc::invalid_argument naming
+/// `what`.
+inline void refuse_session_mode(const lease_options& o, const std::string& what) {
+  if (o.mode == lease_mode::session)
+    throw error(errc::invalid_argument,
+                what + ": lease_mode::session is for lease_lock only (docs/session-leases.md)");
+}
+
 /// The one gate through which the lock kinds (src/kinds/) reach a lease's internals: a lock on
 /// an internal name (U+FFFF suffixes, which users cannot name) and a guard's state. A new kind
 /// needs no friend declaration in lease_lock.hpp.
