@@ -295,11 +295,12 @@ DBLOCK_TEST("cli status --json: the documented shape", "[cli]") {
   REQUIRE(j["locks"].size() == 1);
   const auto& l = j["locks"][0];
   REQUIRE(l.is_object());
-  for (const char* key : {"name", "held", "holder", "fence", "hold_count", "acquired_at",
+  for (const char* key : {"name", "mode", "held", "holder", "fence", "hold_count", "acquired_at",
                           "expires_at", "expires_in_ms", "owner_token", "holder_thread", "waiters",
                           "head_waiter", "oldest_wait_ms"})
     CHECK(l.contains(key));
-  CHECK(l.size() == 13);
+  CHECK(l.size() == 14);
+  CHECK(l.value("mode", "") == "row");
   CHECK(l.value("waiters", -1) == 0);
   CHECK(l.value("name", "") == "json/held");
   CHECK(l.value("held", false));
