@@ -105,14 +105,15 @@ std::optional<detail::session_lock::tried> wait_watched(detail::session_scope& s
 
 void lease_lock::impl::session_checks() const {
   const auto& dbi = detail::access::impl(db);
-  const std::string what = "lease '" + detail::printable(name) + "'";
+  // The messages are built only when thrown: this runs on every acquire.
+  auto what = [&] { return "lease '" + detail::printable(name) + "'"; };
   if (!dbi->statements.can.session_leases)
     throw error(errc::invalid_argument,
-                what + ": lease_mode::session needs PostgreSQL (" + dbi->backend +
+                what() + ": lease_mode::session needs PostgreSQL (" + dbi->backend +
                     " has no session lock with a server-enforced idle timeout here yet)");
   if (db.options().pooler == pooler_mode::transaction)
     throw error(errc::invalid_argument,
-                what +
+                what() +
                     ": lease_mode::session cannot work behind a transaction-mode pooler (a "
                     "session lock lives in one server session); use a direct URL");
 }
@@ -138,7 +139,7 @@ std::optional<lease_guard> lease_lock::impl::session_attempt() {
   session_checks();
   if (auto g = session_reentry()) return g;
   const auto& dbi = detail::access::impl(db);
-  const std::string what = "acquire lease '" + detail::printable(name) + "' (session mode)";
+  auto what = [&] { return "acquire lease '" + detail::printable(name) + "' (session mode)"; };
   auto s = dbi->lease(dbi);  // armed with the call's deadline
   const auto sent = steady::now();
   try {
@@ -150,7 +151,7 @@ std::optional<lease_guard> lease_lock::impl::session_attempt() {
       }
       r = detail::session_lock::try_lock(*s, name, options.ttl.count());
     }
-    if (s->deadline_fired()) throw error(errc::timeout, what + ": " + s->deadline_cause());
+    if (s->deadline_fired()) throw error(errc::timeout, what() + ": " + s->deadline_cause());
     if (r.kind != detail::session_lock::tried::granted) {
       dbi->refused_tries.fetch_add(1, std::memory_order_relaxed);
       return std::nullopt;
@@ -158,7 +159,7 @@ std::optional<lease_guard> lease_lock::impl::session_attempt() {
     return session_granted(std::move(s), r.fence, sent);
   } catch (const soci::soci_error&) {
     s->mark_broken();  // whatever the session may hold ends with it
-    throw s->failure(what);
+    throw s->failure(what());
   } catch (...) {
     s->mark_broken();
     throw;
