@@ -100,11 +100,13 @@ std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
   sqlite3_extended_result_codes(db, 1);
   sqlite3_create_function(db, "dblock_now_us", 0, SQLITE_UTF8, nullptr, now_us_fn, nullptr,
                           nullptr);
-  std::string mode;
-  sql << "PRAGMA journal_mode=WAL", soci::into(mode);
+  // The busy handler comes first: opening a database that another connection is checkpointing
+  // (the last one to close a WAL database does) is SQLITE_BUSY on the first statement.
   auto st = std::make_unique<state>(db);
   st->busy_ms = o.sqlite_busy_timeout.count();
   sqlite3_busy_handler(db, busy_wait, st.get());
+  std::string mode;
+  sql << "PRAGMA journal_mode=WAL", soci::into(mode);
   sql << "PRAGMA synchronous", soci::into(st->synchronous);
   st->wal = mode == "wal";
   return st;
