@@ -159,7 +159,9 @@ lease_guard rwlock::acquire_shared_until(steady_clock::time_point deadline,
   deadline = std::max(deadline, steady_clock::now());  // time_point::min(): no overflow below
   impl_->reader_rows();  // a name too long for readers: refused before any wait
   const auto& dbi = detail::access::impl(impl_->db);
-  detail::queue_wait w(dbi, impl_->name, "read " + impl_->what(), impl_->options, deadline, cancel);
+  const std::string timeout_text = "a writer held or waited on it for";
+  detail::queue_wait w(dbi, impl_->name, "read " + impl_->what(), impl_->options, deadline, cancel,
+                       timeout_text);
   std::optional<lease_guard> got;
   w.run(
       [&](std::int64_t ticket, long long& limit_us) {
@@ -173,7 +175,7 @@ lease_guard rwlock::acquire_shared_until(steady_clock::time_point deadline,
         if (ticket) detail::queue_wait::ring_head(dbi, impl_->name, w.token());
         return true;
       },
-      nullptr, "a writer held or waited on it for");
+      nullptr);
   return std::move(*got);
 }
 
@@ -200,7 +202,7 @@ lease_guard rwlock::acquire_until(steady_clock::time_point deadline, const cance
   std::string still_in = "reader(s) still in after";  // the timeout's words, with the count
   for (;;) {
     detail::queue_wait w(detail::access::impl(impl_->db), impl_->readers->queue_name(),
-                         "write " + impl_->what(), drain, deadline, cancel);
+                         "write " + impl_->what(), drain, deadline, cancel, still_in);
     w.run(
         [&](std::int64_t, long long& limit_us) {
           const auto [n, next_expiry_us] = impl_->readers_in();
@@ -208,7 +210,7 @@ lease_guard rwlock::acquire_until(steady_clock::time_point deadline, const cance
           limit_us = next_expiry_us;
           return n == 0;
         },
-        nullptr, still_in);
+        nullptr);
     if (g.valid()) return g;
     g = impl_->writer.acquire_until(deadline, cancel);  // it ran out while we waited: again
   }

@@ -251,8 +251,9 @@ lease_guard semaphore::wait_until(detail::acquire_call& call, steady_clock::time
   // any of its permits.
   impl_->declare();
   const auto& dbi = detail::access::impl(impl_->db);
+  const std::string timeout_text = "none within";
   detail::queue_wait w(dbi, impl_->queue, "acquire a permit of " + impl_->what(), impl_->options,
-                       deadline, cancel);
+                       deadline, cancel, timeout_text);
   std::optional<lease_guard> got;
   w.run(
       [&](std::int64_t ticket, long long& limit_us) {
@@ -262,7 +263,7 @@ lease_guard semaphore::wait_until(detail::acquire_call& call, steady_clock::time
         if (got && ticket && !detail::wait_queue::exit_deferred(*dbi)) w.entry_deleted();
         return got.has_value();
       },
-      [&] { call.waits(); }, "none within");
+      [&] { call.waits(); });
   return std::move(*got);
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "lease/lock_impl.hpp"
 #include "storage/deadline.hpp"
@@ -17,26 +18,86 @@ using std::chrono::microseconds;
 using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 
+namespace {
+
+steady::time_point bound_of(steady::time_point deadline, const lease_options& o) {
+  if (deadline == steady::time_point::max()) return deadline;
+  return std::max(deadline, steady::now() + std::min<milliseconds>(std::chrono::seconds(1),
+                                                                   o.ttl - o.safety_margin));
+}
+
+// A lost connection, a server that cannot be reached, or an acquire whose reply was lost and
+// whose outcome could not be read back (tried again with the same owner token, it takes what it
+// waits for or finds it has it; a hold the lost reply may have added runs out at the TTL).
+bool rides_out(const error& e) {
+  return e.code() == errc::connection_failed || e.code() == errc::connection_lost ||
+         e.code() == errc::in_doubt;
+}
+
+// The kinds whose try is one function (queue_wait::attempt_fn).
+class attempt_policy final : public wait_policy {
+ public:
+  attempt_policy(const queue_wait::attempt_fn& attempt, const std::function<void()>& on_wait,
+                 const lease_options& o)
+      : attempt_(attempt), on_wait_(on_wait), o_(o) {}
+  bool first_try(queue_wait& w) override {
+    round_ = 0;
+    limit_us_ = -1;
+    return (!o_.fair || w.at_front()) && attempt_(0, limit_us_);
+  }
+  void on_wait() override {
+    if (on_wait_ && !std::exchange(waited_, true)) on_wait_();
+  }
+  bool round(queue_wait& w, bool rung, nanoseconds& sleep) override {
+    if (rung) round_ = 0;
+    w.check();
+    const bool live = w.entry()->live();  // before the try: a later release will ring
+    if ((!o_.fair || w.at_front()) && attempt_(w.ticket(), limit_us_)) return true;
+    // Asleep until a release rings or, as the safety net, the holder's expiry or poll_max
+    // (with jittered backoff while rings cannot be relied on).
+    sleep = live ? poll_ceiling(o_) : poll_backoff(o_, round_++);
+    if (limit_us_ >= 0)
+      sleep = std::min<nanoseconds>(sleep, microseconds(limit_us_) + milliseconds(1));
+    if (const auto r = w.joined_recheck(live)) sleep = std::min<nanoseconds>(sleep, *r);
+    return false;
+  }
+
+ private:
+  const queue_wait::attempt_fn& attempt_;
+  const std::function<void()>& on_wait_;
+  const lease_options& o_;
+  int round_ = 0;
+  long long limit_us_ = -1;
+  bool waited_ = false;  // on_wait_ ran
+};
+
+}  // namespace
+
 queue_wait::queue_wait(std::shared_ptr<database_impl> db, std::string queue, std::string what,
                        const lease_options& options, steady::time_point deadline,
-                       const cancellation& cancel)
+                       const cancellation& cancel, const std::string& timeout_text,
+                       std::int64_t grant_ttl_us)
     : db_(std::move(db)),
       queue_(std::move(queue)),
       what_(std::move(what)),
+      timeout_text_(timeout_text),
       o_(options),
       deadline_(deadline),
       cancel_(cancel),
-      bound_(deadline == steady::time_point::max()
-                 ? steady::time_point::max()
-                 : std::max(deadline, steady::now() + std::min<milliseconds>(
-                                                          std::chrono::seconds(1),
-                                                          options.ttl - options.safety_margin)),
-             "the wait of " + what_),
-      token_(new_owner_token()) {}
+      bound_until_(bound_of(deadline, options)),
+      bound_(bound_until_, bound_text()),
+      token_(new_owner_token()),
+      grant_ttl_us_(grant_ttl_us) {}
 
 queue_wait::~queue_wait() {
   const resolution_time grace;  // leaving the queue after the deadline: briefly
   leave();
+}
+
+std::string queue_wait::bound_text() const {
+  if (bound_until_ == steady::time_point::max()) return "no bound";
+  return std::to_string(duration_cast<milliseconds>(bound_until_ - steady::now()).count()) +
+         " ms (the wait of " + what_ + ")";
 }
 
 std::int64_t queue_wait::ttl_us() const {
@@ -49,10 +110,13 @@ nanoseconds queue_wait::bounded(nanoseconds d) const {
                   std::min({d, nanoseconds(deadline_ - now), nanoseconds(refresh_at_ - now)}));
 }
 
-void queue_wait::check(const std::string& timeout_text) const {
+error queue_wait::timed_out() const {
+  return error(errc::timeout, what_ + ": " + timeout_text_ + " " + wait_text(started_, deadline_));
+}
+
+void queue_wait::check() const {
   if (cancel_.cancelled()) throw error(errc::cancelled, what_ + ": cancelled");
-  if (steady::now() >= deadline_)
-    throw error(errc::timeout, what_ + ": " + timeout_text + " " + wait_text(started_, deadline_));
+  if (steady::now() >= deadline_) throw timed_out();
 }
 
 std::optional<std::int64_t> queue_wait::first_ticket(const std::shared_ptr<database_impl>& db,
@@ -62,19 +126,60 @@ std::optional<std::int64_t> queue_wait::first_ticket(const std::shared_ptr<datab
                       [&](session_scope& s) { return wait_queue::first_ticket(s, queue); });
 }
 
-bool queue_wait::at_front() {
+bool queue_wait::at_front() const {
   const std::optional<std::int64_t> first = first_ticket(db_, queue_, what_);
   // Before joining (ticket 0): only when nobody waits; after: when nobody joined before it.
   return !first || (ticket_ != 0 && *first >= ticket_);
 }
 
+std::optional<milliseconds> queue_wait::joined_recheck(bool live) {
+  if (!live || !joined_) return std::nullopt;
+  joined_ = false;
+  const milliseconds r = db_->hub->joined_recheck();
+  if (r.count() <= 0) return std::nullopt;
+  return r;
+}
+
 void queue_wait::enqueue() {
-  ticket_ = with_session(db_, what_ + " (joining the queue)", [&](session_scope& s) {
-    return wait_queue::enqueue(s, queue_, token_, ttl_us(), host_name(),
-                               static_cast<std::int64_t>(::getpid()), entry_->address());
-  });
+  const steady::time_point sent = steady::now();
+  ticket_ = insert_entry();
+  enqueued_at_ = sent;
   entry_->set_ticket(ticket_);
+  joined_ = true;
   refresh_at_ = steady::now() + o_.ttl / 3;
+}
+
+// Sends the entry's insert. When its reply is lost the entry may exist, and nobody would refresh
+// or delete it: it would stay at the head until its TTL ran out, fair waiters behind it waiting
+// that long, and a release could hand it a lease. So once the broken server session is ended
+// (nothing it ran can land later) the entry is looked up by this waiter's token: found, it is this
+// waiter's; not found, the insert is sent again (three tries in all). Only the read is retried on
+// its own, never the insert, which could then leave a second entry nobody deletes. A session that
+// cannot be confirmed ended leaves the wait failed, the entry if any expiring within the TTL.
+std::int64_t queue_wait::insert_entry() {
+  const std::string what = what_ + " (joining the queue)";
+  for (int round = 0;; ++round) {
+    session_ref server;
+    try {
+      return with_session(db_, what, [&](session_scope& s) {
+        server = s.server();
+        return wait_queue::enqueue(s, queue_, token_, ttl_us(), host_name(),
+                                   static_cast<std::int64_t>(::getpid()), entry_->address(),
+                                   grant_ttl_us_);
+      });
+    } catch (const error& e) {
+      if (e.code() != errc::connection_lost || round >= 2) throw;
+      if (!end_broken_session(db_, server))
+        throw error(errc::connection_lost,
+                    what + ": the connection broke and " + session_not_ended(*db_) +
+                        "; a queue entry, if made, expires within the TTL: " + e.what(),
+                    e.backend(), e.sqlstate(), e.native_code());
+    }
+    const std::optional<std::int64_t> found =
+        read_retried(db_, what + " (reading the entry back after a lost reply)",
+                     [&](session_scope& s) { return wait_queue::find(s, queue_, token_); });
+    if (found) return *found;
+  }
 }
 
 // The entry is a lease too: extended while it waits, made again (at the back) when it was
@@ -83,45 +188,52 @@ void queue_wait::refresh() {
   const bool alive = with_session(
       db_, what_ + " (refreshing the queue entry)",
       [&](session_scope& s) { return wait_queue::refresh(s, ticket_, token_, ttl_us()); });
-  if (!alive) {
+  if (alive) {
+    refresh_at_ = steady::now() + o_.ttl / 3;
+  } else if (policy_ && policy_->entry_gone(*this)) {
+    refresh_at_ = steady::time_point::max();
+  } else {
     enqueue();
-    return;
   }
-  refresh_at_ = steady::now() + o_.ttl / 3;
 }
 
-void queue_wait::leave() noexcept {
+void queue_wait::leave(wait_policy* p) noexcept {
+  if (!p) p = policy_;
   if (!ticket_) return;
   const std::string what = what_ + " (leaving the queue, ticket " + std::to_string(ticket_) + ")";
   try {
-    wait_queue::dequeue_retried(db_, what, ticket_, token_);
+    const bool left = wait_queue::dequeue_retried(db_, what, ticket_, token_);
+    if (!left && p) p->left_gone(*this);
   } catch (const std::exception& e) {
     db_->notify([&](listener& l) {
       l.log(log_level::warning,
-            what + ": " + e.what() + "; the entry, if still there, expires within the TTL");
+            what + ": " + e.what() +
+                "; the entry, if still there, expires within the TTL (a lease handed to it too)");
     });
   } catch (...) {
   }
   ticket_ = 0;
 }
 
-void queue_wait::run(const attempt_fn& attempt, const std::function<void()>& on_wait,
-                     const std::string& timeout_text) {
-  // Rides out a failover as a lease's wait does (promise D2): a server that cannot be reached or
-  // a connection lost is tried again, from a new queue entry, until the deadline.
+void queue_wait::run(wait_policy& p) {
+  struct running {
+    wait_policy*& slot;
+    ~running() { slot = nullptr; }
+  } in_run{policy_ = &p};
+  // Rides out a failover (promise D2): before it gets what it waits for, a server that cannot be
+  // reached or a connection lost is tried again, from a new queue entry (a multi-host URL reaches
+  // the new primary or a surviving node), until the deadline.
   for (int failures = 0;; ++failures) {
     try {
-      run_once(attempt, on_wait, timeout_text);
+      run_once(p);
       return;
     } catch (const error& e) {
-      const bool transient = e.code() == errc::connection_failed ||
-                             e.code() == errc::connection_lost || e.code() == errc::in_doubt;
-      if (!transient) throw;
+      if (!rides_out(e)) throw;
       if (steady::now() >= deadline_) {
+        // The wait ran out while the database could not be reached: not acquired. (An acquire
+        // in doubt stays so: it may hold what it waited for until its TTL.)
         if (e.code() == errc::in_doubt) throw;
-        throw error(errc::timeout,
-                    what_ + ": " + timeout_text + " " + wait_text(started_, deadline_) + " (" +
-                        e.what() + ")",
+        throw error(errc::timeout, timed_out().what() + std::string(" (") + e.what() + ")",
                     e.backend(), e.sqlstate(), e.native_code());
       }
       db_->notify([&](listener& l) {
@@ -136,42 +248,26 @@ void queue_wait::run(const attempt_fn& attempt, const std::function<void()>& on_
   }
 }
 
-void queue_wait::run_once(const attempt_fn& attempt, const std::function<void()>& on_wait,
-                          const std::string& timeout_text) {
-  long long limit_us = -1;
+void queue_wait::run_once(wait_policy& p) {
   if (cancel_.cancelled()) throw error(errc::cancelled, what_ + ": cancelled");
-  // The first try, even with a zero wait; a fair one only when nobody is queued.
-  if ((!o_.fair || at_front()) && attempt(0, limit_us)) return;
-  if (on_wait && !waited_) on_wait();
-  waited_ = true;
-  // Enlisted before the entry is made, and the entry made before the next try: a release after
-  // that try's read sees the entry and rings this waiter.
+  if (p.first_try(*this)) return;
+  p.on_wait();
+  // Enlisted only now, so a call that needs no wait never subscribes to wake-ups, and before the
+  // entry is made and the next try reads: a release after that read rings this waiter.
   entry_ = std::make_unique<hub_entry>(*db_->hub, queue_, token_, cancel_);
   enqueue();
-  bool joined = true;  // not yet slept since the entry was made
-  for (int round = 0;; ++round) {
-    check(timeout_text);
-    const bool live = entry_->live();  // before the try: a later release will ring
-    if (!o_.fair || at_front()) {
-      if (attempt(ticket_, limit_us)) break;
-    }
-    // Asleep until a release rings or, as the safety net, the holder's expiry or poll_max
-    // (with jittered backoff while rings cannot be relied on).
-    nanoseconds sleep = live ? poll_ceiling(o_) : poll_backoff(o_, round);
-    if (limit_us >= 0)
-      sleep = std::min<nanoseconds>(sleep, microseconds(limit_us) + milliseconds(1));
-    // Just joined: a release that ran while the entry was being made may have looked for the
-    // head before the entry was there, and freed the lock after this try looked
-    // (bell_channel::joined_recheck()); look once more soon rather than at the safety net.
-    if (joined && live) {
-      joined = false;
-      const milliseconds r = db_->hub->joined_recheck();
-      if (r.count() > 0) sleep = std::min<nanoseconds>(sleep, r);
-    }
-    if (entry_->wait(bounded(sleep))) round = 0;
+  for (bool rung = false;;) {
+    nanoseconds sleep{0};
+    if (p.round(*this, rung, sleep)) break;
+    rung = entry_->wait(bounded(sleep));
     if (steady::now() >= refresh_at_) refresh();
   }
   entry_->acquired();
+}
+
+void queue_wait::run(const attempt_fn& attempt, const std::function<void()>& on_wait) {
+  attempt_policy p(attempt, on_wait, o_);
+  run(p);
   leave();  // unless the try deleted the entry (entry_deleted())
 }
 
