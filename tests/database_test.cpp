@@ -25,6 +25,15 @@ std::string with_credentials(const std::string& url, const std::string& user,
   if (u.port) out += ":" + std::to_string(*u.port);
   return out + "/" + u.path;
 }
+
+// Removes an SQLite database file and its WAL files when it goes out of scope.
+struct unlink_after {
+  std::string n;
+  ~unlink_after() {
+    for (const char* ext : {"", "-wal", "-shm"})
+      ::unlink((n + ext).c_str());
+  }
+};
 }  // namespace
 
 DBLOCK_TEST("a database handle connects lazily and pings", "[database]") {
@@ -599,13 +608,7 @@ DBLOCK_TEST("failover_window: a lease too short to survive a node loss is report
 DBLOCK_TEST_ONLY("sqlite", "a relative sqlite path beginning with a space opens that file",
                  "[database]") {
   const std::string name = " dblock-space-" + dblock::test::random_suffix(8) + ".db";
-  struct unlink_after {
-    std::string n;
-    ~unlink_after() {
-      for (const char* ext : {"", "-wal", "-shm"})
-        ::unlink((n + ext).c_str());
-    }
-  } cleanup{name};
+  const unlink_after cleanup{name};
   dblock::database db("sqlite://%20" + name.substr(1));
   CHECK_NOTHROW(db.ping());
   CHECK(::access(name.c_str(), F_OK) == 0);
@@ -634,13 +637,7 @@ DBLOCK_WORKER(sqlite_open_close_worker) {
 DBLOCK_TEST_ONLY("sqlite", "connections opened while other processes close and checkpoint wait",
                  "[database][process]") {
   const std::string file = "/tmp/dblock-open-" + dblock::test::random_suffix(8) + ".db";
-  struct unlink_after {
-    std::string n;
-    ~unlink_after() {
-      for (const char* ext : {"", "-wal", "-shm"})
-        ::unlink((n + ext).c_str());
-    }
-  } cleanup{file};
+  const unlink_after cleanup{file};
   {
     dblock::database first("sqlite://" + file);
     first.connect().session() << "CREATE TABLE t (x INTEGER)";

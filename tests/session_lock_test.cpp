@@ -83,14 +83,20 @@ dblock::lease_options session_mode(std::chrono::milliseconds ttl = std::chrono::
   o.ttl = ttl;
   return o;
 }
+
+// Creates the counter table `table` (one row, id 1, n 0) and returns its name.
+std::string counter_table(const dblock::test::context& ctx, const std::string& table) {
+  const std::string t = ctx.table(table);
+  ctx.exec("CREATE TABLE " + t + " (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)");
+  ctx.exec("INSERT INTO " + t + " (id, n) VALUES (1, 0)");
+  return t;
+}
 }  // namespace
 
 DBLOCK_TEST_ONLY("postgresql", "session lease: excludes, fences grow, fenced writes, release frees",
                  "[session_lease][direct]") {
   const std::string name = unique_name("session-lease");
-  const std::string counter = ctx.table("session_counter");
-  ctx.exec("CREATE TABLE " + counter + " (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)");
-  ctx.exec("INSERT INTO " + counter + " (id, n) VALUES (1, 0)");
+  const std::string counter = counter_table(ctx, "session_counter");
   dblock::lease_lock a(ctx.db, name, session_mode());
   dblock::lease_lock b(ctx.db, name, session_mode());
   auto ga = a.try_acquire();
@@ -243,9 +249,7 @@ DBLOCK_TEST_ONLY("postgresql",
 DBLOCK_TEST_ONLY("postgresql", "session lease: threads keep a fenced counter exact",
                  "[session_lease][direct]") {
   const std::string name = unique_name("session-counter");
-  const std::string counter = ctx.table("session_threads");
-  ctx.exec("CREATE TABLE " + counter + " (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)");
-  ctx.exec("INSERT INTO " + counter + " (id, n) VALUES (1, 0)");
+  const std::string counter = counter_table(ctx, "session_threads");
   std::atomic<long long> last_fence{0};
   std::atomic<int> backwards{0};
   std::vector<std::thread> ts;
