@@ -449,3 +449,39 @@ DBLOCK_TEST("session mode: the other kinds refuse it, with the reason", "[sessio
   CHECK_FALSE(refused([&] { dblock::semaphore(ctx.db, unique_name("s"), 2); }));
   CHECK_FALSE(refused([&] { dblock::rwlock(ctx.db, unique_name("rw")); }));
 }
+
+// The owner of 32 zeros holds a name's marker row. The SQL functions refuse it (migration 0015),
+// so no client can renew or release the marker and let a durable lease of the name run beside a
+// session holder. Control, seen failing: with 0012's argument check the release freed the marker
+// and the durable lease was granted.
+DBLOCK_TEST_ONLY("postgresql", "session lease: the SQL functions refuse the marker's owner",
+                 "[session_lease][sql_api]") {
+  const std::string name = unique_name("session-sql-owner");
+  dblock::lease_lock session(ctx.db, name, session_mode());
+  session.try_acquire()->release();  // the name is in session mode now: its row is the marker
+  auto c = ctx.db.connect();
+  const std::string zeros(32, '0');
+  long long marker_fence = 0;
+  c.session() << "SELECT fence FROM " + ctx.table("resource_lock") +
+                     " WHERE resource_name = :n AND owner_token = :o",
+      soci::use(name), soci::use(zeros), soci::into(marker_fence);
+  REQUIRE(marker_fence > 0);
+  const std::string args =
+      "'" + name + "', '" + std::string(32, '0') + "', " + std::to_string(marker_fence);
+  for (const std::string& call :
+       {"dblock_acquire('" + name + "', '" + zeros + "', 1000)", "dblock_renew(" + args + ", 1000)",
+        "dblock_release(" + args + ")"}) {
+    INFO(call);
+    std::string refused;
+    try {
+      std::string r;
+      soci::indicator ind;
+      c.session() << "SELECT CAST(" + ctx.prefix + call + " AS TEXT)", soci::into(r, ind);
+    } catch (const std::exception& e) {
+      refused = e.what();
+    }
+    CHECK(refused.find("reserved") != std::string::npos);
+  }
+  dblock::lease_lock durable(ctx.db, name);
+  CHECK_FALSE(durable.try_acquire());  // the marker still holds the name
+}
