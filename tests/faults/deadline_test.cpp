@@ -212,8 +212,9 @@ struct frozen_server {
 
 // A call with the sentinel off must still be running `limit` + 2 s after it began; `end`
 // then ends the fault so that it returns.
-void hangs_without_deadlines(database& db, const std::function<void()>& end) {
-  lease_lock l(db, "dl-control-" + random_suffix(), short_lease());
+void hangs_without_deadlines(database& db, const std::function<void()>& end,
+                             const lease_options& lo = short_lease()) {
+  lease_lock l(db, "dl-control-" + random_suffix(), lo);
   detail::set_deadlines_enforced(false);
   std::atomic<bool> returned{false};
   std::thread t([&] {
@@ -275,6 +276,59 @@ DBLOCK_TEST_SERVERS("deadline: behind a network black hole every call returns by
   // Recovery: the path is back.
   lease_lock after(db, "dl-bh-after-" + random_suffix(), short_lease());
   CHECK(after.try_acquire().has_value());
+}
+
+// The same black hole for session leases (docs/session-leases.md), whose calls use the holding
+// session's pinned connection: each ends by its bound + 1 s and fails, the connections it cut
+// off are never reused, and once the path is back the server has ended the held session: the name
+// is free, at a greater fence. Negative control: a session try with the sentinel off hangs.
+DBLOCK_TEST_ONLY("postgresql",
+                 "deadline: session leases behind a network black hole return by their deadlines",
+                 "[faults][deadline][session_lease]") {
+  auto [host, port] = url_host_port(ctx.url);
+  tcp_proxy proxy(host, port);
+  database db(url_via(ctx.url, proxy.port()), test_options(ctx));
+  db.ping();
+  lease_options lo = short_lease();
+  lo.mode = lease_mode::session;
+  const std::string name = "dl-sbh-" + random_suffix();
+  lease_lock lk(db, name, lo), other(db, "dl-sbh-o-" + random_suffix(), lo), rival(db, name, lo);
+  other.try_acquire()->release();  // its name is in session mode: the try is the lock alone
+  auto g = lk.try_acquire();
+  REQUIRE(g);
+  const std::int64_t fence = g->fence();
+  warm(db, 8);
+  const long long fired_before = detail::deadlines_fired();
+  proxy.set_blackhole(true);
+  const std::vector<std::pair<std::string, std::function<void()>>> calls = {
+      {"try_acquire", [&] { (void)other.try_acquire(); }},
+      {"acquire(1500 ms) of the held name", [&] { (void)rival.acquire(wait); }},
+      {"renew", [&] { g->renew(); }},
+      {"fenced", [&] { g->fenced([](soci::session& sql) { sql << "SELECT 1"; }); }},
+      {"release", [&] { g->release(); }}};
+  for (const auto& [what, run] : calls) {
+    const outcome o = timed(run);
+    const milliseconds limit = what.rfind("acquire(", 0) == 0 ? wait : bound;
+    INFO(what << " took " << o.ms << " ms (bound " << limit.count() << " ms + 1 s); "
+              << (o.threw ? o.what : "no error"));
+    CHECK(o.ms <= (limit + slack).count());
+    CHECK(o.threw);  // the fault is real
+  }
+  CHECK(detail::deadlines_fired() > fired_before);
+  proxy.set_blackhole(false);
+  db.ping();  // a pooled connection opened before the black hole, as above
+  proxy.set_blackhole(true);
+  hangs_without_deadlines(
+      db,
+      [&] {
+        proxy.set_blackhole(false);
+        proxy.cut_all();
+      },
+      lo);
+  // The path is back: the server ends the sessions the proxy held (at once, or at the TTL).
+  lease_lock after(ctx.db, name, lo);
+  auto a = after.acquire(ttl + slack);
+  CHECK(a.fence() > fence);
 }
 
 DBLOCK_TEST(
