@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -111,6 +112,9 @@ struct lease_lock::impl {
                               detail::steady::time_point sent);
   lease_guard session_wait(detail::steady::time_point deadline, const cancellation& cancel,
                            detail::acquire_call& call);
+  /// One session of session_wait(); its connection failures pass to the caller.
+  lease_guard session_wait_once(detail::steady::time_point deadline, const cancellation& cancel,
+                                const std::string& what, const std::function<error()>& timed_out);
   /// The connection a session lease's grant pins (set just before granted(), which moves it
   /// into the lease's state before its watchdog starts).
   std::unique_ptr<detail::session_scope> pinning;

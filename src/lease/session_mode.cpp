@@ -14,6 +14,7 @@
 //   it may hold with it), never given back to the pool.
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -182,12 +183,40 @@ lease_guard lease_lock::impl::session_wait(steady::time_point deadline, const ca
     const auto try_bound = std::max(deadline, start + std::min(options.ttl, milliseconds(1000)));
     const detail::call_deadline bound(try_bound,
                                       "the wait of " + detail::wait_text(start, deadline));
-    if (auto g = session_attempt()) return std::move(*g);
+    try {
+      if (auto g = session_attempt()) return std::move(*g);
+    } catch (const error& e) {  // unreachable now: the wait below tries again until its end
+      if (e.code() != errc::connection_lost && e.code() != errc::connection_failed) throw;
+    }
   }
   call.refused();
   call.waits();
   const auto& dbi = detail::access::impl(db);
   const detail::call_deadline bound(deadline, "the wait of " + detail::wait_text(start, deadline));
+  // Rides out a failover as a row-mode wait does (promise D2): a server that cannot be reached or
+  // a connection lost is waited on again from a new session until the deadline. A lock that the
+  // lost session may have got died with it, or is freed by the server at the TTL (the grant
+  // statement set the session's idle timeouts).
+  for (int failures = 0;; ++failures) {
+    try {
+      return session_wait_once(deadline, cancel, what, timed_out);
+    } catch (const error& e) {
+      if (e.code() != errc::connection_lost && e.code() != errc::connection_failed) throw;
+      if (steady::now() >= deadline) throw timed_out();
+      dbi->notify([&](listener& l) {
+        l.log(log_level::warning, what + ": " + e.what() + "; waiting again until the wait's end");
+      });
+      const auto pause = std::min<std::chrono::nanoseconds>(detail::failure_backoff(failures),
+                                                            deadline - steady::now());
+      if (cancel.sleep_for(pause)) throw error(errc::cancelled, what + ": cancelled");
+    }
+  }
+}
+
+lease_guard lease_lock::impl::session_wait_once(steady::time_point deadline,
+                                                const cancellation& cancel, const std::string& what,
+                                                const std::function<error()>& timed_out) {
+  const auto& dbi = detail::access::impl(db);
   for (;;) {
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady::now());
     if (left.count() <= 0) throw timed_out();

@@ -1,21 +1,31 @@
-// Session leases (docs/session-leases.md) when the server crashes: PostgreSQL killed with SIGKILL
-// (postmaster and every server process at once) and started again while threads take session
-// leases on a few names and write each grant's fence under it (fenced()). Checked: the server
-// restarted (its start time changed); every fence acknowledged after the crash is above every
-// fence acknowledged before it, per name; no fence was written twice for a name (no double
-// grant). Negative control: with the fence sequence UNLOGGED (which a crash resets), a fence
-// after the crash is at or below one acknowledged before it: what the logged sequence prevents.
+// Session leases (docs/session-leases.md) under faults.
+//
+// The server crashes: PostgreSQL killed with SIGKILL (postmaster and every server process at
+// once) and started again while threads take session leases on a few names and write each
+// grant's fence under it (fenced()). Checked: the server restarted (its start time changed);
+// every fence acknowledged after the crash is above every fence acknowledged before it, per name;
+// no fence was written twice for a name (no double grant). Negative control: with the fence
+// sequence UNLOGGED (which a crash resets), a fence after the crash is at or below one
+// acknowledged before it: what the logged sequence prevents.
+//
+// A waiter's connection is cut: the wait rides it out (below).
 #include <soci/soci.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "dblock/admin.hpp"
 #include "fault_support.hpp"
 #include "harness.hpp"
 #include "internals.hpp"
+#include "proxy.hpp"
 
 using namespace dblock::test::faults;
 
@@ -145,4 +155,95 @@ DBLOCK_TEST_ONLY("postgresql", "session leases: kill -9 of the server, fences ne
   INFO("control: acknowledged before the crash " << before << ", first after it " << after);
   REQUIRE(after > 0);
   CHECK(after <= before);
+}
+
+namespace {
+
+// The warnings a handle logs.
+struct warnings : dblock::listener {
+  std::mutex mu;
+  std::vector<std::string> seen;
+  void log(dblock::log_level level, std::string_view m) override {
+    if (level != dblock::log_level::warning) return;
+    std::lock_guard<std::mutex> g(mu);
+    seen.emplace_back(m);
+  }
+  int containing(const std::string& part) {
+    std::lock_guard<std::mutex> g(mu);
+    return static_cast<int>(std::count_if(seen.begin(), seen.end(), [&](const std::string& s) {
+      return s.find(part) != std::string::npos;
+    }));
+  }
+};
+
+// The server sessions waiting for `name` in session mode, as list_locks() shows them: how many,
+// and the head ("address:pid"; empty when nobody waits).
+std::pair<int, std::string> session_waiters(const dblock::database& db, const std::string& name) {
+  for (const auto& l : dblock::list_locks(db))
+    if (l.name == name && l.session_mode) return {l.waiters, l.head_waiter};
+  return {0, {}};
+}
+
+// Waits up to 10 s until a server session other than `other` waits for `name` (a head other than
+// `other`, or a second waiter behind it); the head then, or empty when none came.
+std::string wait_for_session_waiter(const dblock::database& db, const std::string& name,
+                                    const std::string& other = {}) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    const auto [n, head] = session_waiters(db, name);
+    if (n > 0 && (head != other || n > 1)) return head;
+    if (std::chrono::steady_clock::now() > until) return {};
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+}
+
+}  // namespace
+
+// A session wait rides out a cut of its connection, as a row-mode wait does (promise D2): every
+// connection through the proxy is cut while the waiter waits in the server's queue; it waits
+// again from a new session and is granted the lock when the holder releases, at a greater fence.
+// The fault is proved: the waiter logged the retry and waits from another server session.
+// Control, seen failing: before session waits rode out, the wait ended with connection_lost.
+DBLOCK_TEST_ONLY("postgresql", "session leases: a wait rides out a cut of its connection",
+                 "[faults][session_lease]") {
+  auto [host, port] = url_host_port(ctx.url);
+  tcp_proxy proxy(host, port);
+  auto logged = std::make_shared<warnings>();
+  dblock::database_options o = ctx.options();
+  o.pool_size = 2;
+  o.events = logged;
+  dblock::database via(url_via(ctx.url, proxy.port()), o);
+  const std::string name = "session-ride-" + random_suffix();
+  dblock::lease_options lo = session_mode();
+  lo.ttl = std::chrono::seconds(30);
+  dblock::lease_lock holder(ctx.db, name, lo), waiter(via, name, lo);
+  auto h = holder.try_acquire();
+  REQUIRE(h);
+  const std::int64_t held_fence = h->fence();
+  std::int64_t got = 0;
+  std::string failure;
+  std::thread t([&] {
+    try {
+      auto g = waiter.acquire(std::chrono::seconds(15));
+      got = g.fence();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  const std::string first = wait_for_session_waiter(ctx.db, name);
+  REQUIRE(!first.empty());
+  proxy.cut_all();
+  // Gone from the server's queue with its session, then back in it from a new one.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (logged->containing("waiting again") == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(milliseconds(10));
+  CHECK(logged->containing("waiting again") >= 1);
+  INFO("waiting first as " << first);
+  // Another server session waits (the cut one may stay in the queue until the server notices).
+  CHECK(!wait_for_session_waiter(ctx.db, name, first).empty());
+  h->release();
+  t.join();
+  INFO("waiter: " << failure);
+  CHECK(failure.empty());
+  CHECK(got > held_fence);
 }
