@@ -70,7 +70,10 @@ class cancel_watch {
   }
   cancel_watch(const cancel_watch&) = delete;
   cancel_watch& operator=(const cancel_watch&) = delete;
-  ~cancel_watch() {
+  ~cancel_watch() { stop(); }
+  /// Ends the watch: once it returns, no cancel is sent any more.
+  void stop() {
+    if (!thread_.joinable()) return;
     done_.store(true);
     detail::cancel_access::poke(slot_);
     thread_.join();
@@ -90,16 +93,23 @@ std::optional<detail::session_lock::tried> wait_watched(detail::session_scope& s
                                                         const std::string& name,
                                                         std::int64_t ttl_ms,
                                                         const cancellation& cancel) {
-  cancel_watch watch(s, cancel);
-  try {
-    auto r = detail::session_lock::wait_lock(s, name, ttl_ms);
-    if (!watch.fired()) return r;
-  } catch (...) {
-    if (watch.fired()) s.mark_broken();
-    throw;
+  std::optional<detail::session_lock::tried> r;
+  std::exception_ptr failed;
+  bool fired = false;
+  {
+    cancel_watch watch(s, cancel);
+    try {
+      r = detail::session_lock::wait_lock(s, name, ttl_ms);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    watch.stop();  // read fired() only now: the watch may fire until it has stopped
+    fired = watch.fired();
   }
-  s.mark_broken();
-  return std::nullopt;
+  if (fired) s.mark_broken();
+  if (failed) std::rethrow_exception(failed);
+  if (fired) return std::nullopt;
+  return r;
 }
 
 }  // namespace
@@ -129,6 +139,13 @@ std::optional<lease_guard> lease_lock::impl::session_reentry() {
 lease_guard lease_lock::impl::session_granted(std::unique_ptr<detail::session_scope> s,
                                               std::int64_t fence, steady::time_point sent) {
   s->disarm();
+  // A deadline that fired during the grant's statements sent a cancel that may still reach a
+  // later statement of this session (the holder's release or fenced write): given up, not held.
+  if (s->deadline_fired()) {
+    s->mark_broken();
+    throw error(errc::timeout,
+                "acquire lease '" + detail::printable(name) + "': " + s->deadline_cause());
+  }
   detail::acquire_params p;
   p.name = name;
   p.owner_token = detail::new_owner_token();
@@ -162,7 +179,7 @@ std::optional<lease_guard> lease_lock::impl::session_attempt() {
     s->mark_broken();  // whatever the session may hold ends with it
     throw s->failure(what());
   } catch (...) {
-    s->mark_broken();
+    if (s) s->mark_broken();  // (session_granted() took it, and dropped it, when it threw)
     throw;
   }
 }
@@ -246,7 +263,7 @@ lease_guard lease_lock::impl::session_wait_once(steady::time_point deadline,
         throw timed_out();
       throw e;
     } catch (...) {
-      s->mark_broken();
+      if (s) s->mark_broken();  // (session_granted() took it, and dropped it, when it threw)
       throw;
     }
   }
