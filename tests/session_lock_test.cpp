@@ -455,7 +455,7 @@ DBLOCK_TEST("session mode: the other kinds refuse it, with the reason", "[sessio
 // session holder. Control, seen failing: with 0012's argument check the release freed the marker
 // and the durable lease was granted.
 DBLOCK_TEST_ONLY("postgresql", "session lease: the SQL functions refuse the marker's owner",
-                 "[session_lease][sql_api]") {
+                 "[session_lease][sql_api][direct]") {
   const std::string name = unique_name("session-sql-owner");
   dblock::lease_lock session(ctx.db, name, session_mode());
   session.try_acquire()->release();  // the name is in session mode now: its row is the marker
