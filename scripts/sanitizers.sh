@@ -68,9 +68,15 @@ run_asan() {
     # fault scenario and the hostile-input tests run here. The topology entries (the suite once
     # more through PgBouncer, the Galera and failover scenarios) are about the deployment, not
     # memory safety, and run in the plain build only.
+    local log status=0
+    log=$(mktemp "${TMPDIR:-/tmp}/dblock-asan.XXXXXX")
     "$REPO_ROOT/scripts/test-servers.sh" run -- \
         ctest --test-dir "$ASAN_BUILD_DIR" --output-on-failure -j2 --timeout 1800 \
-        -E '^(consumer.*|faults_serial_.*|pgbouncer|topology_.*)$'
+        -E '^(consumer.*|faults_serial_.*|pgbouncer|topology_.*)$' 2>&1 | tee "$log" ||
+        status=${PIPESTATUS[0]}
+    "$REPO_ROOT/scripts/repeat-failures.sh" "$log"
+    rm -f "$log"
+    [ "$status" -eq 0 ] || return "$status"
     msg "ASan+UBSan: suite passed in $((SECONDS - t))s"
 }
 

@@ -229,9 +229,11 @@ fi
 
 msg "running tests against throwaway servers"
 ctest_status=0
+ctest_log="$DBLOCK_TEST_SUMMARY_DIR/ctest.log"
 "$REPO_ROOT/scripts/test-servers.sh" run -- \
-    ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 --timeout 900 "${skip_entries[@]}" "$@" ||
-    ctest_status=$?
+    ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 --timeout 900 "${skip_entries[@]}" "$@" \
+    2>&1 | tee "$ctest_log" || ctest_status=${PIPESTATUS[0]}
+"$REPO_ROOT/scripts/repeat-failures.sh" "$ctest_log"
 
 status=0
 summarize "$DBLOCK_TEST_SUMMARY_DIR" "$ctest_status" || status=$?
