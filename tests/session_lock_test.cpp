@@ -93,8 +93,8 @@ std::string counter_table(const dblock::test::context& ctx, const std::string& t
 }
 }  // namespace
 
-DBLOCK_TEST_ONLY("postgresql", "session lease: excludes, fences grow, fenced writes, release frees",
-                 "[session_lease][direct]") {
+DBLOCK_TEST_SERVERS("session lease: excludes, fences grow, fenced writes, release frees",
+                    "[session_lease][direct]") {
   const std::string name = unique_name("session-lease");
   const std::string counter = counter_table(ctx, "session_counter");
   dblock::lease_lock a(ctx.db, name, session_mode());
@@ -119,8 +119,8 @@ DBLOCK_TEST_ONLY("postgresql", "session lease: excludes, fences grow, fenced wri
   CHECK(n == 2);
 }
 
-DBLOCK_TEST_ONLY("postgresql", "session lease: a holder idle past its TTL is cut by the server",
-                 "[session_lease][direct]") {
+DBLOCK_TEST_SERVERS("session lease: a holder idle past its TTL is cut by the server",
+                    "[session_lease][direct]") {
   const std::string name = unique_name("session-idle");
   dblock::lease_lock a(ctx.db, name, session_mode(std::chrono::milliseconds(1000)));
   dblock::lease_lock b(ctx.db, name, session_mode(std::chrono::milliseconds(1000)));
@@ -133,9 +133,8 @@ DBLOCK_TEST_ONLY("postgresql", "session lease: a holder idle past its TTL is cut
   CHECK(dblock::test::code_of([&] { ga->release(); }) == dblock::errc::lease_lost);
 }
 
-DBLOCK_TEST_ON_TWO("mysql", "sqlite",
-                   "session lease: refused, with the reason, on MySQL and SQLite",
-                   "[session_lease]") {
+DBLOCK_TEST_ONLY("sqlite", "session lease: refused, with the reason, on SQLite",
+                 "[session_lease]") {
   dblock::lease_lock a(ctx.db, unique_name("session-refused"), session_mode());
   CHECK(dblock::test::code_of([&] { (void)a.try_acquire(); }) == dblock::errc::invalid_argument);
   CHECK(dblock::test::code_of([&] { (void)a.acquire(std::chrono::milliseconds(100)); }) ==
@@ -246,8 +245,8 @@ DBLOCK_TEST_ONLY("postgresql",
   CHECK(again);
 }
 
-DBLOCK_TEST_ONLY("postgresql", "session lease: threads keep a fenced counter exact",
-                 "[session_lease][direct]") {
+DBLOCK_TEST_SERVERS("session lease: threads keep a fenced counter exact",
+                    "[session_lease][direct]") {
   const std::string name = unique_name("session-counter");
   const std::string counter = counter_table(ctx, "session_threads");
   std::atomic<long long> last_fence{0};

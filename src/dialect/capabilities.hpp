@@ -40,8 +40,12 @@ struct capabilities {
   /// setting (PostgreSQL's synchronous_commit); elsewhere every commit does.
   bool durable_commit = false;
   /// Session leases (lease_mode::session, storage/session_lock): a session-level lock the
-  /// server queues in order, a sequence, and idle timeouts that end a session (PostgreSQL 14+).
+  /// server queues in order, a sequence, and idle timeouts that end a session (PostgreSQL 14+,
+  /// MariaDB 10.3+).
   bool session_leases = false;
+  /// The idle timeout is set after a grant and reset after a release by statements of their own
+  /// (MariaDB: a SELECT cannot set wait_timeout); elsewhere the lock statements set it.
+  bool session_idle_apart = false;
 };
 
 }  // namespace dblock::detail

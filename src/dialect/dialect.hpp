@@ -239,6 +239,8 @@ class connector {
   /// False when the connection cannot keep a session-level lock (behind a transaction-mode
   /// pooler): migrate then takes lock_migrations_in_transaction() in each of its transactions.
   virtual bool session_migration_lock(const connection_state&) const { return true; }
+  /// Why session leases cannot work on this connection's server (Galera); nullptr: they can.
+  virtual const char* session_lease_refusal(const connection_state&) const { return nullptr; }
   /// The migration lock for the open transaction only (released by its COMMIT or ROLLBACK).
   virtual void lock_migrations_in_transaction(soci::session&, const std::string&) const {}
   virtual void unlock_migrations(soci::session&, const std::string& key) const = 0;
@@ -333,7 +335,7 @@ class vocabulary {
   /// Session leases (capabilities::session_leases): the texts of lock_statements::session_try
   /// and the next ones (storage/statements.hpp, which says what each does); empty elsewhere.
   struct session_texts {
-    std::string try_lock, wait_lock, lock_timeout, unlock, sessions, end;
+    std::string try_lock, wait_lock, lock_timeout, unlock, sessions, end, idle, idle_reset, gone;
   };
   virtual session_texts session_leases(const table_names&) const { return {}; }
   /**

@@ -120,7 +120,7 @@ void lease_lock::impl::session_checks() const {
   auto what = [&] { return "lease '" + detail::printable(name) + "'"; };
   if (!dbi->statements.can.session_leases)
     throw error(errc::invalid_argument,
-                what() + ": lease_mode::session needs PostgreSQL (" + dbi->backend +
+                what() + ": lease_mode::session needs PostgreSQL or MariaDB (" + dbi->backend +
                     " has no session lock with a server-enforced idle timeout here yet)");
   if (db.options().pooler == pooler_mode::transaction)
     throw error(errc::invalid_argument,
@@ -161,6 +161,7 @@ std::optional<lease_guard> lease_lock::impl::session_attempt() {
   auto s = dbi->lease(dbi);  // armed with the call's deadline
   const auto sent = steady::now();
   try {
+    detail::session_lock::check_supported(*s, what());
     auto r = detail::session_lock::try_lock(*s, name, options.ttl.count());
     if (r.kind == detail::session_lock::tried::unmarked) {
       if (!detail::session_lock::mark(*s, name)) {  // a durable lease holds the name
@@ -239,6 +240,7 @@ lease_guard lease_lock::impl::session_wait_once(steady::time_point deadline,
     if (left.count() <= 0) throw timed_out();
     auto s = dbi->lease(dbi);  // armed with the wait's deadline
     try {
+      detail::session_lock::check_supported(*s, what);
       detail::session_lock::set_lock_timeout(*s, left.count());
       const auto r = wait_watched(*s, name, options.ttl.count(), cancel);
       if (!r) throw error(errc::cancelled, what + ": cancelled");
@@ -251,6 +253,7 @@ lease_guard lease_lock::impl::session_wait_once(steady::time_point deadline,
         s->sql() << "SELECT 1", soci::into(one);
         return session_granted(std::move(s), r->fence, sent);
       }
+      if (r->kind == detail::session_lock::tried::held) continue;  // the server's wait ran out
       // No marker yet (the lock was given back): mark the name, or wait for its durable holder.
       if (!detail::session_lock::mark(*s, name) && cancel.sleep_for(milliseconds(50)))
         throw error(errc::cancelled, what + ": cancelled");

@@ -1,6 +1,8 @@
 #include "storage/session_lock.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "core/identifier.hpp"
 #include "storage/lock_table.hpp"
@@ -23,7 +25,13 @@ tried lock_with(session_scope& s, const statement& st, const std::string& name,
   const std::int64_t v =
       s.run(st, {key_text(s, name), name, session_mode_token, static_cast<long long>(ttl_ms)})
           .integer(0, 0);
-  if (v > 0) return {tried::granted, v};
+  if (v > 0) {
+    // Where a SELECT cannot set the idle timeout, a statement of its own sets it now (until it
+    // has, the session idles under the server's default: the grant is not yet reported).
+    if (s.statements().can.session_idle_apart)
+      s.run(s.statements().session_idle, {static_cast<long long>(ttl_ms)});
+    return {tried::granted, v};
+  }
   if (v == 0) return {tried::held, 0};
   unlock(s, name);  // locked, but no marker: give it back before marking
   return {tried::unmarked, 0};
@@ -45,7 +53,14 @@ tried wait_lock(session_scope& s, const std::string& name, std::int64_t ttl_ms) 
 }
 
 bool unlock(session_scope& s, const std::string& name) {
-  return s.run(s.statements().session_unlock, {key_text(s, name)}).integer(0, 0) == 1;
+  const bool held = s.run(s.statements().session_unlock, {key_text(s, name)}).integer(0, 0) == 1;
+  if (s.statements().can.session_idle_apart) s.run(s.statements().session_idle_reset, {});
+  return held;
+}
+
+void check_supported(session_scope& s, const std::string& what) {
+  if (const char* why = s.dia().conn.session_lease_refusal(s.state()))
+    throw error(errc::invalid_argument, what + ": lease_mode::session " + why);
 }
 
 std::vector<server_session> sessions(session_scope& s, const std::string& name) {
@@ -58,7 +73,17 @@ std::vector<server_session> sessions(session_scope& s, const std::string& name) 
 }
 
 bool end_session(session_scope& s, std::int64_t pid) {
-  return s.run(s.statements().session_end, {static_cast<long long>(pid)}).integer(0, 0) == 1;
+  const sql_result r = s.run(s.statements().session_end, {static_cast<long long>(pid)});
+  if (!r.empty()) return r.integer(0, 0) == 1;
+  // Ended in the background (MariaDB's KILL): wait up to 5 s until it is gone.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (auto pause = std::chrono::milliseconds(1);;
+       pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+    if (s.run(s.statements().session_gone, {static_cast<long long>(pid)}).integer(0, 0) == 1)
+      return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(pause);
+  }
 }
 
 bool mark(session_scope& s, const std::string& name) {

@@ -1,5 +1,5 @@
-// Internal: a lease held as a server session lock (PostgreSQL; the statements are the dialect's,
-// vocabulary::session_lock() and its neighbours). The exclusion is the session-level advisory
+// Internal: a lease held as a server session lock (PostgreSQL, MariaDB; the statements are the
+// dialect's, vocabulary::session_leases()). The exclusion is the session-level advisory
 // lock of a key the server hashes from the table prefix and the name; the fence is the name's
 // marker fence plus the next value of a sequence. A name in session mode has a marker: its lock
 // row, held for good by session_mode_token, so a durable lease of the name is refused while it
@@ -35,6 +35,9 @@ void set_lock_timeout(session_scope& s, std::int64_t wait_ms);
 /// `unmarked` as try_lock(), and the limit back to none. A failure may leave the lock held by
 /// the session: the caller then drops the connection (which ends the session).
 tried wait_lock(session_scope& s, const std::string& name, std::int64_t ttl_ms);
+/// Throws invalid_argument (`what`: lease_mode::session ...) when the server of session `s`
+/// cannot keep session leases (Galera: a session lock is local to one node).
+void check_supported(session_scope& s, const std::string& what);
 /// Gives the session lock of `name` back and the idle timeouts to none; false when this session
 /// did not hold it.
 bool unlock(session_scope& s, const std::string& name);

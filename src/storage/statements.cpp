@@ -201,6 +201,10 @@ void session_statements(lock_statements& s, const vocabulary& v, const table_nam
   s.session_unlock = make("session_unlock", x.unlock, {"key"});
   s.session_sessions = make("session_sessions", x.sessions, {"key"});
   s.session_end = make("session_end", x.end, {"pid"});
+  if (!s.can.session_idle_apart) return;
+  s.session_idle = make("session_idle", x.idle, {"ttl"});
+  s.session_idle_reset = make("session_idle_reset", x.idle_reset, {});
+  s.session_gone = make("session_gone", x.gone, {"pid"});
 }
 
 void admin_statements(lock_statements& s, const vocabulary& v, const table_names& t) {

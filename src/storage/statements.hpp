@@ -45,7 +45,7 @@ struct lock_statements {
   /// table -> 1 when the lock table is durable, 0 when a crash may lose its writes (PostgreSQL:
   /// UNLOGGED). Empty text where it is always durable.
   statement lock_durable;
-  // ---- session leases (vocabulary::session_lock() and the next ones; PostgreSQL) -------------
+  // ---- session leases (vocabulary::session_leases(); PostgreSQL, MariaDB) --------------------
   /// key (the text the server hashes into the lock's key), name, marker (a marker row's owner
   /// token), ttl (ms) -> the fence (the marker's plus the fence sequence's next value), 0 when
   /// another session holds the lock, -1 when taken but the name has no marker (given back);
@@ -59,8 +59,13 @@ struct lock_statements {
   /// key -> one row per server session holding or waiting for the lock, holders first, waiters
   /// by arrival: pid, client address, 1 when holding, its statement's start (µs), now (µs).
   statement session_sessions;
-  /// pid -> 1 once that server session ended (waiting up to 5 s).
+  /// pid -> 1 once that server session ended (waiting up to 5 s); no row where the server ends
+  /// it in the background (MariaDB's KILL): session_gone then tells when it has.
   statement session_end;
+  /// capabilities::session_idle_apart: ttl (ms) -> the session's idle timeout becomes ttl
+  /// (rounded up to what the server counts in); the idle timeout back to the server's default;
+  /// pid -> 1 when that server session is gone.
+  statement session_idle, session_idle_reset, session_gone;
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
   statement durable_commit;
   /// Raises the fence epoch by one -> the new epoch (PostgreSQL; see fence_floor())

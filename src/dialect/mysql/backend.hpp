@@ -53,6 +53,7 @@ class connector final : public detail::connector {
   void lock_migrations(soci::session&, const connection_state&,
                        const std::string& key) const override;
   void unlock_migrations(soci::session&, const std::string& key) const override;
+  const char* session_lease_refusal(const connection_state& st) const override;
 };
 
 /// Wake-ups through a sleeping connection that the releasing process interrupts (doorbell.cpp).
@@ -76,9 +77,12 @@ class vocabulary final : public detail::vocabulary {
     c.hand_over = handover::none;
     c.exit = queue_exit::deferred;
     c.skip_locked = true;
+    c.session_leases = true;
+    c.session_idle_apart = true;
     return c;
   }
   fence_check check_fence_native(const table_names& t) const override;
+  session_texts session_leases(const table_names& t) const override;
   std::string no_fast_leases() const override {
     return "MySQL and MariaDB flush the log at commit for the whole server "
            "(innodb_flush_log_at_trx_commit is a global setting), so one lock table cannot skip "

@@ -155,6 +155,12 @@ std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
   return st;
 }
 
+const char* connector::session_lease_refusal(const connection_state& st) const {
+  if (!static_cast<const state&>(st).galera) return nullptr;
+  return "cannot work on Galera (GET_LOCK is local to one node: another node's session would get "
+         "the same lock); use the durable mode";
+}
+
 bool connector::end_session(soci::session& sql, const session_ref& s,
                             std::chrono::milliseconds timeout) const {
   if (s.id == 0 || s.tag.empty()) return false;

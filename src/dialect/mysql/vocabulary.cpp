@@ -91,4 +91,49 @@ vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) con
   return {"CALL " + t.prefix + "dblock_check_fence(?, ?)", false};
 }
 
+// ---- session leases -----------------------------------------------------------------------------
+// GET_LOCK names are server-wide and at most 64 characters: the key is the SHA-256 (64 hex
+// digits) of the database's name and the text the caller binds (prefix, U+FFFF, name).
+
+namespace {
+const char* const session_key = "SHA2(CONCAT(DATABASE(), X'00', :key), 256)";
+
+std::string session_fence(const table_names& t) {
+  return "COALESCE((SELECT fence FROM " + t.lock +
+         " WHERE resource_name = :name AND owner_token = :marker AND hold_count > 0) + NEXTVAL(" +
+         t.prefix + "session_fence), -1)";
+}
+}  // namespace
+
+vocabulary::session_texts vocabulary::session_leases(const table_names& t) const {
+  session_texts x;
+  // GET_LOCK: 1 granted, 0 timed out (held), NULL on an error or a KILL QUERY.
+  x.try_lock = std::string("SELECT CASE WHEN GET_LOCK(") + session_key + ", 0) = 1 THEN " +
+               session_fence(t) + " ELSE 0 END";
+  x.wait_lock = std::string("SELECT CASE WHEN GET_LOCK(") + session_key +
+                ", @dblock_session_wait) = 1 THEN " + session_fence(t) + " ELSE 0 END";
+  x.lock_timeout = "SET @dblock_session_wait = :ms / 1000";
+  x.unlock = std::string("SELECT COALESCE(RELEASE_LOCK(") + session_key + "), 0)";
+  // The holder only: which sessions wait for a user lock is not shown without the
+  // METADATA_LOCK_INFO plugin. Its client and the start of its state (idle: since its last
+  // statement) from the process list, where the user can see it.
+  x.sessions = std::string(
+                   "SELECT h.id, CASE WHEN p.HOST IS NULL THEN '?' WHEN p.HOST = "
+                   "'localhost' THEN 'local' ELSE SUBSTRING_INDEX(p.HOST, ':', 1) END, 1, ") +
+               epoch_us(
+                   "UTC_TIMESTAMP(6) - INTERVAL CAST(COALESCE(p.TIME_MS, 0) * 1000 AS "
+                   "SIGNED) MICROSECOND") +
+               ", " + epoch_us("UTC_TIMESTAMP(6)") + " FROM (SELECT IS_USED_LOCK(" + session_key +
+               ") AS id) h LEFT JOIN information_schema.PROCESSLIST p ON p.ID = h.id WHERE h.id "
+               "IS NOT NULL";
+  x.end = "KILL CONNECTION :pid";
+  x.gone =
+      "SELECT CAST(COUNT(*) = 0 AS SIGNED) FROM information_schema.PROCESSLIST WHERE ID = :pid";
+  // wait_timeout counts whole seconds: rounded up, so the server never ends a session before its
+  // TTL (it ends it less than a second after).
+  x.idle = "SET SESSION wait_timeout = GREATEST(1, CEILING(:ttl / 1000))";
+  x.idle_reset = "SET SESSION wait_timeout = DEFAULT";
+  return x;
+}
+
 }  // namespace dblock::detail::my
