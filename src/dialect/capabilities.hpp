@@ -46,6 +46,11 @@ struct capabilities {
   /// The idle timeout is set after a grant and reset after a release by statements of their own
   /// (MariaDB: a SELECT cannot set wait_timeout); elsewhere the lock statements set it.
   bool session_idle_apart = false;
+  /// The fence sequence can go back in a crash (MariaDB: NEXTVAL's write is not flushed with its
+  /// statement). Each connection raises the fence epoch in a durable transaction before its first
+  /// session grant, and a session fence adds epoch * 2^32: every fence after a crash is above every
+  /// fence before it (PostgreSQL's nextval is flushed with its transaction's commit).
+  bool session_fence_epoch = false;
 };
 
 }  // namespace dblock::detail

@@ -1,5 +1,4 @@
-// Internal: everything that differs between PostgreSQL, MySQL and SQLite, split by role in the
-// spirit of SOCI's src/backends/<name>/:
+// Internal: everything that differs between PostgreSQL, MySQL and SQLite, split by role:
 //   connector   connection and session set-up and control (connect string, pragmas, lock
 //               timeouts, transaction state, ending a server session, catalog look-ups);
 //   classifier  native errors -> dblock::error;
@@ -79,8 +78,9 @@ struct connection_state {
   /// Behind a transaction-mode pooler: nothing on the server outlives a transaction.
   bool transaction_pooler = false;
   /// The least fence a lease acquire on this connection grants (lock_table::fence_floor()),
-  /// once known.
+  /// once known; true: this connection raised the fence epoch for session grants (session_lock).
   std::optional<std::int64_t> fence_floor;
+  bool session_epoch_raised = false;
   /// The time the server's cluster takes to drop a lost node and go on, when the server says
   /// (a Galera node: evs.suspect_timeout plus the view change), and whence it comes; zero: it
   /// does not say (database_options::failover_window, database::failover()).
@@ -239,7 +239,7 @@ class connector {
   /// False when the connection cannot keep a session-level lock (behind a transaction-mode
   /// pooler): migrate then takes lock_migrations_in_transaction() in each of its transactions.
   virtual bool session_migration_lock(const connection_state&) const { return true; }
-  /// Why session leases cannot work on this connection's server (Galera); nullptr: they can.
+  /// Why session leases cannot work on this server (Galera); nullptr: they can.
   virtual const char* session_lease_refusal(const connection_state&) const { return nullptr; }
   /// The migration lock for the open transaction only (released by its COMMIT or ROLLBACK).
   virtual void lock_migrations_in_transaction(soci::session&, const std::string&) const {}

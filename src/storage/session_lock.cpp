@@ -18,10 +18,33 @@ std::string key_text(session_scope& s, const std::string& name) {
   return s.tables().prefix + std::string(internal_separator) + name;
 }
 
+// capabilities::session_fence_epoch: raises the fence epoch once per connection, durably, before
+// its first grant. A crash ends every connection, so every grant after it reads a higher epoch
+// than any grant before it, whatever the crash took back from the fence sequence.
+void raise_epoch_once(session_scope& s) {
+  const lock_statements& t = s.statements();
+  if (!t.can.session_fence_epoch || s.state().session_epoch_raised) return;
+  sql_result r;
+  try {
+    write_scope w(s, write_kind::transaction, "raise the fence epoch");
+    r = s.run(t.epoch_raise, {});
+    w.commit();
+  } catch (const error& e) {
+    // Raised or not is harmless either way (epochs may skip); nothing was granted.
+    if (e.code() != errc::in_doubt) throw;
+    throw error(errc::connection_lost, e.what(), e.backend(), e.sqlstate(), e.native_code());
+  }
+  if (r.affected < 1)
+    throw error(errc::schema_missing, "the fence floor row of " + s.tables().floor +
+                                          " is missing (run `dblock migrate`)");
+  s.state().session_epoch_raised = true;
+}
+
 // Runs a lock statement and reads its first column: the fence, 0 (held) or -1 (no marker: the
 // lock is given back at once).
 tried lock_with(session_scope& s, const statement& st, const std::string& name,
                 std::int64_t ttl_ms) {
+  raise_epoch_once(s);
   const std::int64_t v =
       s.run(st, {key_text(s, name), name, session_mode_token, static_cast<long long>(ttl_ms)})
           .integer(0, 0);

@@ -152,6 +152,27 @@ std::string env_or_fail(const char* name) {
   return v;
 }
 
+std::string server_instance(const context& ctx) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    try {
+      dblock::database db(ctx.url);
+      std::string v;
+      if (ctx.backend == "postgresql") {
+        db.connect().session() << "SELECT CAST(pg_postmaster_start_time() AS TEXT)", soci::into(v);
+        return v;
+      }
+      db.connect().session() << "SELECT @@pid_file", soci::into(v);
+      const std::string pid = read_file(v);
+      if (pid.empty()) FAIL("cannot read the server's pid file " << v);
+      return pid;
+    } catch (const std::exception& e) {  // not Catch's own failure, which FAIL throws
+      if (std::chrono::steady_clock::now() > give_up) FAIL("server instance: " << e.what());
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+  }
+}
+
 bool run_env_cmd(const char* var, const std::string& arg) {
   const char* cmd = std::getenv(var);
   if (!cmd || !*cmd) {

@@ -142,6 +142,11 @@ void report(const std::string& scenario, const std::string& backend, long long t
 /// topologies' variables, which scripts/test-servers.sh exports).
 std::string env_or_fail(const char* name);
 
+/// Which server process runs now, through a connection of its own (retried for 20 s while the
+/// server comes back): PostgreSQL's postmaster start time, MariaDB's process id from its pid
+/// file (the test servers run on this host). A different answer proves a restart in between.
+std::string server_instance(const context& ctx);
+
 /// Runs a shell command (from an environment variable) with an argument; true on status 0.
 bool run_env_cmd(const char* var, const std::string& arg);
 

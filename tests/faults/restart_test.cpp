@@ -21,30 +21,6 @@ using namespace dblock::test::faults;
 
 namespace {
 
-// Which server process runs now, through a connection of its own (retried for 20 s while the
-// server comes back): PostgreSQL's postmaster start time, MariaDB's process id from its pid
-// file (the test servers run on this host). A different answer proves a restart in between.
-std::string server_instance(const context& ctx) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  for (;;) {
-    try {
-      dblock::database db(ctx.url);
-      std::string v;
-      if (ctx.backend == "postgresql") {
-        db.connect().session() << "SELECT CAST(pg_postmaster_start_time() AS TEXT)", soci::into(v);
-        return v;
-      }
-      db.connect().session() << "SELECT @@pid_file", soci::into(v);
-      const std::string pid = read_file(v);
-      if (pid.empty()) FAIL("cannot read the server's pid file " << v);
-      return pid;
-    } catch (const std::exception& e) {  // not Catch's own failure, which FAIL throws
-      if (std::chrono::steady_clock::now() > give_up) FAIL("server instance: " << e.what());
-      std::this_thread::sleep_for(milliseconds(100));
-    }
-  }
-}
-
 // True when another server process runs than the one `before` names (server_instance()).
 bool restarted_since(const context& ctx, const std::string& before) {
   return server_instance(ctx) != before;

@@ -130,3 +130,33 @@ DBLOCK_TEST_ONLY("mysql",
          "stale_commit_error=" + std::to_string(err) +
              " certification_retries=" + std::to_string(certification_retries));
 }
+
+// Session leases (docs/session-leases.md) are refused on Galera: GET_LOCK is local to one node,
+// so a session of another node would get the same lock. The refusal names the reason, and the
+// durable mode of the same name works (the control: the cluster and the schema are fine).
+DBLOCK_TEST_ONLY("mysql", "galera: session leases are refused with the reason; durable ones work",
+                 "[faults][topology][galera][session_lease]") {
+  const std::string node1 = env_or_fail("DBLOCK_TEST_GALERA_NODE1_URL");
+  dblock::database_options o;
+  o.table_prefix = ctx.prefix;
+  dblock::database db(node1, o);
+  dblock::migrate(db);
+  const std::string name = "galera-session-" + random_suffix();
+  dblock::lease_options lo;
+  lo.mode = dblock::lease_mode::session;
+  dblock::lease_lock session(db, name, lo);
+  std::string refused;
+  try {
+    (void)session.try_acquire();
+  } catch (const dblock::error& e) {
+    CHECK(e.code() == dblock::errc::invalid_argument);
+    refused = e.what();
+  }
+  INFO(refused);
+  CHECK(refused.find("Galera") != std::string::npos);
+  CHECK_THROWS_AS(session.acquire(std::chrono::milliseconds(200)), dblock::error);
+  dblock::lease_lock durable(db, name);
+  auto g = durable.try_acquire();
+  REQUIRE(g);
+  CHECK(g->fence() > 0);
+}

@@ -79,6 +79,7 @@ class vocabulary final : public detail::vocabulary {
     c.skip_locked = true;
     c.session_leases = true;
     c.session_idle_apart = true;
+    c.session_fence_epoch = true;
     return c;
   }
   fence_check check_fence_native(const table_names& t) const override;

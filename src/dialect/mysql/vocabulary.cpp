@@ -93,15 +93,18 @@ vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) con
 
 // ---- session leases -----------------------------------------------------------------------------
 // GET_LOCK names are server-wide and at most 64 characters: the key is the SHA-256 (64 hex
-// digits) of the database's name and the text the caller binds (prefix, U+FFFF, name).
+// digits) of the database's name and the text the caller binds (prefix, U+FFFF, name). A fence
+// is the marker's, plus the fence epoch * 2^32 (capabilities::session_fence_epoch: a crash can
+// take NEXTVAL back, never the epoch), plus the sequence's next value.
 
 namespace {
 const char* const session_key = "SHA2(CONCAT(DATABASE(), X'00', :key), 256)";
 
 std::string session_fence(const table_names& t) {
   return "COALESCE((SELECT fence FROM " + t.lock +
-         " WHERE resource_name = :name AND owner_token = :marker AND hold_count > 0) + NEXTVAL(" +
-         t.prefix + "session_fence), -1)";
+         " WHERE resource_name = :name AND owner_token = :marker AND hold_count > 0) + (SELECT "
+         "epoch FROM " +
+         t.floor + " WHERE id = 1) * 4294967296 + NEXTVAL(" + t.prefix + "session_fence), -1)";
 }
 }  // namespace
 
