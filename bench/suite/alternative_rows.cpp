@@ -192,6 +192,33 @@ row mysql_get_lock_fenced(const backend_ctx& on, int keys) {
   return r;
 }
 
+// dblock.lease_session: lease_lock with lease_mode::session, against the server's own session
+// lock (`anchor`).
+row lease_session_row(int keys, const char* anchor) {
+  row ls{"dblock.lease_session", "alternative", anchor,
+         "lease_lock with lease_mode::session: try_acquire() + release(), distinct keys (the lock "
+         "with its fence and idle timeout, the unlock; MariaDB sets and resets the idle timeout "
+         "apart: four statements)"};
+  ls.setup = [keys](backend_ctx& b, int t) {
+    dblock::lease_options lo;
+    lo.mode = dblock::lease_mode::session;
+    auto locks = std::make_shared<std::vector<dblock::lease_lock>>();
+    for (int k = 0; k < keys; ++k) {
+      locks->emplace_back(b.db, "bench/session/" + std::to_string(t) + "/" + std::to_string(k), lo);
+      // A name's first session-mode acquire marks it (one durable write, once per name): done
+      // here, outside the measurement, which is about the steady state.
+      if (auto g = locks->back().try_acquire()) g->release();
+    }
+    return cycle_fn([locks, keys] {
+      auto g = (*locks)[static_cast<std::size_t>(rand_below(keys))].try_acquire();
+      if (!g) return false;
+      g->release();
+      return true;
+    });
+  };
+  return ls;
+}
+
 }  // namespace
 
 std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
@@ -216,28 +243,7 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
          }});
   if (pg && b.db.options().pooler != dblock::pooler_mode::transaction) {
     ops.push_back(pg_advisory_fenced(keys));
-    row ls{"dblock.lease_session", "alternative", "pg.advisory",
-           "lease_lock with lease_mode::session: try_acquire() + release(), distinct keys (two "
-           "statements per cycle: the lock with its fence and idle timeouts, the unlock)"};
-    ls.setup = [keys](backend_ctx& b, int t) {
-      dblock::lease_options lo;
-      lo.mode = dblock::lease_mode::session;
-      auto locks = std::make_shared<std::vector<dblock::lease_lock>>();
-      for (int k = 0; k < keys; ++k) {
-        locks->emplace_back(b.db, "bench/session/" + std::to_string(t) + "/" + std::to_string(k),
-                            lo);
-        // A name's first session-mode acquire marks it (one durable write, once per name): done
-        // here, outside the measurement, which is about the steady state.
-        if (auto g = locks->back().try_acquire()) g->release();
-      }
-      return cycle_fn([locks, keys] {
-        auto g = (*locks)[static_cast<std::size_t>(rand_below(keys))].try_acquire();
-        if (!g) return false;
-        g->release();
-        return true;
-      });
-    };
-    ops.push_back(std::move(ls));
+    ops.push_back(lease_session_row(keys, "pg.advisory"));
     ops.push_back(pgbench_row("pgbench.advisory", "pg.advisory",
                               "pgbench -M prepared running pg.advisory's cycle (the best "
                               "client's figure for the anchor)",
@@ -248,6 +254,7 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
                               pg_fenced_lock(b) + ";\nSELECT pg_advisory_unlock(:k);\n", o));
   }
   if (my) ops.push_back(mysql_get_lock_fenced(b, keys));
+  if (my) ops.push_back(lease_session_row(keys, "mysql.get_lock"));
   if (my)
     ops.push_back({"mysql.get_lock", "alternative", "",
                    "GET_LOCK(name, 0) + RELEASE_LOCK, distinct names (no fencing, no lease)",
