@@ -45,7 +45,7 @@ bool end_server_session(dblock::database& db, long long id) {
 }  // namespace
 
 DBLOCK_TEST_SERVERS("session lock: excludes, fences grow, a durable lease is refused",
-                 "[session_lease][direct]") {
+                    "[session_lease][direct]") {
   const std::string name = unique_name("session");
   // Durable history first: the session fences must start above it.
   long long durable = 0;
@@ -191,7 +191,7 @@ bool eventually(const std::function<bool()>& f, std::chrono::milliseconds within
 }  // namespace
 
 DBLOCK_TEST_SERVERS("session lease: waiters queue in the server and get it in order",
-                 "[session_lease][direct]") {
+                    "[session_lease][direct]") {
   const std::string name = unique_name("session-fifo");
   dblock::lease_lock holder(ctx.db, name, session_mode());
   auto g = holder.try_acquire();
@@ -227,8 +227,9 @@ DBLOCK_TEST_SERVERS("session lease: waiters queue in the server and get it in or
   CHECK(session_waiters(ctx, name) == before);
 }
 
-DBLOCK_TEST_SERVERS("session lease: a wait ends at its deadline or cancel and leaves no lock behind",
-                 "[session_lease][direct]") {
+DBLOCK_TEST_SERVERS(
+    "session lease: a wait ends at its deadline or cancel and leaves no lock behind",
+    "[session_lease][direct]") {
   const std::string name = unique_name("session-wait");
   dblock::lease_lock holder(ctx.db, name, session_mode());
   auto g = holder.try_acquire();
@@ -351,9 +352,10 @@ DBLOCK_WORKER(session_paused_worker) {
   return 0;
 }
 
-DBLOCK_TEST_SERVERS("session lease: a holder paused past its TTL loses the lock to the server and "
-                    "writes nothing",
-                 "[session_lease][process][direct]") {
+DBLOCK_TEST_SERVERS(
+    "session lease: a holder paused past its TTL loses the lock to the server and "
+    "writes nothing",
+    "[session_lease][process][direct]") {
   const std::string items = ctx.table("session_items");
   ctx.exec("CREATE TABLE " + items + " (id INT PRIMARY KEY, v VARCHAR(32))");
   temp_dir dir("session-paused");
@@ -384,9 +386,10 @@ DBLOCK_TEST_SERVERS("session lease: a holder paused past its TTL loses the lock 
   CHECK(rows == 1);
 }
 
-DBLOCK_TEST_SERVERS("session lease: status lists the holding and waiting server sessions; a "
-                    "forced release ends the holder's session and keeps the name in session mode",
-                 "[session_lease][admin][direct]") {
+DBLOCK_TEST_SERVERS(
+    "session lease: status lists the holding and waiting server sessions; a "
+    "forced release ends the holder's session and keeps the name in session mode",
+    "[session_lease][admin][direct]") {
   const std::string name = unique_name("session-force");
   const std::string items = ctx.table("session_forced");
   ctx.exec("CREATE TABLE " + items + " (id INT PRIMARY KEY)");

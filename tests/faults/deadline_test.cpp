@@ -282,8 +282,9 @@ DBLOCK_TEST_SERVERS("deadline: behind a network black hole every call returns by
 // session's pinned connection: each ends by its bound + 1 s and fails, the connections it cut
 // off are never reused, and once the path is back the server has ended the held session: the name
 // is free, at a greater fence. Negative control: a session try with the sentinel off hangs.
-DBLOCK_TEST_SERVERS("deadline: session leases behind a network black hole return by their deadlines",
-                 "[faults][deadline][session_lease]") {
+DBLOCK_TEST_SERVERS(
+    "deadline: session leases behind a network black hole return by their deadlines",
+    "[faults][deadline][session_lease]") {
   auto [host, port] = url_host_port(ctx.url);
   tcp_proxy proxy(host, port);
   database db(url_via(ctx.url, proxy.port()), test_options(ctx));

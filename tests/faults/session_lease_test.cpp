@@ -187,8 +187,7 @@ DBLOCK_TEST_ONLY("mysql",
     auto g = l.acquire(std::chrono::seconds(10));
     const long long after = g.fence();
     INFO("attempt " << attempt + 1 << ": fence before the crash " << before << ", after " << after
-                    << "; the sequence's part " << before % low_bits << " -> "
-                    << after % low_bits);
+                    << "; the sequence's part " << before % low_bits << " -> " << after % low_bits);
     CHECK(after > before);
     if (after % low_bits <= before % low_bits) ++went_back;
     last = after;
@@ -250,7 +249,7 @@ std::string wait_for_session_waiter(const context& ctx, const std::string& name,
 // The fault is proved: the waiter logged the retry and waits from another server session.
 // Control, seen failing: before session waits rode out, the wait ended with connection_lost.
 DBLOCK_TEST_SERVERS("session leases: a wait rides out a cut of its connection",
-                 "[faults][session_lease]") {
+                    "[faults][session_lease]") {
   auto [host, port] = url_host_port(ctx.url);
   tcp_proxy proxy(host, port);
   auto logged = std::make_shared<warnings>();
@@ -300,7 +299,7 @@ DBLOCK_TEST_SERVERS("session leases: a wait rides out a cut of its connection",
 // two holders at once, both endings and grants really happened (not vacuous), and afterwards no
 // server session holds or waits for the name and a new try gets it at once.
 DBLOCK_TEST_SERVERS("session leases: an interrupt storm leaves no lock held",
-                 "[faults][session_lease]") {
+                    "[faults][session_lease]") {
   const int threads = 6;
   const auto storm_for = milliseconds(full() ? 10000 : 2000);
   dblock::database_options o = ctx.options();
