@@ -7,8 +7,7 @@
 //   executor    running a statement with bound values: prepared once per connection where the
 //               backend can (PostgreSQL PQprepare, SQLite cached sqlite3_stmt), one text round
 //               trip on MySQL (as its own client library does).
-// Each backend implements these roles in src/dialect/<backend>/ (doorbell where it has one).
-// Nothing outside src/dialect/ branches on the backend.
+// Each backend implements them in src/dialect/<backend>/; nothing outside branches on the backend.
 #pragma once
 
 #include <chrono>
@@ -29,6 +28,7 @@
 #include "dialect/capabilities.hpp"
 #include "dialect/doorbell.hpp"
 #include "dialect/interrupter.hpp"
+#include "dialect/session_state.hpp"
 
 #include <soci/soci-backend.h>  // soci::data_type
 
@@ -78,9 +78,9 @@ struct connection_state {
   /// Behind a transaction-mode pooler: nothing on the server outlives a transaction.
   bool transaction_pooler = false;
   /// The least fence a lease acquire on this connection grants (lock_table::fence_floor()),
-  /// once known; true: this connection raised the fence epoch for session grants (session_lock).
+  /// once known; session: what session leases keep here.
   std::optional<std::int64_t> fence_floor;
-  bool session_epoch_raised = false;
+  session_lease_state session;
   /// The time the server's cluster takes to drop a lost node and go on, when the server says
   /// (a Galera node: evs.suspect_timeout plus the view change), and whence it comes; zero: it
   /// does not say (database_options::failover_window, database::failover()).

@@ -158,7 +158,7 @@ std::optional<lease_guard> lease_lock::impl::session_attempt() {
   if (auto g = session_reentry()) return g;
   const auto& dbi = detail::access::impl(db);
   auto what = [&] { return "acquire lease '" + detail::printable(name) + "' (session mode)"; };
-  auto s = dbi->lease(dbi);  // armed with the call's deadline
+  auto s = dbi->lease(dbi, true, true);  // armed with the call's deadline
   const auto sent = steady::now();
   try {
     detail::session_lock::check_supported(*s, what());
@@ -238,7 +238,7 @@ lease_guard lease_lock::impl::session_wait_once(steady::time_point deadline,
   for (;;) {
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady::now());
     if (left.count() <= 0) throw timed_out();
-    auto s = dbi->lease(dbi);  // armed with the wait's deadline
+    auto s = dbi->lease(dbi, true, true);  // armed with the wait's deadline
     try {
       detail::session_lock::check_supported(*s, what);
       detail::session_lock::set_lock_timeout(*s, left.count());

@@ -69,7 +69,7 @@ deadline_clock::time_point database_impl::call_deadline_now(std::string& what) c
 }
 
 std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<database_impl>& self,
-                                                    bool armed) {
+                                                    bool armed, bool for_session_lease) {
   std::size_t pos = 0;
   std::string what;
   const auto until = armed ? call_deadline_now(what) : deadline_clock::time_point::max();
@@ -89,6 +89,18 @@ std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<databa
             (wait < options.pool_wait ? "; the call's deadline: " + what : std::string()) + ")");
   auto s = std::make_unique<session_scope>(self, pos);
   slot& sl = slots[pos];
+  // An idle timeout a session grant left (session_lease_state): a connection that idled nearly
+  // that long may have been ended by the server, and is opened again.
+  const bool idle_limit = sl.opened && sl.state && sl.state->session.idle_ms > 0;
+  if (idle_limit && std::chrono::steady_clock::now() - sl.state->session.idle_since >=
+                        std::chrono::milliseconds(sl.state->session.idle_ms - 250)) {
+    sl.opened = false;
+    sl.state.reset();
+    try {
+      s->sql().close();
+    } catch (...) {
+    }
+  }
   if (!sl.opened) {
     if (!armed) {
       open(s->sql(), sl, std::nullopt);  // a failure gives the slot back (~session_scope)
@@ -98,7 +110,21 @@ std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<databa
     }
   }
   if (armed) s->arm(until, what);
+  if (!for_session_lease && sl.state && sl.state->session.idle_ms > 0) reset_idle(*s);
   return s;
+}
+
+void database_impl::reset_idle(session_scope& s) {
+  try {
+    s.run(s.statements().session_idle_reset, {});
+    s.state().session.idle_ms = 0;
+  } catch (const soci::soci_error&) {
+    s.mark_broken();
+    throw s.failure("reset the connection's idle timeout");
+  } catch (...) {
+    s.mark_broken();
+    throw;
+  }
 }
 
 namespace {
@@ -253,6 +279,8 @@ session_scope::~session_scope() {
   }
   armed_.disarm();  // before the connection closes: the sentinel never touches a closed one
   if (sl.state) sl.state->call_deadline.reset();
+  if (sl.state && sl.state->session.idle_ms > 0)
+    sl.state->session.idle_since = std::chrono::steady_clock::now();
   if (broken_) {
     // Reconnect on the next lease instead of handing out a dead connection.
     sl.opened = false;

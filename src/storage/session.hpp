@@ -70,8 +70,12 @@ struct database_impl {
   /// Borrows a connected session. `armed`: dblock's own use, bounded by the thread's call
   /// deadline (storage/deadline.hpp), else by options.call_timeout; false for a connection
   /// handed to the caller (database::connect(), transactions), whose statements are theirs.
+  /// `for_session_lease`: keeps an idle timeout an earlier session grant left on the connection
+  /// (session_lease_state), which is reset for any other use.
   std::unique_ptr<session_scope> lease(const std::shared_ptr<database_impl>& self,
-                                       bool armed = true);
+                                       bool armed = true, bool for_session_lease = false);
+  /// Gives `s` the server's default idle timeout back (session_lease_state).
+  void reset_idle(session_scope& s);
   /// Opens a slot's connection (see session.cpp), connecting for at most `left`.
   void open(soci::session& sql, slot& sl, std::optional<std::chrono::milliseconds> left);
   /// Opens slot `sl` for `s` on a thread of its own, waiting until `until` at most.

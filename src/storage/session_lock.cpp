@@ -23,7 +23,7 @@ std::string key_text(session_scope& s, const std::string& name) {
 // than any grant before it, whatever the crash took back from the fence sequence.
 void raise_epoch_once(session_scope& s) {
   const lock_statements& t = s.statements();
-  if (!t.can.session_fence_epoch || s.state().session_epoch_raised) return;
+  if (!t.can.session_fence_epoch || s.state().session.epoch_raised) return;
   sql_result r;
   try {
     write_scope w(s, write_kind::transaction, "raise the fence epoch");
@@ -37,7 +37,7 @@ void raise_epoch_once(session_scope& s) {
   if (r.affected < 1)
     throw error(errc::schema_missing, "the fence floor row of " + s.tables().floor +
                                           " is missing (run `dblock migrate`)");
-  s.state().session_epoch_raised = true;
+  s.state().session.epoch_raised = true;
 }
 
 // Runs a lock statement and reads its first column: the fence, 0 (held) or -1 (no marker: the
@@ -50,9 +50,16 @@ tried lock_with(session_scope& s, const statement& st, const std::string& name,
           .integer(0, 0);
   if (v > 0) {
     // Where a SELECT cannot set the idle timeout, a statement of its own sets it now (until it
-    // has, the session idles under the server's default: the grant is not yet reported).
-    if (s.statements().can.session_idle_apart)
-      s.run(s.statements().session_idle, {static_cast<long long>(ttl_ms)});
+    // has, the session idles under the server's default: the grant is not yet reported), unless
+    // an earlier grant on this connection left the same one (see session_lease_state).
+    if (s.statements().can.session_idle_apart) {
+      const std::int64_t server_ms = std::max<std::int64_t>(1, (ttl_ms + 999) / 1000) * 1000;
+      if (s.state().session.idle_ms != server_ms) {
+        s.state().session.idle_ms = 0;  // unknown until the statement has run
+        s.run(s.statements().session_idle, {static_cast<long long>(ttl_ms)});
+        s.state().session.idle_ms = server_ms;
+      }
+    }
     return {tried::granted, v};
   }
   if (v == 0) return {tried::held, 0};
@@ -76,9 +83,8 @@ tried wait_lock(session_scope& s, const std::string& name, std::int64_t ttl_ms) 
 }
 
 bool unlock(session_scope& s, const std::string& name) {
-  const bool held = s.run(s.statements().session_unlock, {key_text(s, name)}).integer(0, 0) == 1;
-  if (s.statements().can.session_idle_apart) s.run(s.statements().session_idle_reset, {});
-  return held;
+  // An idle timeout set apart stays: the pool resets it before any other use of the connection.
+  return s.run(s.statements().session_unlock, {key_text(s, name)}).integer(0, 0) == 1;
 }
 
 void check_supported(session_scope& s, const std::string& what) {

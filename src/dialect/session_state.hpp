@@ -1,0 +1,22 @@
+// Internal: what a pooled connection keeps for session leases (storage/session_lock.hpp), part of
+// its connection_state.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace dblock::detail {
+
+struct session_lease_state {
+  /// This connection raised the fence epoch (capabilities::session_fence_epoch).
+  bool epoch_raised = false;
+  /// The idle timeout a grant set in a statement of its own and left in place after the release
+  /// (capabilities::session_idle_apart), as the server counts it: ms, 0 for the server's default.
+  /// The pool hands such a connection to another session lease as it is, resets it for any other
+  /// use, and drops it once it has idled nearly that long (the server may have ended it).
+  std::int64_t idle_ms = 0;
+  /// When the connection last went back to the pool (set while idle_ms is not 0).
+  std::chrono::steady_clock::time_point idle_since;
+};
+
+}  // namespace dblock::detail
