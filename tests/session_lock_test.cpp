@@ -516,29 +516,36 @@ DBLOCK_TEST_SERVERS("session lease: the SQL functions refuse the marker's owner"
   CHECK_FALSE(durable.try_acquire());  // the marker still holds the name
 }
 
-// MariaDB sets a session grant's idle timeout (wait_timeout) in a statement of its own and leaves
-// it on the connection after the release, so the next session grant there skips that statement.
-// The pool then owes the rest: any other use of the connection gets the server's default back,
-// and a connection that idled in the pool nearly that long (the server may have ended it) is
-// opened again instead of being handed out dead. Controls, seen failing: without the reset the
-// caller's connection kept a wait_timeout of 1 s; without the drop the next statement failed
-// with "server has gone away".
-DBLOCK_TEST_ONLY("mysql",
-                 "session lease: an idle timeout left for the next grant never reaches another "
-                 "use of the connection",
-                 "[session_lease][direct]") {
+// A session grant's idle timeout (PostgreSQL's idle_session_timeout, MariaDB's wait_timeout) is set
+// by a statement of its own and left on the connection after the release, so the next grant there
+// skips that statement. The pool then owes the rest: any other use of the connection gets the
+// server's default back, and a connection that idled in the pool nearly that long (the server may
+// have ended it) is opened again instead of being handed out dead. Controls, seen failing (on
+// MariaDB): without the reset the caller's connection kept a wait_timeout of 1 s; without the
+// drop the next use failed with "Server has gone away".
+DBLOCK_TEST_SERVERS(
+    "session lease: an idle timeout left for the next grant never reaches another "
+    "use of the connection",
+    "[session_lease][direct]") {
   dblock::database_options o = ctx.options();
   o.pool_size = 1;  // every use below takes the same pooled connection
   dblock::database db(ctx.url, o);
-  long long global = 0;
-  db.connect().session() << "SELECT @@global.wait_timeout", soci::into(global);
-  REQUIRE(global > 1);
+  const std::string q = ctx.backend == "postgresql"
+                            ? "SELECT current_setting('idle_session_timeout')"
+                            : "SELECT CAST(@@session.wait_timeout AS CHAR)";
+  std::string before, held, after;
+  db.connect().session() << q, soci::into(before);
   dblock::lease_lock lk(db, unique_name("session-idle-left"),
                         session_mode(std::chrono::seconds(1)));
-  lk.try_acquire()->release();
-  long long mine = 0;
-  db.connect().session() << "SELECT @@session.wait_timeout", soci::into(mine);
-  CHECK(mine == global);        // the caller's connection has the server's default again
+  {
+    auto g = lk.try_acquire();
+    REQUIRE(g);
+    // The holder's own connection has the TTL's (read on the pinned session through a write).
+    g->fenced([&](soci::session& sql) { sql << q, soci::into(held); });
+  }
+  CHECK(held != before);
+  db.connect().session() << q, soci::into(after);
+  CHECK(after == before);       // the caller's connection has the server's default again
   lk.try_acquire()->release();  // left at 1 s for the next grant
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the server ends it meanwhile
   int one = 0;

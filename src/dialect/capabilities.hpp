@@ -43,9 +43,9 @@ struct capabilities {
   /// server queues in order, a sequence, and idle timeouts that end a session (PostgreSQL 14+,
   /// MariaDB 10.3+).
   bool session_leases = false;
-  /// The idle timeout is set after a grant and reset after a release by statements of their own
-  /// (MariaDB: a SELECT cannot set wait_timeout); elsewhere the lock statements set it.
-  bool session_idle_apart = false;
+  /// The server counts a session lease's idle timeout in whole seconds (MariaDB's wait_timeout): a
+  /// TTL is rounded up.
+  bool session_idle_whole_seconds = false;
   /// The fence sequence can go back in a crash (MariaDB: NEXTVAL's write is not flushed with its
   /// statement). Each connection raises the fence epoch in a durable transaction before its first
   /// session grant, and a session fence adds epoch * 2^32: every fence after a crash is above every

@@ -10,8 +10,8 @@ namespace dblock::detail {
 struct session_lease_state {
   /// This connection raised the fence epoch (capabilities::session_fence_epoch).
   bool epoch_raised = false;
-  /// The idle timeout a grant set in a statement of its own and left in place after the release
-  /// (capabilities::session_idle_apart), as the server counts it: ms, 0 for the server's default.
+  /// The idle timeout a grant set in a statement of its own and left in place after the release,
+  /// as the server counts it: ms, 0 for the server's default.
   /// The pool hands such a connection to another session lease as it is, resets it for any other
   /// use, and drops it once it has idled nearly that long (the server may have ended it).
   std::int64_t idle_ms = 0;

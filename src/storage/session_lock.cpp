@@ -45,20 +45,20 @@ void raise_epoch_once(session_scope& s) {
 tried lock_with(session_scope& s, const statement& st, const std::string& name,
                 std::int64_t ttl_ms) {
   raise_epoch_once(s);
-  const std::int64_t v =
-      s.run(st, {key_text(s, name), name, session_mode_token, static_cast<long long>(ttl_ms)})
-          .integer(0, 0);
+  const std::int64_t v = s.run(st, {key_text(s, name), name, session_mode_token}).integer(0, 0);
   if (v > 0) {
-    // Where a SELECT cannot set the idle timeout, a statement of its own sets it now (until it
-    // has, the session idles under the server's default: the grant is not yet reported), unless
-    // an earlier grant on this connection left the same one (see session_lease_state).
-    if (s.statements().can.session_idle_apart) {
-      const std::int64_t server_ms = std::max<std::int64_t>(1, (ttl_ms + 999) / 1000) * 1000;
-      if (s.state().session.idle_ms != server_ms) {
-        s.state().session.idle_ms = 0;  // unknown until the statement has run
-        s.run(s.statements().session_idle, {static_cast<long long>(ttl_ms)});
-        s.state().session.idle_ms = server_ms;
-      }
+    // The idle timeout: a statement of its own sets it now (until it has, the session idles under
+    // the server's default: the grant is not yet reported), unless an earlier grant on this
+    // connection left the same one (session_lease_state). MariaDB cannot set it inside a SELECT,
+    // and on PostgreSQL setting it in every cycle costs more than once per connection and TTL.
+    const lock_statements& t = s.statements();
+    const std::int64_t server_ms = t.can.session_idle_whole_seconds
+                                       ? std::max<std::int64_t>(1, (ttl_ms + 999) / 1000) * 1000
+                                       : ttl_ms;
+    if (s.state().session.idle_ms != server_ms) {
+      s.state().session.idle_ms = 0;  // unknown until the statement has run
+      s.run(t.session_idle, {static_cast<long long>(ttl_ms)});
+      s.state().session.idle_ms = server_ms;
     }
     return {tried::granted, v};
   }

@@ -38,7 +38,8 @@ tried wait_lock(session_scope& s, const std::string& name, std::int64_t ttl_ms);
 /// Throws invalid_argument (`what`: lease_mode::session ...) when the server of session `s`
 /// cannot keep session leases (Galera: a session lock is local to one node).
 void check_supported(session_scope& s, const std::string& what);
-/// Gives the session lock of `name` back and the idle timeouts to none; false when this session
+/// Gives the session lock of `name` back (the idle timeouts stay for the connection's next grant;
+/// the pool resets them for any other use); false when this session
 /// did not hold it.
 bool unlock(session_scope& s, const std::string& name);
 /// A server session holding or waiting for the session lock of a name.

@@ -195,13 +195,12 @@ void row_statements(lock_statements& s, const vocabulary& v, const table_names& 
 void session_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   if (!s.can.session_leases) return;
   const auto x = v.session_leases(t);
-  s.session_try = make("session_try", x.try_lock, {"key", "name", "marker", "ttl"});
-  s.session_wait = make("session_wait", x.wait_lock, {"key", "name", "marker", "ttl"});
+  s.session_try = make("session_try", x.try_lock, {"key", "name", "marker"});
+  s.session_wait = make("session_wait", x.wait_lock, {"key", "name", "marker"});
   s.session_lock_timeout = make("session_lock_timeout", x.lock_timeout, {"ms"});
   s.session_unlock = make("session_unlock", x.unlock, {"key"});
   s.session_sessions = make("session_sessions", x.sessions, {"key"});
   s.session_end = make("session_end", x.end, {"pid"});
-  if (!s.can.session_idle_apart) return;
   s.session_idle = make("session_idle", x.idle, {"ttl"});
   s.session_idle_reset = make("session_idle_reset", x.idle_reset, {});
   s.session_gone = make("session_gone", x.gone, {"pid"});

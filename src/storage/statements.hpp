@@ -47,14 +47,14 @@ struct lock_statements {
   statement lock_durable;
   // ---- session leases (vocabulary::session_leases(); PostgreSQL, MariaDB) --------------------
   /// key (the text the server hashes into the lock's key), name, marker (a marker row's owner
-  /// token), ttl (ms) -> the fence (the marker's plus the fence sequence's next value), 0 when
-  /// another session holds the lock, -1 when taken but the name has no marker (given back);
-  /// granted, the session's idle timeouts become ttl.
+  /// token) -> the fence (the marker's plus the fence sequence's next value), 0 when another
+  /// session holds the lock, -1 when taken but the name has no marker (given back). The idle
+  /// timeouts are session_idle's.
   statement session_try;
   /// The same, waiting in the server's lock queue up to the limit session_lock_timeout (ms) set;
   /// the limit back to none after.
   statement session_wait, session_lock_timeout;
-  /// key -> 1 when this session held the lock (given back now); idle timeouts off.
+  /// key -> 1 when this session held the lock (given back now; the idle timeouts stay).
   statement session_unlock;
   /// key -> one row per server session holding or waiting for the lock, holders first, waiters
   /// by arrival: pid, client address, 1 when holding, its statement's start (µs), now (µs).
@@ -62,9 +62,8 @@ struct lock_statements {
   /// pid -> 1 once that server session ended (waiting up to 5 s); no row where the server ends
   /// it in the background (MariaDB's KILL): session_gone then tells when it has.
   statement session_end;
-  /// capabilities::session_idle_apart: ttl (ms) -> the session's idle timeout becomes ttl
-  /// (rounded up to what the server counts in); the idle timeout back to the server's default;
-  /// pid -> 1 when that server session is gone.
+  /// ttl (ms) -> the session's idle timeouts become ttl (rounded up to what the server counts
+  /// in); the idle timeouts back to the server's default; pid -> 1 when that session is gone.
   statement session_idle, session_idle_reset, session_gone;
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
   statement durable_commit;

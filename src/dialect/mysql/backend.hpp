@@ -78,7 +78,7 @@ class vocabulary final : public detail::vocabulary {
     c.exit = queue_exit::deferred;
     c.skip_locked = true;
     c.session_leases = true;
-    c.session_idle_apart = true;
+    c.session_idle_whole_seconds = true;
     c.session_fence_epoch = true;
     return c;
   }

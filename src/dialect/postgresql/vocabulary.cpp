@@ -226,17 +226,21 @@ std::string idle_timeouts(const std::string& ttl_text) {
 
 vocabulary::session_texts vocabulary::session_leases(const table_names& t) const {
   session_texts x;
+  // The idle timeouts are set by statements of their own (x.idle), once per connection and TTL
+  // (session_lease_state), not in every cycle (four set_config calls cost 3-18 % of its rate).
   x.try_lock = std::string("WITH l AS (SELECT pg_try_advisory_lock(") + session_key +
-               ") AS got) SELECT CASE WHEN got THEN " + session_fence(t) + " ELSE 0 END, " +
-               idle_timeouts("CASE WHEN got THEN CAST(:ttl AS TEXT) ELSE '0' END") + " FROM l";
+               ") AS got) SELECT CASE WHEN got THEN " + session_fence(t) + " ELSE 0 END FROM l";
   // MATERIALIZED: the lock is taken before the grant's columns are read.
   x.wait_lock = std::string("WITH l AS MATERIALIZED (SELECT pg_advisory_lock(") + session_key +
-                ") AS got) SELECT " + session_fence(t) + ", " +
-                idle_timeouts("CAST(:ttl AS TEXT)") +
+                ") AS got) SELECT " + session_fence(t) +
                 ", set_config('lock_timeout', '0', false) FROM l";
   x.lock_timeout = "SELECT set_config('lock_timeout', CAST(:ms AS TEXT), false)";
-  x.unlock = std::string("SELECT CAST(pg_advisory_unlock(") + session_key + ") AS INTEGER), " +
-             idle_timeouts("'0'");
+  x.unlock = std::string("SELECT CAST(pg_advisory_unlock(") + session_key + ") AS INTEGER)";
+  x.idle = "SELECT " + idle_timeouts("CAST(:ttl AS TEXT)");
+  x.idle_reset = "SELECT " + idle_timeouts("'0'");
+  x.gone =
+      "SELECT CAST(NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = CAST(:pid AS "
+      "INTEGER)) AS INTEGER)";
   // pg_locks shows a 64-bit advisory key as its high and low 32 bits (classid, objid) with
   // objsubid 1.
   x.sessions = std::string("WITH k AS (SELECT ") + session_key +
