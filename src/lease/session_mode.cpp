@@ -159,9 +159,10 @@ std::optional<lease_guard> lease_lock::impl::session_attempt() {
   const auto& dbi = detail::access::impl(db);
   auto what = [&] { return "acquire lease '" + detail::printable(name) + "' (session mode)"; };
   auto s = dbi->lease(dbi, true, true);  // armed with the call's deadline
+  // Refused before anything runs: the healthy connection goes back to the pool.
+  detail::session_lock::check_supported(*s, what());
   const auto sent = steady::now();
   try {
-    detail::session_lock::check_supported(*s, what());
     auto r = detail::session_lock::try_lock(*s, name, options.ttl.count());
     if (r.kind == detail::session_lock::tried::unmarked) {
       if (!detail::session_lock::mark(*s, name)) {  // a durable lease holds the name
@@ -239,8 +240,8 @@ lease_guard lease_lock::impl::session_wait_once(steady::time_point deadline,
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady::now());
     if (left.count() <= 0) throw timed_out();
     auto s = dbi->lease(dbi, true, true);  // armed with the wait's deadline
+    detail::session_lock::check_supported(*s, what);
     try {
-      detail::session_lock::check_supported(*s, what);
       detail::session_lock::set_lock_timeout(*s, left.count());
       const auto r = wait_watched(*s, name, options.ttl.count(), cancel);
       if (!r) throw error(errc::cancelled, what + ": cancelled");

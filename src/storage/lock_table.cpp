@@ -50,6 +50,25 @@ lock_info to_lock_info(const sql_result& r, std::size_t i) {
 
 }  // namespace
 
+std::int64_t raise_epoch(session_scope& s) {
+  const lock_statements& t = s.statements();
+  sql_result r;
+  try {
+    write_scope w(s, write_kind::transaction, "raise the fence epoch");
+    if (t.can.durable_commit) s.run(t.durable_commit, {});
+    r = s.run(t.epoch_raise, {});
+    w.commit();
+  } catch (const error& e) {
+    // An epoch raised or not is harmless either way (epochs may skip); nothing was granted.
+    if (e.code() != errc::in_doubt) throw;
+    throw error(errc::connection_lost, e.what(), e.backend(), e.sqlstate(), e.native_code());
+  }
+  if (r.empty() ? r.affected < 1 : r.is_null(0, 0))
+    throw error(errc::schema_missing, "the fence floor row of " + s.tables().floor +
+                                          " is missing (run `dblock migrate`)");
+  return r.empty() ? 0 : r.integer(0, 0);
+}
+
 std::int64_t fence_floor(session_scope& s) {
   connection_state& st = s.state();
   if (st.fence_floor) return *st.fence_floor;
@@ -63,22 +82,7 @@ std::int64_t fence_floor(session_scope& s) {
                       "pooler dblock cannot tell a server restart, so fences could go back after a "
                       "crash (make it durable with set_lease_durability() or `dblock migrate "
                       "--lease-durability durable`, or use a direct URL)");
-    const lock_statements& t = s.statements();
-    sql_result r;
-    try {
-      write_scope w(s, write_kind::transaction, "raise the fence epoch");
-      if (t.can.durable_commit) s.run(t.durable_commit, {});
-      r = s.run(t.epoch_raise, {});
-      w.commit();
-    } catch (const error& e) {
-      // An epoch raised or not is harmless either way (epochs may skip); nothing was acquired.
-      if (e.code() != errc::in_doubt) throw;
-      throw error(errc::connection_lost, e.what(), e.backend(), e.sqlstate(), e.native_code());
-    }
-    if (r.empty() || r.is_null(0, 0))
-      throw error(errc::schema_missing, "the fence floor row of " + s.tables().floor +
-                                            " is missing (run `dblock migrate`)");
-    floor = r.integer(0, 0) << fence_epoch_shift;
+    floor = raise_epoch(s) << fence_epoch_shift;
   }
   st.fence_floor = floor;
   return floor;

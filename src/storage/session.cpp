@@ -2,7 +2,9 @@
 // (write_scope).
 #include "storage/session.hpp"
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <thread>
 
 #include "storage/write_scope.hpp"
@@ -90,10 +92,13 @@ std::unique_ptr<session_scope> database_impl::lease(const std::shared_ptr<databa
   auto s = std::make_unique<session_scope>(self, pos);
   slot& sl = slots[pos];
   // An idle timeout a session grant left (session_lease_state): a connection that idled nearly
-  // that long may have been ended by the server, and is opened again.
+  // that long (within 250 ms, or half a shorter timeout) may have been ended by the server, and
+  // is opened again.
   const bool idle_limit = sl.opened && sl.state && sl.state->session.idle_ms > 0;
-  if (idle_limit && std::chrono::steady_clock::now() - sl.state->session.idle_since >=
-                        std::chrono::milliseconds(sl.state->session.idle_ms - 250)) {
+  const std::int64_t idle_ms = idle_limit ? sl.state->session.idle_ms : 0;
+  if (idle_limit &&
+      std::chrono::steady_clock::now() - sl.state->session.idle_since >=
+          std::chrono::milliseconds(idle_ms - std::min<std::int64_t>(250, idle_ms / 2))) {
     sl.opened = false;
     sl.state.reset();
     try {

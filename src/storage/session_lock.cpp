@@ -6,7 +6,6 @@
 
 #include "core/identifier.hpp"
 #include "storage/lock_table.hpp"
-#include "storage/write_scope.hpp"
 
 namespace dblock::detail::session_lock {
 
@@ -22,21 +21,8 @@ std::string key_text(session_scope& s, const std::string& name) {
 // its first grant. A crash ends every connection, so every grant after it reads a higher epoch
 // than any grant before it, whatever the crash took back from the fence sequence.
 void raise_epoch_once(session_scope& s) {
-  const lock_statements& t = s.statements();
-  if (!t.can.session_fence_epoch || s.state().session.epoch_raised) return;
-  sql_result r;
-  try {
-    write_scope w(s, write_kind::transaction, "raise the fence epoch");
-    r = s.run(t.epoch_raise, {});
-    w.commit();
-  } catch (const error& e) {
-    // Raised or not is harmless either way (epochs may skip); nothing was granted.
-    if (e.code() != errc::in_doubt) throw;
-    throw error(errc::connection_lost, e.what(), e.backend(), e.sqlstate(), e.native_code());
-  }
-  if (r.affected < 1)
-    throw error(errc::schema_missing, "the fence floor row of " + s.tables().floor +
-                                          " is missing (run `dblock migrate`)");
+  if (!s.statements().can.session_fence_epoch || s.state().session.epoch_raised) return;
+  lock_table::raise_epoch(s);
   s.state().session.epoch_raised = true;
 }
 
@@ -103,7 +89,8 @@ std::vector<server_session> sessions(session_scope& s, const std::string& name) 
 
 bool end_session(session_scope& s, std::int64_t pid) {
   const sql_result r = s.run(s.statements().session_end, {static_cast<long long>(pid)});
-  if (!r.empty()) return r.integer(0, 0) == 1;
+  if (!r.empty() || s.statements().session_gone.text.empty())
+    return !r.empty() && r.integer(0, 0) == 1;
   // Ended in the background (MariaDB's KILL): wait up to 5 s until it is gone.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (auto pause = std::chrono::milliseconds(1);;

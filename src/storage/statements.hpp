@@ -63,7 +63,8 @@ struct lock_statements {
   /// it in the background (MariaDB's KILL): session_gone then tells when it has.
   statement session_end;
   /// ttl (ms) -> the session's idle timeouts become ttl (rounded up to what the server counts
-  /// in); the idle timeouts back to the server's default; pid -> 1 when that session is gone.
+  /// in); the idle timeouts back to the server's default; pid -> 1 when that session is gone
+  /// (empty where session_end waits for that itself).
   statement session_idle, session_idle_reset, session_gone;
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
   statement durable_commit;

@@ -235,6 +235,26 @@ void hangs_without_deadlines(database& db, const std::function<void()>& end,
   CHECK(hung);
 }
 
+// Session-mode calls into a fault in place (`other`'s name is marked and free, `rival`'s is the
+// one `held` holds): each ends by its bound + 1 s (an acquire: its wait) and fails.
+void session_calls_end_by_deadline(const std::string& fault, lease_lock& other, lease_lock& rival,
+                                   lease_guard& held) {
+  const std::vector<std::pair<std::string, std::function<void()>>> calls = {
+      {"try_acquire", [&] { (void)other.try_acquire(); }},
+      {"acquire(1500 ms) of the held name", [&] { (void)rival.acquire(wait); }},
+      {"renew", [&] { held.renew(); }},
+      {"fenced", [&] { held.fenced([](soci::session& sql) { sql << "SELECT 1"; }); }},
+      {"release", [&] { held.release(); }}};
+  for (const auto& [what, run] : calls) {
+    const outcome o = timed(run);
+    const milliseconds limit = what.rfind("acquire(", 0) == 0 ? wait : bound;
+    INFO(fault << ": session-mode " << what << " took " << o.ms << " ms (bound " << limit.count()
+               << " ms + 1 s); " << (o.threw ? o.what : "no error"));
+    CHECK(o.ms <= (limit + slack).count());
+    CHECK(o.threw);  // the fault is real
+  }
+}
+
 }  // namespace
 
 DBLOCK_TEST_SERVERS("deadline: behind a network black hole every call returns by its deadline",
@@ -300,20 +320,7 @@ DBLOCK_TEST_SERVERS(
   warm(db, 8);
   const long long fired_before = detail::deadlines_fired();
   proxy.set_blackhole(true);
-  const std::vector<std::pair<std::string, std::function<void()>>> calls = {
-      {"try_acquire", [&] { (void)other.try_acquire(); }},
-      {"acquire(1500 ms) of the held name", [&] { (void)rival.acquire(wait); }},
-      {"renew", [&] { g->renew(); }},
-      {"fenced", [&] { g->fenced([](soci::session& sql) { sql << "SELECT 1"; }); }},
-      {"release", [&] { g->release(); }}};
-  for (const auto& [what, run] : calls) {
-    const outcome o = timed(run);
-    const milliseconds limit = what.rfind("acquire(", 0) == 0 ? wait : bound;
-    INFO(what << " took " << o.ms << " ms (bound " << limit.count() << " ms + 1 s); "
-              << (o.threw ? o.what : "no error"));
-    CHECK(o.ms <= (limit + slack).count());
-    CHECK(o.threw);  // the fault is real
-  }
+  session_calls_end_by_deadline("black hole", other, rival, *g);
   CHECK(detail::deadlines_fired() > fired_before);
   proxy.set_blackhole(false);
   db.ping();  // a pooled connection opened before the black hole, as above
@@ -468,4 +475,37 @@ DBLOCK_TEST_SERVERS(
   report("deadline-frozen-server", ctx.backend, static_cast<long long>(acked.size()),
          static_cast<long long>(acked.size()), lost + phantom,
          "in_doubt=" + std::to_string(doubtful.size()));
+}
+
+// The frozen server for session leases: every call on the holding session's pinned connection
+// (and a try, and a wait) ends by its bound + 1 s and fails; after the thaw the server ends the
+// sessions whose connections dblock dropped, and the name is granted at a greater fence.
+// Negative control: a session try with the sentinel off is still running 2 s past its bound.
+DBLOCK_TEST_SERVERS(
+    "deadline: session leases into a frozen server (SIGSTOP) return by their deadlines",
+    "[faults][deadline][session_lease][serial]") {
+  database db(ctx.url, test_options(ctx));
+  lease_options lo = short_lease();
+  lo.mode = lease_mode::session;
+  const std::string name = "dl-sfz-" + random_suffix();
+  lease_lock lk(db, name, lo), other(db, "dl-sfz-o-" + random_suffix(), lo), rival(db, name, lo);
+  other.try_acquire()->release();  // its name is in session mode: the try is the lock alone
+  auto g = lk.try_acquire();
+  REQUIRE(g);
+  const std::int64_t fence = g->fence();
+  database control(ctx.url, test_options(ctx));
+  control.ping();  // a connection opened before the freeze
+  warm(db, 8);
+  const long long fired_before = detail::deadlines_fired();
+  {
+    frozen_server frozen(ctx.backend);
+    REQUIRE(frozen.stopped);  // the fault is in place before the first call
+    session_calls_end_by_deadline("frozen server", other, rival, *g);
+    CHECK(detail::deadlines_fired() > fired_before);
+    hangs_without_deadlines(
+        control, [&] { frozen.thaw(); }, lo);
+  }
+  lease_lock after(ctx.db, name, lo);
+  auto a = after.acquire(ttl + slack);
+  CHECK(a.fence() > fence);
 }

@@ -238,9 +238,6 @@ vocabulary::session_texts vocabulary::session_leases(const table_names& t) const
   x.unlock = std::string("SELECT CAST(pg_advisory_unlock(") + session_key + ") AS INTEGER)";
   x.idle = "SELECT " + idle_timeouts("CAST(:ttl AS TEXT)");
   x.idle_reset = "SELECT " + idle_timeouts("'0'");
-  x.gone =
-      "SELECT CAST(NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = CAST(:pid AS "
-      "INTEGER)) AS INTEGER)";
   // pg_locks shows a 64-bit advisory key as its high and low 32 bits (classid, objid) with
   // objsubid 1.
   x.sessions = std::string("WITH k AS (SELECT ") + session_key +
@@ -253,6 +250,7 @@ vocabulary::session_texts vocabulary::session_leases(const table_names& t) const
                "l.pid WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.database = (SELECT "
                "oid FROM pg_database WHERE datname = current_database()) ORDER BY l.granted DESC, "
                "a.query_start";
+  // Waits (up to 5 s) until the session is gone, so no `gone` statement.
   x.end = "SELECT CAST(pg_terminate_backend(CAST(:pid AS INTEGER), 5000) AS INTEGER)";
   return x;
 }
