@@ -554,3 +554,55 @@ DBLOCK_TEST_SERVERS(
   auto g = lk.try_acquire();  // and the next grant works too
   CHECK(g);
 }
+
+// leave_session_mode(): the name goes back to row mode only once its session holder released
+// it, and its next row-mode fence is above every fence it had in session mode; a later
+// session-mode acquire marks it again. Control, seen failing: freeing the marker with its own
+// fence (not the grant's) gave the row-mode lease a fence below the session fences.
+DBLOCK_TEST_SERVERS("session lease: a name goes back to row mode above its session fences",
+                    "[session_lease][admin][direct]") {
+  const std::string name = unique_name("session-leave");
+  CHECK_FALSE(dblock::leave_session_mode(ctx.db, name));  // never in session mode
+  dblock::lease_lock s(ctx.db, name, session_mode());
+  long long session_max = 0;
+  for (int k = 0; k < 3; ++k) {
+    auto g = s.try_acquire();
+    REQUIRE(g);
+    session_max = g->fence();
+  }
+  auto held = s.try_acquire();
+  REQUIRE(held);
+  session_max = held->fence();
+  // Held: the change waits for the holder, and gives up at its wait.
+  CHECK(code_of([&] {
+          dblock::leave_session_mode(ctx.db, name, std::chrono::milliseconds(300));
+        }) == dblock::errc::timeout);
+  CHECK_NOTHROW(held->renew());  // the holder keeps it
+  {
+    dblock::lease_lock row_mode(ctx.db, name);
+    CHECK_FALSE(row_mode.try_acquire());  // still in session mode
+  }
+  held.reset();
+  CHECK(dblock::leave_session_mode(ctx.db, name));
+  CHECK_FALSE(dblock::leave_session_mode(ctx.db, name));  // done already
+  dblock::list_options lo;
+  lo.pattern = name;
+  lo.include_free = true;
+  const auto rows = dblock::list_locks(ctx.db, lo);
+  REQUIRE(rows.size() == 1);
+  CHECK_FALSE(rows[0].session_mode);
+  CHECK_FALSE(rows[0].held);
+  long long row_fence = 0;
+  {
+    dblock::lease_lock row_mode(ctx.db, name);
+    auto g = row_mode.try_acquire();
+    REQUIRE(g);  // row mode again
+    row_fence = g->fence();
+    INFO("last session fence " << session_max << ", first row-mode fence " << row_fence);
+    CHECK(row_fence > session_max);
+    CHECK_FALSE(s.try_acquire());  // a session-mode acquire cannot mark it while it is held
+  }
+  auto again = s.try_acquire();  // marks the name again
+  REQUIRE(again);
+  CHECK(again->fence() > row_fence);
+}
