@@ -319,19 +319,6 @@ void lease_state::pinned_release() {
 
 void lease_state::pinned_fenced(const std::function<void(soci::session&)>& write,
                                 const std::string& what) {
-  pinned_write(
-      [&](session_scope& s) {
-        try {
-          write(s.sql());
-        } catch (const soci::soci_error&) {
-          throw s.failure(what);
-        }
-      },
-      what);
-}
-
-void lease_state::pinned_write(const std::function<void(session_scope&)>& write,
-                               const std::string& what) {
   std::exception_ptr failure;
   bool session_gone = false;
   {
@@ -345,7 +332,11 @@ void lease_state::pinned_write(const std::function<void(session_scope&)>& write,
         // One transaction on the holding session: it commits only while the session lives, and
         // the session lock lives exactly as long (a lost COMMIT reply is in_doubt).
         write_scope w(s, write_kind::transaction, what);
-        write(s);
+        try {
+          write(s.sql());
+        } catch (const soci::soci_error&) {
+          throw s.failure(what);
+        }
         w.commit();
         if (!s.deadline_fired()) return;
         throw error(errc::in_doubt, what + ": " + s.deadline_cause());

@@ -89,7 +89,8 @@ std::vector<server_session> sessions(session_scope& s, const std::string& name) 
 
 bool end_session(session_scope& s, std::int64_t pid) {
   const sql_result r = s.run(s.statements().session_end, {static_cast<long long>(pid)});
-  if (!r.empty()) return r.integer(0, 0) == 1;  // a statement that waits itself
+  if (!r.empty() || s.statements().session_gone.text.empty())
+    return !r.empty() && r.integer(0, 0) == 1;
   // Ended in the background (MariaDB's KILL): wait up to 5 s until it is gone.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (auto pause = std::chrono::milliseconds(1);;
@@ -106,13 +107,6 @@ bool mark(session_scope& s, const std::string& name) {
   const std::int64_t century_us = 100LL * 366 * 24 * 3600 * 1000000;
   return lock_table::acquire(s, {name, session_mode_token, century_us, "session-mode", 0, ""})
       .has_value();
-}
-
-bool unmark(session_scope& s, const std::string& name, std::int64_t fence,
-            const std::string& token) {
-  return s.run(s.statements().session_unmark,
-               {static_cast<long long>(fence), token, name, session_mode_token})
-             .affected == 1;
 }
 
 }  // namespace dblock::detail::session_lock

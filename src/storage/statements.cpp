@@ -204,12 +204,6 @@ void session_statements(lock_statements& s, const vocabulary& v, const table_nam
   s.session_idle = make("session_idle", x.idle, {"ttl"});
   s.session_idle_reset = make("session_idle_reset", x.idle_reset, {});
   s.session_gone = make("session_gone", x.gone, {"pid"});
-  s.session_unmark =
-      make("session_unmark",
-           "UPDATE " + t.lock + " SET fence = :fence, hold_count = 0, owner_token = :token, " +
-               "expires_at = " + v.now() +
-               " WHERE resource_name = :name AND owner_token = :marker AND hold_count > 0",
-           {"fence", "token", "name", "marker"});
 }
 
 void admin_statements(lock_statements& s, const vocabulary& v, const table_names& t) {

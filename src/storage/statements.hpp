@@ -64,11 +64,8 @@ struct lock_statements {
   statement session_end;
   /// ttl (ms) -> the session's idle timeouts become ttl (rounded up to what the server counts
   /// in); the idle timeouts back to the server's default; pid -> 1 when that session is gone
-  /// (empty where session_end always waits for that itself).
+  /// (empty where session_end waits for that itself).
   statement session_idle, session_idle_reset, session_gone;
-  /// fence, token, name, marker -> frees the name's marker row (1 affected) with that fence and
-  /// token: the name is back in row mode (session_lock::unmark()).
-  statement session_unmark;
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
   statement durable_commit;
   /// Raises the fence epoch by one -> the new epoch (PostgreSQL; see fence_floor())
