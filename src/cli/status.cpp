@@ -185,9 +185,6 @@ int run_release(const common_options& c, const release_options& r) {
     std::string name = r.name;
     if (r.reader >= 0)
       name = dblock::rwlock::reader_lease_name(r.name, r.reader);
-    else if (r.reader >= 0)
-      std::cerr << "dblock release: read-write lock '" << shown(r.name) << "' has no reader "
-                << r.reader << " in the lock table (never taken, or reaped)\n";
     else if (r.leader)
       name = dblock::election::lease_name(r.name);
     else if (r.permit >= 0)

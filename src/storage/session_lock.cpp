@@ -89,8 +89,7 @@ std::vector<server_session> sessions(session_scope& s, const std::string& name) 
 
 bool end_session(session_scope& s, std::int64_t pid) {
   const sql_result r = s.run(s.statements().session_end, {static_cast<long long>(pid)});
-  if (!r.empty() || s.statements().session_gone.text.empty())
-    return !r.empty() && r.integer(0, 0) == 1;
+  if (!r.empty()) return r.integer(0, 0) == 1;  // a statement that waits itself
   // Ended in the background (MariaDB's KILL): wait up to 5 s until it is gone.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (auto pause = std::chrono::milliseconds(1);;

@@ -64,7 +64,7 @@ struct lock_statements {
   statement session_end;
   /// ttl (ms) -> the session's idle timeouts become ttl (rounded up to what the server counts
   /// in); the idle timeouts back to the server's default; pid -> 1 when that session is gone
-  /// (empty where session_end waits for that itself).
+  /// (empty where session_end always waits for that itself).
   statement session_idle, session_idle_reset, session_gone;
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
   statement durable_commit;

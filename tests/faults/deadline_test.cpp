@@ -235,10 +235,36 @@ void hangs_without_deadlines(database& db, const std::function<void()>& end,
   CHECK(hung);
 }
 
+lease_options session_lease() {
+  lease_options lo = short_lease();
+  lo.mode = lease_mode::session;
+  return lo;
+}
+
+// A session lease held on `db` (`lk`'s), a rival handle of its name, and another name in
+// session mode, free (its try is the lock statement alone).
+struct session_hold {
+  std::string name;
+  lease_lock lk, other, rival;
+  std::optional<lease_guard> g;
+  std::int64_t fence = 0;
+  session_hold(database& db, const std::string& tag)
+      : name(tag + random_suffix()),
+        lk(db, name, session_lease()),
+        other(db, tag + "o-" + random_suffix(), session_lease()),
+        rival(db, name, session_lease()) {
+    other.try_acquire()->release();
+    g = lk.try_acquire();
+    REQUIRE(g);
+    fence = g->fence();
+  }
+};
+
 // Session-mode calls into a fault in place (`other`'s name is marked and free, `rival`'s is the
 // one `held` holds): each ends by its bound + 1 s (an acquire: its wait) and fails.
-void session_calls_end_by_deadline(const std::string& fault, lease_lock& other, lease_lock& rival,
-                                   lease_guard& held) {
+void session_calls_end_by_deadline(const std::string& fault, session_hold& h) {
+  lease_lock &other = h.other, &rival = h.rival;
+  lease_guard& held = *h.g;
   const std::vector<std::pair<std::string, std::function<void()>>> calls = {
       {"try_acquire", [&] { (void)other.try_acquire(); }},
       {"acquire(1500 ms) of the held name", [&] { (void)rival.acquire(wait); }},
@@ -309,18 +335,12 @@ DBLOCK_TEST_SERVERS(
   tcp_proxy proxy(host, port);
   database db(url_via(ctx.url, proxy.port()), test_options(ctx));
   db.ping();
-  lease_options lo = short_lease();
-  lo.mode = lease_mode::session;
-  const std::string name = "dl-sbh-" + random_suffix();
-  lease_lock lk(db, name, lo), other(db, "dl-sbh-o-" + random_suffix(), lo), rival(db, name, lo);
-  other.try_acquire()->release();  // its name is in session mode: the try is the lock alone
-  auto g = lk.try_acquire();
-  REQUIRE(g);
-  const std::int64_t fence = g->fence();
+  const lease_options lo = session_lease();
+  session_hold h(db, "dl-sbh-");
   warm(db, 8);
   const long long fired_before = detail::deadlines_fired();
   proxy.set_blackhole(true);
-  session_calls_end_by_deadline("black hole", other, rival, *g);
+  session_calls_end_by_deadline("black hole", h);
   CHECK(detail::deadlines_fired() > fired_before);
   proxy.set_blackhole(false);
   db.ping();  // a pooled connection opened before the black hole, as above
@@ -333,9 +353,9 @@ DBLOCK_TEST_SERVERS(
       },
       lo);
   // The path is back: the server ends the sessions the proxy held (at once, or at the TTL).
-  lease_lock after(ctx.db, name, lo);
+  lease_lock after(ctx.db, h.name, lo);
   auto a = after.acquire(ttl + slack);
-  CHECK(a.fence() > fence);
+  CHECK(a.fence() > h.fence);
 }
 
 DBLOCK_TEST(
@@ -485,14 +505,8 @@ DBLOCK_TEST_SERVERS(
     "deadline: session leases into a frozen server (SIGSTOP) return by their deadlines",
     "[faults][deadline][session_lease][serial]") {
   database db(ctx.url, test_options(ctx));
-  lease_options lo = short_lease();
-  lo.mode = lease_mode::session;
-  const std::string name = "dl-sfz-" + random_suffix();
-  lease_lock lk(db, name, lo), other(db, "dl-sfz-o-" + random_suffix(), lo), rival(db, name, lo);
-  other.try_acquire()->release();  // its name is in session mode: the try is the lock alone
-  auto g = lk.try_acquire();
-  REQUIRE(g);
-  const std::int64_t fence = g->fence();
+  const lease_options lo = session_lease();
+  session_hold h(db, "dl-sfz-");
   database control(ctx.url, test_options(ctx));
   control.ping();  // a connection opened before the freeze
   warm(db, 8);
@@ -500,12 +514,12 @@ DBLOCK_TEST_SERVERS(
   {
     frozen_server frozen(ctx.backend);
     REQUIRE(frozen.stopped);  // the fault is in place before the first call
-    session_calls_end_by_deadline("frozen server", other, rival, *g);
+    session_calls_end_by_deadline("frozen server", h);
     CHECK(detail::deadlines_fired() > fired_before);
     hangs_without_deadlines(
         control, [&] { frozen.thaw(); }, lo);
   }
-  lease_lock after(ctx.db, name, lo);
+  lease_lock after(ctx.db, h.name, lo);
   auto a = after.acquire(ttl + slack);
-  CHECK(a.fence() > fence);
+  CHECK(a.fence() > h.fence);
 }
