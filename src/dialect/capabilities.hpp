@@ -46,11 +46,6 @@ struct capabilities {
   /// The server counts a session lease's idle timeout in whole seconds (MariaDB's wait_timeout): a
   /// TTL is rounded up.
   bool session_idle_whole_seconds = false;
-  /// The fence sequence can go back in a crash (MariaDB: NEXTVAL's write is not flushed with its
-  /// statement). Each connection raises the fence epoch in a durable transaction before its first
-  /// session grant, and a session fence adds epoch * 2^32: every fence after a crash is above every
-  /// fence before it (PostgreSQL's nextval is flushed with its transaction's commit).
-  bool session_fence_epoch = false;
 };
 
 }  // namespace dblock::detail

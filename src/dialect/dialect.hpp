@@ -324,18 +324,17 @@ class vocabulary {
   /// True where the lock table has no expiry index (PostgreSQL, migration 0010: HOT lease
   /// writes): the reaper walks it in primary-key order.
   virtual bool reap_in_key_order() const { return false; }
-  /// The DDL making the lock table non-durable (`fast`) or durable again; empty where the
-  /// backend has no such table (see no_fast_leases()).
-  virtual std::string set_lock_table_durability(const table_names&, bool /*fast*/) const {
-    return {};
-  }
+  /// The DDL making the lock table non-durable (the bool: fast) or durable again; empty where
+  /// the backend has no such table (see no_fast_leases()).
+  virtual std::string set_lock_table_durability(const table_names&, bool) const { return {}; }
   virtual std::string no_fast_leases() const { return {}; }  ///< why there is no fast mode
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does).
   virtual std::string durable_commit() const { return {}; }
-  /// Session leases (capabilities::session_leases): the texts of lock_statements::session_try
-  /// and the next ones (storage/statements.hpp, which says what each does); empty elsewhere.
+  /// Session leases: the texts of lock_statements::session_try and the next ones
+  /// (storage/statements.hpp says what each does; capabilities::session_leases); empty elsewhere.
   struct session_texts {
-    std::string try_lock, wait_lock, lock_timeout, unlock, sessions, end, idle, idle_reset, gone;
+    std::string try_lock, wait_lock, lock_timeout, unlock, sessions, end, idle, idle_reset, gone,
+        fence_next, fence_set;
   };
   virtual session_texts session_leases(const table_names&) const { return {}; }
   /**

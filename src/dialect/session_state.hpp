@@ -8,7 +8,7 @@
 namespace dblock::detail {
 
 struct session_lease_state {
-  /// This connection raised the fence epoch (capabilities::session_fence_epoch).
+  /// This connection moved the fence sequence 2^32 ahead (session_lock.cpp, raise_once()).
   bool epoch_raised = false;
   /// The idle timeout a grant set in a statement of its own and left in place after the release,
   /// as the server counts it: ms, 0 for the server's default.

@@ -50,13 +50,14 @@ lock_info to_lock_info(const sql_result& r, std::size_t i) {
 
 }  // namespace
 
-std::int64_t raise_epoch(session_scope& s) {
+std::int64_t raise_epoch(session_scope& s, const std::function<void()>& also) {
   const lock_statements& t = s.statements();
   sql_result r;
   try {
     write_scope w(s, write_kind::transaction, "raise the fence epoch");
     if (t.can.durable_commit) s.run(t.durable_commit, {});
     r = s.run(t.epoch_raise, {});
+    if (also && (r.empty() ? r.affected > 0 : !r.is_null(0, 0))) also();
     w.commit();
   } catch (const error& e) {
     // An epoch raised or not is harmless either way (epochs may skip); nothing was granted.

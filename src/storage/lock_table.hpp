@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -60,11 +61,13 @@ constexpr int fence_epoch_shift = 32;
  * transaction-mode pooler, whose client connections outlive the server's sessions.
  */
 std::int64_t fence_floor(session_scope&);
-/// Raises the fence epoch by one in a durable transaction (fence_floor(), and session leases on
-/// MariaDB) -> the new epoch where the statement returns it (RETURNING), else 0. A lost COMMIT
-/// reply is errc::connection_lost (an epoch raised or not is harmless); no floor row is
+/// Raises the fence epoch by one in a durable transaction (fence_floor(), and session leases) ->
+/// the new epoch where the statement returns it (RETURNING), else 0. A lost COMMIT reply is
+/// errc::connection_lost (an epoch raised or not is harmless); no floor row is
 /// errc::schema_missing.
-std::int64_t raise_epoch(session_scope&);
+/// `also`, when given, runs in the same transaction after the raise (session leases: the fence
+/// sequence's move).
+std::int64_t raise_epoch(session_scope&, const std::function<void()>& also = {});
 /// Whether the lock table's writes wait for durability (a plain read).
 lease_durability durability(session_scope&);
 /// Makes the lock table durable or fast (DDL; see set_lease_durability()).

@@ -17,12 +17,23 @@ std::string key_text(session_scope& s, const std::string& name) {
   return s.tables().prefix + std::string(internal_separator) + name;
 }
 
-// capabilities::session_fence_epoch: raises the fence epoch once per connection, durably, before
-// its first grant. A crash ends every connection, so every grant after it reads a higher epoch
-// than any grant before it, whatever the crash took back from the fence sequence.
-void raise_epoch_once(session_scope& s) {
-  if (!s.statements().can.session_fence_epoch || s.state().session.epoch_raised) return;
-  lock_table::raise_epoch(s);
+// The fence sequence can go back in a crash or a failover: MariaDB does not flush NEXTVAL's write
+// with its statement, and PostgreSQL's nextval hands out the 32 values one call logged ahead
+// before that call's transaction has flushed them (the tests show both). So before its first
+// grant each connection moves the sequence 2^32 past its next value, in a transaction that
+// raises the fence epoch (whose row lock serializes the moves) and is durable (PostgreSQL: on a
+// synchronous standby too). A crash or a failover ends every connection, and the first grant
+// after it comes after such a move, above every value handed out before it (a crash takes back
+// fewer than 2^32 values). In one server's life the sequence only grows, so the fences of a name
+// (marker fence + sequence value) strictly increase, with no read that a snapshot could make
+// stale.
+void raise_once(session_scope& s) {
+  if (s.state().session.epoch_raised) return;
+  const lock_statements& t = s.statements();
+  lock_table::raise_epoch(s, [&] {
+    const std::int64_t next = s.run(t.session_fence_next, {}).integer(0, 0);
+    s.run(t.session_fence_set, {static_cast<long long>(next + (std::int64_t{1} << 32))});
+  });
   s.state().session.epoch_raised = true;
 }
 
@@ -30,7 +41,7 @@ void raise_epoch_once(session_scope& s) {
 // lock is given back at once).
 tried lock_with(session_scope& s, const statement& st, const std::string& name,
                 std::int64_t ttl_ms) {
-  raise_epoch_once(s);
+  raise_once(s);
   const std::int64_t v = s.run(st, {key_text(s, name), name, session_mode_token}).integer(0, 0);
   if (v > 0) {
     // The idle timeout: a statement of its own sets it now (until it has, the session idles under

@@ -204,6 +204,8 @@ void session_statements(lock_statements& s, const vocabulary& v, const table_nam
   s.session_idle = make("session_idle", x.idle, {"ttl"});
   s.session_idle_reset = make("session_idle_reset", x.idle_reset, {});
   s.session_gone = make("session_gone", x.gone, {"pid"});
+  s.session_fence_next = make("session_fence_next", x.fence_next, {});
+  s.session_fence_set = make("session_fence_set", x.fence_set, {"value"});
 }
 
 void admin_statements(lock_statements& s, const vocabulary& v, const table_names& t) {

@@ -66,6 +66,10 @@ struct lock_statements {
   /// in); the idle timeouts back to the server's default; pid -> 1 when that session is gone
   /// (empty where session_end always waits for that itself).
   statement session_idle, session_idle_reset, session_gone;
+  /// -> the fence sequence's next value; value -> the sequence continues after value (inside a
+  /// transaction that raised the fence epoch, which serializes the moves: session_lock.cpp,
+  /// raise_once()).
+  statement session_fence_next, session_fence_set;
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
   statement durable_commit;
   /// Raises the fence epoch by one -> the new epoch (PostgreSQL; see fence_floor())

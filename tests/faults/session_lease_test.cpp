@@ -148,19 +148,25 @@ DBLOCK_TEST_SERVERS("session leases: kill -9 of the server, fences never go back
   CHECK(after <= before);
 }
 
-// MariaDB's fence sequence can go back in a crash: NEXTVAL's write (a refill of its cache) is not
-// flushed with its statement. Session fences add the fence epoch * 2^32, raised durably by each
-// connection before its first grant, so a fence after the crash is still above one before it.
-// The fault is proved, not assumed: the sequence's part of the fence (fence mod 2^32: the
-// marker's fence plus NEXTVAL, both small here) is seen at or below its value before the crash
-// (FLUSH TABLES empties the cache, so the grant just before the kill refills it, unflushed).
-DBLOCK_TEST_ONLY("mysql",
-                 "session leases: a crash takes MariaDB's fence sequence back; the fence epoch "
-                 "keeps fences growing",
-                 "[faults][restart][serial][session_lease]") {
-  const char* restart = "DBLOCK_TEST_MYSQL_RESTART_CMD";
+// A fence sequence can go back in a crash, on both servers. MariaDB: NEXTVAL's write (a refill
+// of its cache) is not flushed with its statement. PostgreSQL: nextval logs 32 values ahead in
+// the WAL, and the next 31 calls, in any session, hand them out without waiting for that record
+// to be flushed, which only its own transaction's commit does. Session fences add the fence
+// epoch * 2^32, raised durably by each connection before its first grant, so a fence after the
+// crash is still above one before it. The fault is proved, not assumed: the sequence's part of
+// the fence (fence mod 2^32: the marker's fence plus the sequence's value, both small here) is
+// seen at or below its value before the crash. MariaDB: FLUSH TABLES empties the cache, so the
+// grant just before the kill refills it, unflushed. PostgreSQL: after a CHECKPOINT the next
+// nextval logs, in a transaction left open, and the grant then takes the value after it.
+DBLOCK_TEST_SERVERS(
+    "session leases: a crash takes the fence sequence back; the fence epoch "
+    "keeps fences growing",
+    "[faults][restart][serial][session_lease]") {
+  const bool pg = ctx.backend == "postgresql";
+  const char* restart = pg ? "DBLOCK_TEST_PG_RESTART_CMD" : "DBLOCK_TEST_MYSQL_RESTART_CMD";
   if (!std::getenv(restart)) FAIL(restart << " is not set: start the servers with test-servers.sh");
-  const std::string admin_url = env_or_fail("DBLOCK_TEST_MYSQL_ADMIN_URL");
+  const std::string admin_url =
+      env_or_fail(pg ? "DBLOCK_TEST_POSTGRESQL_ADMIN_URL" : "DBLOCK_TEST_MYSQL_ADMIN_URL");
   const std::string name = "session-epoch-" + random_suffix();
   const std::string seq = ctx.prefix + "session_fence";
   const long long low_bits = 4294967296LL;
@@ -173,12 +179,20 @@ DBLOCK_TEST_ONLY("mysql",
       dblock::lease_lock l(db, name, session_mode());
       l.try_acquire()->release();  // marked, this connection's epoch raised
       dblock::database admin(admin_url);
-      admin.connect().session() << "FLUSH TABLES " << seq;
+      auto logger = admin.connect();  // PostgreSQL: the transaction whose nextval logs
+      if (pg) {
+        admin.connect().session() << "CHECKPOINT";
+        long long v = 0;
+        logger.session() << "BEGIN";
+        logger.session() << "SELECT nextval('" << seq << "')", soci::into(v);
+      } else {
+        admin.connect().session() << "FLUSH TABLES " << seq;
+      }
       auto g = l.try_acquire();
       REQUIRE(g);
       before = g->fence();
       const std::string started = server_instance(ctx);
-      REQUIRE(run_env_cmd(restart, "KILL"));  // at once: the refill is not flushed yet
+      REQUIRE(run_env_cmd(restart, pg ? "kill9" : "KILL"));  // at once: nothing flushed since
       REQUIRE(server_instance(ctx) != started);
     }
     REQUIRE(before > last);

@@ -79,7 +79,6 @@ class vocabulary final : public detail::vocabulary {
     c.skip_locked = true;
     c.session_leases = true;
     c.session_idle_whole_seconds = true;
-    c.session_fence_epoch = true;
     return c;
   }
   fence_check check_fence_native(const table_names& t) const override;

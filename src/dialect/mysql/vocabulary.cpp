@@ -94,17 +94,16 @@ vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) con
 // ---- session leases -----------------------------------------------------------------------------
 // GET_LOCK names are server-wide and at most 64 characters: the key is the SHA-256 (64 hex
 // digits) of the database's name and the text the caller binds (prefix, U+FFFF, name). A fence
-// is the marker's, plus the fence epoch * 2^32 (capabilities::session_fence_epoch: a crash can
-// take NEXTVAL back, never the epoch), plus the sequence's next value.
+// is the marker's plus the sequence's next value (session_lock.cpp: each connection moves the
+// sequence 2^32 ahead, durably, before its first grant).
 
 namespace {
 const char* const session_key = "SHA2(CONCAT(DATABASE(), X'00', :key), 256)";
 
 std::string session_fence(const table_names& t) {
   return "COALESCE((SELECT fence FROM " + t.lock +
-         " WHERE resource_name = :name AND owner_token = :marker AND hold_count > 0) + (SELECT "
-         "epoch FROM " +
-         t.floor + " WHERE id = 1) * 4294967296 + NEXTVAL(" + t.prefix + "session_fence), -1)";
+         " WHERE resource_name = :name AND owner_token = :marker AND hold_count > 0) + NEXTVAL(" +
+         t.prefix + "session_fence), -1)";
 }
 }  // namespace
 
@@ -134,6 +133,9 @@ vocabulary::session_texts vocabulary::session_leases(const table_names& t) const
       "SELECT CAST(COUNT(*) = 0 AS SIGNED) FROM information_schema.PROCESSLIST WHERE ID = :pid";
   // wait_timeout counts whole seconds: rounded up, so the server never ends a session before its
   // TTL (it ends it less than a second after).
+  // SETVAL takes a literal only: the executor writes values into the text.
+  x.fence_next = "SELECT NEXTVAL(" + t.prefix + "session_fence)";
+  x.fence_set = "SELECT SETVAL(" + t.prefix + "session_fence, :value)";
   x.idle = "SET SESSION wait_timeout = GREATEST(1, CEILING(:ttl / 1000))";
   x.idle_reset = "SET SESSION wait_timeout = DEFAULT";
   return x;

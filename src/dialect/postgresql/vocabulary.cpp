@@ -236,6 +236,8 @@ vocabulary::session_texts vocabulary::session_leases(const table_names& t) const
                 ", set_config('lock_timeout', '0', false) FROM l";
   x.lock_timeout = "SELECT set_config('lock_timeout', CAST(:ms AS TEXT), false)";
   x.unlock = std::string("SELECT CAST(pg_advisory_unlock(") + session_key + ") AS INTEGER)";
+  x.fence_next = "SELECT nextval('" + t.prefix + "session_fence')";
+  x.fence_set = "SELECT setval('" + t.prefix + "session_fence', CAST(:value AS BIGINT))";
   x.idle = "SELECT " + idle_timeouts("CAST(:ttl AS TEXT)");
   x.idle_reset = "SELECT " + idle_timeouts("'0'");
   // pg_locks shows a 64-bit advisory key as its high and low 32 bits (classid, objid) with
