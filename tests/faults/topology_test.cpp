@@ -268,6 +268,56 @@ DBLOCK_TEST_ONLY("postgresql",
              " resume_ms=" + std::to_string(resume_ms));
 }
 
+// Session leases (docs/session-leases.md) across a failover of the synchronous pair. The fence
+// sequence's values handed out after its last shipped record are gone on the promoted standby: a
+// nextval in a transaction left open logs 32 values ahead (a record nothing flushes), and the
+// grant then takes the next value from those, with no record of its own. The sequence goes back
+// on the new primary, and the next grant's fence is still greater: each connection moves the
+// sequence 2^32 ahead, durably on the standby too, before its first grant. The fault is proved:
+// the sequence's part of the fence (fence mod 2^32) went back. Control, seen failing: without
+// the move the fence after the failover was below the one before.
+DBLOCK_TEST_ONLY("postgresql",
+                 "pgpair sync: session-lease fences grow across a failover that takes the fence "
+                 "sequence back",
+                 "[faults][topology][pgpair][session_lease]") {
+  pg_pair pair("sync");
+  auto p = context_on("postgresql", pair.url(), ctx.prefix);
+  database_options one = p.options();
+  one.pool_size = 1;  // every grant on the connection that moved the sequence: no commit after
+  database db(pair.url(), one);
+  lease_options so;
+  so.mode = lease_mode::session;
+  const std::string name = "pgpair-session-" + random_suffix();
+  lease_lock lock(db, name, so);
+  lock.try_acquire()->release();  // marked; this connection moved the sequence
+  database primary(pair.env.at("DBLOCK_TEST_PGPAIR_PRIMARY_URL"));
+  auto logger = primary.connect();
+  long long taken = 0;
+  logger.session() << "BEGIN";
+  logger.session() << "SELECT max(nextval('" << p.prefix
+                   << "session_fence')) FROM generate_series(1, 40)",
+      soci::into(taken);
+  std::int64_t before = 0;
+  {
+    auto g = lock.try_acquire();
+    REQUIRE(g);
+    before = g->fence();
+  }
+  CHECK(pair.node("failover"));
+  CHECK(pair.failover_evidence() == "");
+  database after(pair.url(), p.options());
+  lease_lock again(after, name, so);
+  auto g2 = again.acquire(std::chrono::seconds(10));
+  const std::int64_t low_bits = std::int64_t{1} << 32;
+  INFO("fence before the failover " << before << ", after " << g2.fence()
+                                    << "; the sequence's part " << before % low_bits << " -> "
+                                    << g2.fence() % low_bits);
+  CHECK(g2.fence() > before);
+  CHECK(g2.fence() % low_bits <= before % low_bits);  // the fault happened: the sequence went back
+  report("pgpair-session-failover", "postgresql", 1, 1, g2.fence() > before ? 0 : 1,
+         "before=" + std::to_string(before) + " after=" + std::to_string(g2.fence()));
+}
+
 // The negative control: with an asynchronous standby that has not received the last WAL (the
 // primary's WAL sender is stopped with SIGSTOP, as a lagging network would, then the primary's
 // processes are killed), the promotion loses an acquire the old primary acknowledged, and the
