@@ -472,12 +472,12 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
   // LISTEN do not work: the bench leaves those two out.
   if (ctx.backend == "postgresql" && ctx.url.find("pooler=transaction") == std::string::npos)
     expected.insert({"pg.advisory", "pg.advisory_fenced", "pgbench.advisory",
-                     "pgbench.advisory_fenced", "dblock.lease_session", "dblock.handoff_session",
-                     "pg.notify_handoff", "raw.lease_fast", "dblock.lease_fast",
-                     "dblock.handoff_fast"});
+                     "pgbench.advisory_fenced", "dblock.lease_session", "raw.lease_session",
+                     "dblock.handoff_session", "pg.notify_handoff", "raw.lease_fast",
+                     "dblock.lease_fast", "dblock.handoff_fast"});
   if (ctx.backend == "mysql")
     expected.insert({"mysql.get_lock", "mysql.get_lock_fenced", "dblock.lease_session",
-                     "dblock.handoff_session"});
+                     "raw.lease_session", "dblock.handoff_session"});
   expected.insert("harness.noop");  // on no backend: the harness's own cost
   if (ctx.backend != "sqlite") expected.insert("sql.lease");  // the SQL API's routines
   std::map<std::string, std::set<int>> seen;

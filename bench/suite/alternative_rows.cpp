@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "core/identifier.hpp"
 #include "rows.hpp"
+#include "storage/session.hpp"
 
 #ifdef DBLOCK_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
@@ -192,23 +194,57 @@ row mysql_get_lock_fenced(const backend_ctx& on, int keys) {
   return r;
 }
 
+// `keys` names `prefix` + k, each marked for session mode: a name's first session-mode acquire
+// marks it (one durable write, once per name), done at set-up, outside the measurement, which is
+// about the steady state.
+std::vector<std::string> marked_session_names(backend_ctx& b, const std::string& prefix, int keys) {
+  dblock::lease_options lo;
+  lo.mode = dblock::lease_mode::session;
+  std::vector<std::string> names;
+  for (int k = 0; k < keys; ++k) {
+    names.push_back(prefix + std::to_string(k));
+    if (auto g = dblock::lease_lock(b.db, names.back(), lo).try_acquire()) g->release();
+  }
+  return names;
+}
+
+// raw.lease_session: the C client running dblock's own session-lease statements (the lock with
+// its fence, the unlock) on names dblock marked: dblock.lease_session's floor on this server
+// without the library's client path (its ratio to this row is the library's own cost).
+row raw_session_row(int keys, const char* anchor) {
+  row r{"raw.lease_session", "alternative", anchor,
+        "dblock's session-lease statements through the C client: the lock with its fence (the "
+        "marker's and the sequence's), the unlock; names marked at set-up"};
+  r.setup = [keys](backend_ctx& b, int t) {
+    auto names = std::make_shared<std::vector<std::string>>(
+        marked_session_names(b, "bench/session-raw/" + std::to_string(t) + "/", keys));
+    const auto& st = detail::access::impl(b.db)->statements;
+    auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+    return cycle_fn([c, names, keys, lock = st.session_try.text, unlock = st.session_unlock.text,
+                     prefix = b.prefix] {
+      const std::string& name = (*names)[static_cast<std::size_t>(rand_below(keys))];
+      const std::string key = prefix + std::string(detail::internal_separator) + name;
+      const params p = {{"key", key}, {"name", name}, {"marker", std::string(32, '0')}};
+      if (c->run("s_try", lock, p).value.value_or(0) <= 0) return false;
+      return c->run("s_unlock", unlock, {{"key", key}}).value == 1;
+    });
+  };
+  return r;
+}
+
 // dblock.lease_session: lease_lock with lease_mode::session, against the server's own session
 // lock (`anchor`).
 row lease_session_row(int keys, const char* anchor) {
   row ls{"dblock.lease_session", "alternative", anchor,
          "lease_lock with lease_mode::session: try_acquire() + release(), distinct keys (the lock "
-         "with its fence and idle timeout, the unlock; MariaDB sets and resets the idle timeout "
-         "apart: four statements)"};
+         "with its fence, the unlock; the idle timeout is set once per connection)"};
   ls.setup = [keys](backend_ctx& b, int t) {
     dblock::lease_options lo;
     lo.mode = dblock::lease_mode::session;
     auto locks = std::make_shared<std::vector<dblock::lease_lock>>();
-    for (int k = 0; k < keys; ++k) {
-      locks->emplace_back(b.db, "bench/session/" + std::to_string(t) + "/" + std::to_string(k), lo);
-      // A name's first session-mode acquire marks it (one durable write, once per name): done
-      // here, outside the measurement, which is about the steady state.
-      if (auto g = locks->back().try_acquire()) g->release();
-    }
+    for (const auto& name :
+         marked_session_names(b, "bench/session/" + std::to_string(t) + "/", keys))
+      locks->emplace_back(b.db, name, lo);
     return cycle_fn([locks, keys] {
       auto g = (*locks)[static_cast<std::size_t>(rand_below(keys))].try_acquire();
       if (!g) return false;
@@ -244,6 +280,7 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
   if (pg && b.db.options().pooler != dblock::pooler_mode::transaction) {
     ops.push_back(pg_advisory_fenced(keys));
     ops.push_back(lease_session_row(keys, "pg.advisory"));
+    ops.push_back(raw_session_row(keys, "pg.advisory"));
     ops.push_back(pgbench_row("pgbench.advisory", "pg.advisory",
                               "pgbench -M prepared running pg.advisory's cycle (the best "
                               "client's figure for the anchor)",
@@ -255,6 +292,7 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
   }
   if (my) ops.push_back(mysql_get_lock_fenced(b, keys));
   if (my) ops.push_back(lease_session_row(keys, "mysql.get_lock"));
+  if (my) ops.push_back(raw_session_row(keys, "mysql.get_lock"));
   if (my)
     ops.push_back({"mysql.get_lock", "alternative", "",
                    "GET_LOCK(name, 0) + RELEASE_LOCK, distinct names (no fencing, no lease)",

@@ -16,6 +16,7 @@
 #include "dblock/database.hpp"
 #include "dblock/error.hpp"
 #include "dialect/dialect.hpp"
+#include "storage/connection_slots.hpp"
 #include "storage/deadline.hpp"
 #include "storage/statements.hpp"
 
@@ -38,7 +39,7 @@ struct database_impl {
   const dialect* dia = nullptr;
   table_names tables;
   lock_statements statements;  // dblock's statements for these tables, built once
-  soci::connection_pool pool;
+  connection_slots pool;
   /// Wake-ups of waiters (see wake/hub.hpp); its channel opens when the first waiter enlists.
   /// Owned here but made by the layers above (core/database.cpp, renewer_of()): a shared_ptr
   /// carries its deleter, so storage never needs the complete types (storage includes neither
