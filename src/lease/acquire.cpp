@@ -312,7 +312,8 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
 detail::thread_check::thread_check(lease_lock::impl& lk) : lk_(lk) {
   const auto self = std::this_thread::get_id();
   std::thread::id nobody;
-  const std::string advice =
+  // (A literal: this runs on every acquire, the messages only when thrown.)
+  const char* const advice =
       ": a lease_lock is for one thread at a time (reentrancy is per object); give each thread "
       "its own lease_lock, even of the same name, or share a dblock::lockable<lease_lock> "
       "(docs/idioms.md)";

@@ -160,7 +160,8 @@ std::optional<lease_guard> lease_lock::impl::session_attempt() {
   auto what = [&] { return "acquire lease '" + detail::printable(name) + "' (session mode)"; };
   auto s = dbi->lease(dbi, true, true);  // armed with the call's deadline
   // Refused before anything runs: the healthy connection goes back to the pool.
-  detail::session_lock::check_supported(*s, what());
+  if (const char* why = detail::session_lock::refusal(*s))
+    throw error(errc::invalid_argument, what() + ": lease_mode::session " + why);
   const auto sent = steady::now();
   try {
     auto r = detail::session_lock::try_lock(*s, name, options.ttl.count());
@@ -240,7 +241,8 @@ lease_guard lease_lock::impl::session_wait_once(steady::time_point deadline,
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady::now());
     if (left.count() <= 0) throw timed_out();
     auto s = dbi->lease(dbi, true, true);  // armed with the wait's deadline
-    detail::session_lock::check_supported(*s, what);
+    if (const char* why = detail::session_lock::refusal(*s))
+      throw error(errc::invalid_argument, what + ": lease_mode::session " + why);
     try {
       detail::session_lock::set_lock_timeout(*s, left.count());
       const auto r = wait_watched(*s, name, options.ttl.count(), cancel);

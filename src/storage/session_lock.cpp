@@ -84,9 +84,8 @@ bool unlock(session_scope& s, const std::string& name) {
   return s.run(s.statements().session_unlock, {key_text(s, name)}).integer(0, 0) == 1;
 }
 
-void check_supported(session_scope& s, const std::string& what) {
-  if (const char* why = s.dia().conn.session_lease_refusal(s.state()))
-    throw error(errc::invalid_argument, what + ": lease_mode::session " + why);
+const char* refusal(session_scope& s) {
+  return s.dia().conn.session_lease_refusal(s.state());
 }
 
 std::vector<server_session> sessions(session_scope& s, const std::string& name) {

@@ -35,9 +35,9 @@ void set_lock_timeout(session_scope& s, std::int64_t wait_ms);
 /// `unmarked` as try_lock(), and the limit back to none. A failure may leave the lock held by
 /// the session: the caller then drops the connection (which ends the session).
 tried wait_lock(session_scope& s, const std::string& name, std::int64_t ttl_ms);
-/// Throws invalid_argument (`what`: lease_mode::session ...) when the server of session `s`
-/// cannot keep session leases (Galera: a session lock is local to one node).
-void check_supported(session_scope& s, const std::string& what);
+/// Why the server of session `s` cannot keep session leases (Galera: a session lock is local to
+/// one node; the end of "lease_mode::session ..."), or nullptr when it can.
+const char* refusal(session_scope& s);
 /// Gives the session lock of `name` back (the idle timeouts stay for the connection's next grant;
 /// the pool resets them for any other use); false when this session
 /// did not hold it.
