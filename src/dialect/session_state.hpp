@@ -9,7 +9,7 @@ namespace dblock::detail {
 
 struct session_lease_state {
   /// This connection moved the fence sequence 2^32 ahead (session_lock.cpp, raise_once()).
-  bool epoch_raised = false;
+  bool fence_moved = false;
   /// The idle timeout a grant set in a statement of its own and left in place after the release,
   /// as the server counts it: ms, 0 for the server's default.
   /// The pool hands such a connection to another session lease as it is, resets it for any other

@@ -57,16 +57,16 @@ std::int64_t raise_epoch(session_scope& s, const std::function<void()>& also) {
     write_scope w(s, write_kind::transaction, "raise the fence epoch");
     if (t.can.durable_commit) s.run(t.durable_commit, {});
     r = s.run(t.epoch_raise, {});
-    if (also && (r.empty() ? r.affected > 0 : !r.is_null(0, 0))) also();
+    if (r.empty() ? r.affected < 1 : r.is_null(0, 0))
+      throw error(errc::schema_missing, "the fence floor row of " + s.tables().floor +
+                                            " is missing (run `dblock migrate`)");
+    if (also) also();
     w.commit();
   } catch (const error& e) {
     // An epoch raised or not is harmless either way (epochs may skip); nothing was granted.
     if (e.code() != errc::in_doubt) throw;
     throw error(errc::connection_lost, e.what(), e.backend(), e.sqlstate(), e.native_code());
   }
-  if (r.empty() ? r.affected < 1 : r.is_null(0, 0))
-    throw error(errc::schema_missing, "the fence floor row of " + s.tables().floor +
-                                          " is missing (run `dblock migrate`)");
   return r.empty() ? 0 : r.integer(0, 0);
 }
 

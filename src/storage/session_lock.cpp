@@ -28,13 +28,13 @@ std::string key_text(session_scope& s, const std::string& name) {
 // (marker fence + sequence value) strictly increase, with no read that a snapshot could make
 // stale.
 void raise_once(session_scope& s) {
-  if (s.state().session.epoch_raised) return;
+  if (s.state().session.fence_moved) return;
   const lock_statements& t = s.statements();
   lock_table::raise_epoch(s, [&] {
     const std::int64_t next = s.run(t.session_fence_next, {}).integer(0, 0);
     s.run(t.session_fence_set, {static_cast<long long>(next + (std::int64_t{1} << 32))});
   });
-  s.state().session.epoch_raised = true;
+  s.state().session.fence_moved = true;
 }
 
 // Runs a lock statement and reads its first column: the fence, 0 (held) or -1 (no marker: the

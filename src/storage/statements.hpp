@@ -72,7 +72,8 @@ struct lock_statements {
   statement session_fence_next, session_fence_set;
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
   statement durable_commit;
-  /// Raises the fence epoch by one -> the new epoch (PostgreSQL; see fence_floor())
+  /// Raises the fence epoch by one -> the new epoch where the backend returns it
+  /// (lock_table::raise_epoch())
   statement epoch_raise;
   // ---- waiting: the fair queue (lock_waiter) ---------------------------------------------------
   /// acquire's parameters, then ticket -> fence; deletes the queue entry when acquired. Empty

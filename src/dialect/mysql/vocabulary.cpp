@@ -131,11 +131,11 @@ vocabulary::session_texts vocabulary::session_leases(const table_names& t) const
   x.end = "KILL CONNECTION :pid";
   x.gone =
       "SELECT CAST(COUNT(*) = 0 AS SIGNED) FROM information_schema.PROCESSLIST WHERE ID = :pid";
-  // wait_timeout counts whole seconds: rounded up, so the server never ends a session before its
-  // TTL (it ends it less than a second after).
   // SETVAL takes a literal only: the executor writes values into the text.
   x.fence_next = "SELECT NEXTVAL(" + t.prefix + "session_fence)";
   x.fence_set = "SELECT SETVAL(" + t.prefix + "session_fence, :value)";
+  // wait_timeout counts whole seconds: rounded up, so the server never ends a session before its
+  // TTL (it ends it less than a second after).
   x.idle = "SET SESSION wait_timeout = GREATEST(1, CEILING(:ttl / 1000))";
   x.idle_reset = "SET SESSION wait_timeout = DEFAULT";
   return x;
