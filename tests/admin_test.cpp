@@ -28,16 +28,6 @@ using namespace dblock::test;
 
 namespace {
 
-std::string this_host() {
-  char buf[256] = {0};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
-  return buf;
-}
-
-std::string this_thread_label() {
-  return std::to_string(static_cast<long long>(::syscall(SYS_gettid)));
-}
-
 std::vector<std::string> names_of(const std::vector<dblock::lock_info>& v) {
   std::vector<std::string> out;
   for (const auto& l : v)

@@ -295,6 +295,32 @@ DBLOCK_TEST("cli exec with several --lock: a held member exits 75 and keeps none
   CHECK(ok.status == 0);
 }
 
+DBLOCK_TEST_SERVERS("cli status: a session lease shows its own fence and age once it has renewed",
+                    "[cli][session_lease]") {
+  const std::string name = lock_name();
+  dblock::lease_options lo;
+  lo.mode = dblock::lease_mode::session;
+  dblock::lease_lock lk(ctx.db, name, lo);
+  auto g = lk.try_acquire();
+  REQUIRE(g);
+  const std::string fence = " " + std::to_string(g->fence()) + " ";
+  auto fresh = run_cli(on_db(ctx, {"status", name}));
+  {
+    INFO(fresh.output);
+    CHECK(fresh.status == 0);
+    CHECK(contains(fresh.output, " -           -     session"));  // no report yet
+    CHECK_FALSE(contains(fresh.output, fence));
+  }
+  g->renew();  // the first renewal reports the hold
+  auto renewed = run_cli(on_db(ctx, {"status", name}));
+  {
+    INFO(renewed.output);
+    CHECK(contains(renewed.output, fence));
+    CHECK(contains(renewed.output, " ago     session"));
+    CHECK(contains(renewed.output, ":" + std::to_string(::getpid()) + " "));
+  }
+}
+
 DBLOCK_TEST("cli leader: prints the leader or exits 1; status shows it; release --leader deposes",
             "[cli][election]") {
   const std::string name = lock_name();

@@ -6,6 +6,7 @@
 // two names of one key exclude each other; refusals elsewhere.
 #include <signal.h>
 #include <soci/soci.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -451,6 +452,69 @@ DBLOCK_TEST_SERVERS(
   int rows = -1;
   ctx.db.connect().session() << "SELECT count(*) FROM " + items, soci::into(rows);
   CHECK(rows == 0);
+}
+
+// A grant writes nothing; a hold that lasts reports itself (fence, age, client) in its first
+// renewal, which status shows; the release deletes the report. Reports count only for the
+// session that holds the lock, and a connection deletes those its session id left behind.
+DBLOCK_TEST_SERVERS(
+    "session lease: status shows a lasting hold's fence, age and client; a report left by "
+    "another session never shows",
+    "[session_lease][admin][direct]") {
+  const std::string name = unique_name("session-report");
+  const std::string reports = ctx.prefix + "session_holder";
+  auto o = ctx.options();
+  o.pool_size = 1;  // one connection: the stale report below carries its session id
+  dblock::database db = ctx.open(o);
+  long long id = 0;
+  {
+    auto c = db.connect();
+    id = server_session(c, ctx.backend);
+    // Left by an earlier session of the same id (a server restart, a reused process id), and
+    // one of a session that does not hold the name.
+    c.session() << "INSERT INTO " + reports +
+                       " (server_session, resource_name, fence, acquired_us, holder_host, "
+                       "holder_pid, holder_thread) VALUES (:id, :name, 7, 0, 'stale', 1, '1')",
+        soci::use(id), soci::use(name);
+    c.session() << "INSERT INTO " + reports +
+                       " (server_session, resource_name, fence, acquired_us, holder_host, "
+                       "holder_pid, holder_thread) VALUES (:id, :name, 8, 0, 'other', 2, '2')",
+        soci::use(id + 1000000), soci::use(name);
+  }
+  dblock::list_options lo;
+  lo.pattern = name;
+  auto listed = [&] {
+    auto v = dblock::list_locks(ctx.db, lo);
+    REQUIRE(v.size() == 1);
+    return v[0];
+  };
+  const auto before = std::chrono::system_clock::now();
+  auto so = session_mode(std::chrono::milliseconds(3000));
+  so.watchdog = true;  // its renewals (or the holder's own renew()) make the report
+  dblock::lease_lock lk(db, name, so);
+  auto g = lk.try_acquire();
+  REQUIRE(g);
+  // Before the first renewal (1 s): the server's view, no report (not the stale ones).
+  auto l = listed();
+  CHECK(l.held);
+  CHECK(l.holder_pid == id);
+  CHECK(l.holder_thread == "session");
+  CHECK(l.fence < g->fence());
+  // After it: the holder's own report.
+  CHECK(eventually([&] { return listed().holder_thread != "session"; }, std::chrono::seconds(5)));
+  l = listed();
+  CHECK(l.fence == g->fence());
+  CHECK(l.holder_pid == static_cast<std::int64_t>(::getpid()));
+  CHECK(l.holder_thread == this_thread_label());
+  CHECK(l.holder_host == this_host());
+  CHECK(l.acquired_at > before - std::chrono::seconds(2));
+  CHECK(l.acquired_at < std::chrono::system_clock::now() + std::chrono::seconds(2));
+  g->release();
+  int left = -1;
+  ctx.db.connect().session() << "SELECT COUNT(*) FROM " + reports +
+                                    " WHERE resource_name = :name AND server_session = :id",
+      soci::use(name), soci::use(id), soci::into(left);
+  CHECK(left == 0);  // the release deleted its report (and the first grant the stale one)
 }
 
 DBLOCK_TEST("session mode: the other kinds refuse it, with the reason", "[session_lease]") {

@@ -37,11 +37,14 @@ struct lock_info {
   std::chrono::microseconds oldest_wait{0};
   /**
    * The name is in session mode (lease_mode::session, docs/session-leases.md): its row is the
-   * name's marker (owner_token all zeros, fence the marker's: the holder's fence is above it).
-   * `held`, holder_host (the client's address) and holder_pid (the server's process id) are
-   * those of the server session holding the lock, holder_thread is "session", acquired_at and
-   * expires_at are the marker's; waiters, head_waiter and oldest_wait are the server sessions
-   * waiting in the server's lock queue.
+   * name's marker (owner_token all zeros, expires_at the marker's). `held` comes from the
+   * server's lock table. A holder reports its hold in its first renewal (a third of its TTL
+   * after the grant; a grant itself writes nothing): from then on fence, acquired_at,
+   * holder_host, holder_pid and holder_thread are the holder's, as for a row-mode lease. Before
+   * that, and for a free name, fence and acquired_at are the marker's (the holder's fence is
+   * above it), holder_host is the holding session's client address, holder_pid the server's
+   * process id, and holder_thread "session". waiters, head_waiter and oldest_wait are the
+   * server sessions waiting in the server's lock queue.
    */
   bool session_mode = false;
 };

@@ -92,11 +92,15 @@ void print_status_table(const dblock::database& db, const std::vector<dblock::lo
             << "  HEAD WAITER\n";
   for (const auto& l : locks) {
     auto ago = std::chrono::duration_cast<std::chrono::microseconds>(now - l.acquired_at);
+    // A session lease shows its fence and age once its holder has reported them (its first
+    // renewal); until then, and for a free name, its marker's are no holder's.
+    const bool unreported = l.session_mode && l.holder_thread == "session";
     std::cout << std::left << std::setw(static_cast<int>(w)) << display_name(l.name).substr(0, 60)
               << "  " << std::setw(28)
               << (l.holder_host + ":" + std::to_string(l.holder_pid)).substr(0, 28) << std::right
-              << std::setw(10) << l.fence << std::setw(12)
-              << (l.session_mode ? std::string("-") : human(ago) + " ago") << std::setw(12)
+              << std::setw(10) << (unreported ? std::string("-") : std::to_string(l.fence))
+              << std::setw(12) << (unreported ? std::string("-") : human(ago) + " ago")
+              << std::setw(12)
               << (l.session_mode && l.held ? std::string("session")
                   : l.held                 ? human(l.expires_in)
                                            : std::string("free"))

@@ -334,7 +334,7 @@ class vocabulary {
   /// (storage/statements.hpp says what each does; capabilities::session_leases); empty elsewhere.
   struct session_texts {
     std::string try_lock, wait_lock, lock_timeout, unlock, sessions, end, idle, idle_reset, gone,
-        fence_next, fence_set;
+        fence_next, fence_set, report, unreport, forget;
   };
   virtual session_texts session_leases(const table_names&) const { return {}; }
   /**

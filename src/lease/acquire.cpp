@@ -66,7 +66,8 @@ const std::string& host_name() {
 }
 
 std::string thread_label() {
-  return std::to_string(static_cast<long long>(::syscall(SYS_gettid)));
+  static thread_local const long long tid = static_cast<long long>(::syscall(SYS_gettid));
+  return std::to_string(tid);
 }
 
 nanoseconds full_jitter(nanoseconds cap) {
@@ -299,6 +300,7 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
   s->holds.store(1);
   s->session_mode = options.mode == lease_mode::session;
   s->pinned = std::move(pinning);
+  if (s->session_mode) s->holder_thread = detail::thread_label();  // for its report (status)
   s->set_deadline(sent, options.ttl);
   s->acquired_at = steady::now();
   s->start_hold();

@@ -8,10 +8,13 @@
 // - Fence: the marker's fence plus the next value of a sequence, read in the lock statement.
 // - TTL: the server ends the holding session when it stays idle past the TTL
 //   (idle_session_timeout, idle_in_transaction_session_timeout), which frees the lock; the
-//   watchdog's renewal is one statement on that session.
+//   watchdog's renewal is one statement on that session (the first one also reports the hold
+//   for status: session_lock::report()).
 // - Deadlines: each use of the pinned connection is armed with its call's deadline; a connection
 //   whose statement failed, or whose deadline fired, is dropped (its session ends, and any lock
 //   it may hold with it), never given back to the pool.
+#include <unistd.h>
+
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -283,6 +286,19 @@ bool lease_state::pinned_alive() noexcept {
   try {
     const call_deadline bound(call_bound(), call_bound_what());
     pinned_use use(*pinned);
+    if (!reported) {
+      // A hold that lasts shows in status: its fence, age and client (one statement that
+      // renews as well; a short hold never writes it).
+      reported = true;
+      session_lock::hold_report r;
+      r.fence = fence;
+      r.held_us = std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - acquired_at)
+                      .count();
+      r.host = host_name();
+      r.pid = static_cast<std::int64_t>(::getpid());
+      r.thread = holder_thread;
+      if (session_lock::report(*pinned, name, r) && !pinned->deadline_fired()) return true;
+    }
     int one = 0;
     pinned->sql() << "SELECT 1", soci::into(one);
     if (one == 1 && !pinned->deadline_fired()) return true;
@@ -295,15 +311,26 @@ bool lease_state::pinned_alive() noexcept {
 
 void lease_state::pinned_release() {
   std::unique_ptr<session_scope> s;
+  bool report_made = false;
   {
     std::lock_guard<std::mutex> l(pinned_mu);
     s = std::move(pinned);
+    report_made = reported;
   }
   bool held = false;
   if (s) {
     try {
       pinned_use use(*s);
       held = session_lock::unlock(*s, name) && !s->deadline_fired();
+      // After the unlock, so that the next holder is not kept waiting. If it fails the
+      // connection is dropped: a report left behind then belongs to a session that has ended.
+      if (held && report_made) {
+        try {
+          session_lock::unreport(*s, name);
+        } catch (...) {
+          s->mark_broken();
+        }
+      }
     } catch (...) {
       held = false;
     }

@@ -57,9 +57,13 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   /// with the holder's.
   std::unique_ptr<session_scope> pinned;
   std::mutex pinned_mu;
+  /// lease_mode::session (under pinned_mu): the hold reported itself for status in its first
+  /// renewal (session_lock::report()), so its release deletes the report; the acquiring thread.
+  bool reported = false;
+  std::string holder_thread;
   /// lease_mode::session: one statement on the holding session, which restarts the server's
-  /// idle timer (the TTL); false when it failed (the session, and its lock, are gone: the
-  /// connection is dropped).
+  /// idle timer (the TTL): the hold's report for status the first time, else `SELECT 1`; false
+  /// when it failed (the session, and its lock, are gone: the connection is dropped).
   bool pinned_alive() noexcept;
   /// lease_mode::session: gives the session lock back and the connection to the pool (the last
   /// hold); throws lease_lost when the session had ended.

@@ -67,6 +67,15 @@ void describe_sessions(session_scope& s, std::vector<lock_info>& rows, bool incl
         li.hold_count = 1;
         li.holder_host = x.client;
         li.holder_pid = x.pid;
+        if (x.fence > 0) {  // the holder's report (a hold past its first renewal)
+          li.fence = x.fence;
+          li.acquired_at = std::chrono::system_clock::time_point(
+              std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                  std::chrono::microseconds(x.acquired_us)));
+          li.holder_host = x.host;
+          li.holder_pid = x.client_pid;
+          li.holder_thread = x.thread;
+        }
       } else if (li.waiters++ == 0) {
         li.head_waiter = x.client + ":" + std::to_string(x.pid);
         li.oldest_wait = std::chrono::microseconds(x.now_us - x.since_us);

@@ -33,6 +33,8 @@ void raise_once(session_scope& s) {
   lock_table::raise_epoch(s, [&] {
     const std::int64_t next = s.run(t.session_fence_next, {}).integer(0, 0);
     s.run(t.session_fence_set, {static_cast<long long>(next + (std::int64_t{1} << 32))});
+    // Reports a session of the same id left behind would pass for this one's.
+    s.run(t.session_forget, {});
   });
   s.state().session.fence_moved = true;
 }
@@ -89,12 +91,30 @@ const char* refusal(session_scope& s) {
 }
 
 std::vector<server_session> sessions(session_scope& s, const std::string& name) {
-  const sql_result r = s.run(s.statements().session_sessions, {key_text(s, name)});
+  const sql_result r = s.run(s.statements().session_sessions, {key_text(s, name), name});
   std::vector<server_session> out;
   for (std::size_t i = 0; i < r.rows.size(); ++i)
-    out.push_back(
-        {r.integer(i, 0), r.text(i, 1), r.integer(i, 2) == 1, r.integer(i, 3), r.integer(i, 4)});
+    out.push_back({r.integer(i, 0), r.text(i, 1), r.integer(i, 2) == 1, r.integer(i, 3),
+                   r.integer(i, 4), r.integer(i, 5), r.integer(i, 6), r.text(i, 7), r.integer(i, 8),
+                   r.text(i, 9)});
   return out;
+}
+
+bool report(session_scope& s, const std::string& name, const hold_report& h) {
+  try {
+    s.run(s.statements().session_report,
+          {name, static_cast<long long>(h.fence), static_cast<long long>(h.held_us), h.host,
+           static_cast<long long>(h.pid), h.thread});
+    return true;
+  } catch (const soci::soci_error&) {
+    const error e = s.failure("report session lease '" + name + "'");
+    if (s.broken()) throw e;  // the session is gone, and its lock with it
+    return false;
+  }
+}
+
+void unreport(session_scope& s, const std::string& name) {
+  s.run(s.statements().session_unreport, {name});
 }
 
 bool end_session(session_scope& s, std::int64_t pid) {

@@ -48,7 +48,27 @@ struct server_session {
   std::string client;                     ///< its client's address ("local": a Unix socket)
   bool holds = false;                     ///< holds the lock (else waits for it)
   std::int64_t since_us = 0, now_us = 0;  ///< start of its statement; the database's now
+  /// The holder's report (report()): its fence (0: none made yet), grant time (µs), and the
+  /// client's host, process id and thread.
+  std::int64_t fence = 0, acquired_us = 0;
+  std::string host;
+  std::int64_t client_pid = 0;
+  std::string thread;
 };
+/// What a holding session reports of its hold, for status.
+struct hold_report {
+  std::int64_t fence = 0;
+  std::int64_t held_us = 0;  ///< how long it has been held (the grant's time is the server's now
+                             ///< less this)
+  std::string host;
+  std::int64_t pid = 0;
+  std::string thread;
+};
+/// On the holding session `s`: reports its hold of `name` (one statement, which also renews the
+/// lease). A failure that leaves the session alive (a missing privilege) is ignored: false.
+bool report(session_scope& s, const std::string& name, const hold_report& r);
+/// On the holding session `s`, after the unlock: deletes its report of `name`.
+void unreport(session_scope& s, const std::string& name);
 /// The sessions holding, then waiting for, the session lock of `name` (waiters by arrival).
 std::vector<server_session> sessions(session_scope& s, const std::string& name);
 /// Ends the server session `pid` (and so its locks); true once it is gone.

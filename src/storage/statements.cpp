@@ -199,13 +199,17 @@ void session_statements(lock_statements& s, const vocabulary& v, const table_nam
   s.session_wait = make("session_wait", x.wait_lock, {"key", "name", "marker"});
   s.session_lock_timeout = make("session_lock_timeout", x.lock_timeout, {"ms"});
   s.session_unlock = make("session_unlock", x.unlock, {"key"});
-  s.session_sessions = make("session_sessions", x.sessions, {"key"});
+  s.session_sessions = make("session_sessions", x.sessions, {"key", "name"});
   s.session_end = make("session_end", x.end, {"pid"});
   s.session_idle = make("session_idle", x.idle, {"ttl"});
   s.session_idle_reset = make("session_idle_reset", x.idle_reset, {});
   s.session_gone = make("session_gone", x.gone, {"pid"});
   s.session_fence_next = make("session_fence_next", x.fence_next, {});
   s.session_fence_set = make("session_fence_set", x.fence_set, {"value"});
+  s.session_report =
+      make("session_report", x.report, {"name", "fence", "held_us", "host", "pid", "thread"});
+  s.session_unreport = make("session_unreport", x.unreport, {"name"});
+  s.session_forget = make("session_forget", x.forget, {});
 }
 
 void admin_statements(lock_statements& s, const vocabulary& v, const table_names& t) {

@@ -56,9 +56,16 @@ struct lock_statements {
   statement session_wait, session_lock_timeout;
   /// key -> 1 when this session held the lock (given back now; the idle timeouts stay).
   statement session_unlock;
-  /// key -> one row per server session holding or waiting for the lock, holders first, waiters
-  /// by arrival: pid, client address, 1 when holding, its statement's start (µs), now (µs).
+  /// key, name -> one row per server session holding or waiting for the lock, holders first,
+  /// waiters by arrival: pid, client address, 1 when holding, its statement's start (µs), now
+  /// (µs), then the session's report of its hold of `name` (fence, grant time in µs, client's
+  /// host, pid and thread; 0 and empty when it has made none).
   statement session_sessions;
+  /// On the holding session: name, fence, held_us (µs since the grant), host, pid, thread ->
+  /// its report of the hold (inserted or replaced, keyed by the session's id and the name);
+  /// name -> its report deleted; -> every report of this session's id deleted (before the
+  /// connection's first grant: reports a session of the same id left behind).
+  statement session_report, session_unreport, session_forget;
   /// pid -> 1 once that server session ended (waiting up to 5 s); no row where the server ends
   /// it in the background (MariaDB's KILL): session_gone then tells when it has.
   statement session_end;

@@ -126,7 +126,7 @@ void run_on(const std::string& backend, const std::function<void(context&)>& bod
           for (const char* t :
                {"resource_lock", "resource_lock_fence_floor", "dblock_schema_migrations",
                 "resource_lock_audit", "stock_segment", "id_block", "lock_waiter", "semaphore",
-                "leader", "counter", "items"})
+                "leader", "counter", "items", "session_holder"})
             conn.session() << "DROP TABLE IF EXISTS " << p << t;
         if (c.backend == "postgresql")
           for (const auto& p : c.prefixes)

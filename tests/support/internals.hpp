@@ -3,6 +3,8 @@
 #pragma once
 
 #include <soci/soci.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <optional>
 #include <string>
@@ -13,6 +15,16 @@
 #include "storage/session.hpp"
 
 namespace dblock::test {
+
+/// What the library records as a holder's host and thread (lease rows, session reports).
+inline std::string this_host() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+inline std::string this_thread_label() {
+  return std::to_string(static_cast<long long>(::syscall(SYS_gettid)));
+}
 
 inline const detail::dialect& dialect_of(const database& db) {
   return *detail::access::impl(db)->dia;

@@ -119,15 +119,31 @@ vocabulary::session_texts vocabulary::session_leases(const table_names& t) const
   // The holder only: which sessions wait for a user lock is not shown without the
   // METADATA_LOCK_INFO plugin. Its client and the start of its state (idle: since its last
   // statement) from the process list, where the user can see it.
+  const std::string holders = t.prefix + "session_holder";
   x.sessions = std::string(
                    "SELECT h.id, CASE WHEN p.HOST IS NULL THEN '?' WHEN p.HOST = "
                    "'localhost' THEN 'local' ELSE SUBSTRING_INDEX(p.HOST, ':', 1) END, 1, ") +
                epoch_us(
                    "UTC_TIMESTAMP(6) - INTERVAL CAST(COALESCE(p.TIME_MS, 0) * 1000 AS "
                    "SIGNED) MICROSECOND") +
-               ", " + epoch_us("UTC_TIMESTAMP(6)") + " FROM (SELECT IS_USED_LOCK(" + session_key +
-               ") AS id) h LEFT JOIN information_schema.PROCESSLIST p ON p.ID = h.id WHERE h.id "
-               "IS NOT NULL";
+               ", " + epoch_us("UTC_TIMESTAMP(6)") +
+               ", COALESCE(r.fence, 0), COALESCE(r.acquired_us, 0), COALESCE(r.holder_host, ''), "
+               "COALESCE(r.holder_pid, 0), COALESCE(r.holder_thread, '') FROM (SELECT "
+               "IS_USED_LOCK(" +
+               session_key +
+               ") AS id) h LEFT JOIN information_schema.PROCESSLIST p ON p.ID = h.id LEFT JOIN " +
+               holders +
+               " r ON r.server_session = h.id AND r.resource_name = :name WHERE h.id IS NOT NULL";
+  x.report = "INSERT INTO " + holders +
+             " (server_session, resource_name, fence, acquired_us, holder_host, holder_pid, "
+             "holder_thread) VALUES (CONNECTION_ID(), :name, :fence, " +
+             epoch_us("UTC_TIMESTAMP(6)") +
+             " - :held_us, :host, :pid, :thread) ON DUPLICATE KEY UPDATE fence = VALUES(fence), "
+             "acquired_us = VALUES(acquired_us), holder_host = VALUES(holder_host), holder_pid = "
+             "VALUES(holder_pid), holder_thread = VALUES(holder_thread)";
+  x.unreport = "DELETE FROM " + holders +
+               " WHERE server_session = CONNECTION_ID() AND resource_name = :name";
+  x.forget = "DELETE FROM " + holders + " WHERE server_session = CONNECTION_ID()";
   x.end = "KILL CONNECTION :pid";
   x.gone =
       "SELECT CAST(COUNT(*) = 0 AS SIGNED) FROM information_schema.PROCESSLIST WHERE ID = :pid";

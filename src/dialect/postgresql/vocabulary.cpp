@@ -242,16 +242,32 @@ vocabulary::session_texts vocabulary::session_leases(const table_names& t) const
   x.idle_reset = "SELECT " + idle_timeouts("'0'");
   // pg_locks shows a 64-bit advisory key as its high and low 32 bits (classid, objid) with
   // objsubid 1.
+  const std::string holders = t.prefix + "session_holder";
   x.sessions = std::string("WITH k AS (SELECT ") + session_key +
                " AS v) SELECT l.pid, COALESCE(host(a.client_addr), 'local'), CAST(l.granted AS "
                "INTEGER), " +
                epoch_us("COALESCE(a.query_start, clock_timestamp())") + ", " +
                epoch_us("clock_timestamp()") +
-               " FROM k JOIN pg_locks l ON l.classid = CAST((k.v >> 32) & 4294967295 AS oid) AND "
-               "l.objid = CAST(k.v & 4294967295 AS oid) LEFT JOIN pg_stat_activity a ON a.pid = "
-               "l.pid WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.database = (SELECT "
-               "oid FROM pg_database WHERE datname = current_database()) ORDER BY l.granted DESC, "
+               ", COALESCE(h.fence, 0), COALESCE(h.acquired_us, 0), COALESCE(h.holder_host, ''), "
+               "COALESCE(h.holder_pid, 0), COALESCE(h.holder_thread, '') FROM k JOIN pg_locks l "
+               "ON l.classid = CAST((k.v >> 32) & 4294967295 AS oid) AND l.objid = CAST(k.v & "
+               "4294967295 AS oid) LEFT JOIN pg_stat_activity a ON a.pid = l.pid LEFT JOIN " +
+               holders +
+               " h ON l.granted AND h.server_session = l.pid AND h.resource_name = :name WHERE "
+               "l.locktype = 'advisory' AND l.objsubid = 1 AND l.database = (SELECT oid FROM "
+               "pg_database WHERE datname = current_database()) ORDER BY l.granted DESC, "
                "a.query_start";
+  x.report = "INSERT INTO " + holders +
+             " (server_session, resource_name, fence, acquired_us, holder_host, holder_pid, "
+             "holder_thread) VALUES (pg_backend_pid(), :name, CAST(:fence AS BIGINT), " +
+             epoch_us("clock_timestamp()") +
+             " - CAST(:held_us AS BIGINT), :host, CAST(:pid AS BIGINT), :thread) ON CONFLICT "
+             "(server_session, resource_name) DO UPDATE SET fence = EXCLUDED.fence, acquired_us "
+             "= EXCLUDED.acquired_us, holder_host = EXCLUDED.holder_host, holder_pid = "
+             "EXCLUDED.holder_pid, holder_thread = EXCLUDED.holder_thread";
+  x.unreport = "DELETE FROM " + holders +
+               " WHERE server_session = pg_backend_pid() AND resource_name = :name";
+  x.forget = "DELETE FROM " + holders + " WHERE server_session = pg_backend_pid()";
   // Waits (up to 5 s) until the session is gone, so no `gone` statement.
   x.end = "SELECT CAST(pg_terminate_backend(CAST(:pid AS INTEGER), 5000) AS INTEGER)";
   return x;
