@@ -121,6 +121,20 @@ void add_fairness(result& r, const std::vector<float>& waits,
   if (turns_mean > 0) r.figures["fairness_max_over_mean_turns"] = turns_top / turns_mean;
 }
 
+// The fairness figures for a row's note: the longest wait over the mean one in time and in turns,
+// and the longest hold (a hold that oversleeps on a busy machine lengthens every wait behind it).
+std::string fairness_note(const result& r) {
+  auto figure = [&](const char* k) {
+    const auto it = r.figures.find(k);
+    return it == r.figures.end() ? 0.0 : it->second;
+  };
+  char text[128];
+  std::snprintf(text, sizeof text, "; max/mean wait %.2f (in turns %.2f); longest hold %.1f ms",
+                r.fairness.value_or(0), figure("fairness_max_over_mean_turns"),
+                figure("hold_max_us") / 1000.0);
+  return text;
+}
+
 // K = clients - 1 waiters on one lock. Each holder keeps it hold_us, notes when it starts
 // release(), and the next holder measures from that instant to the return of its acquire().
 // With `own_handles` every client opens its own database handle, as separate processes would:
@@ -165,7 +179,8 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
   std::mutex mu;
   std::vector<float> lat, waits;
   std::vector<long long> waited_turns;  // grants to other clients during each counted wait
-  double held_ns = 0;  // how long holders really kept the lock (sleep_for() oversleeps)
+  double held_ns = 0;      // how long holders really kept the lock (sleep_for() oversleeps)
+  double held_max_ns = 0;  // the longest hold: what a wait's longest time owes the machine
   long long holds = 0;
   auto now_ns = [] { return clk::now().time_since_epoch().count(); };
   auto counter = std::make_shared<wake_counter>();
@@ -216,6 +231,7 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
       if (counted) {
         std::lock_guard<std::mutex> l(mu);
         held_ns += static_cast<double>(start - got);
+        held_max_ns = std::max(held_max_ns, static_cast<double>(start - got));
         ++holds;
       }
       g.release();
@@ -229,7 +245,10 @@ result handoff_dblock(backend_ctx& b, int clients, double seconds, int hold_us, 
   r.p99_us = percentile(lat, 0.99);
   if (releases.load() > 0)
     r.woken_per_release = static_cast<double>(counter->n.load()) / releases.load();
-  if (holds > 0) r.figures["hold_mean_us"] = held_ns / static_cast<double>(holds) / 1000.0;
+  if (holds > 0) {
+    r.figures["hold_mean_us"] = held_ns / static_cast<double>(holds) / 1000.0;
+    r.figures["hold_max_us"] = held_max_ns / 1000.0;
+  }
   if (!waits.empty()) add_fairness(r, waits, waited_turns);
   return r;
 }
@@ -312,9 +331,9 @@ std::vector<row> handoff_rows(backend_ctx& b, const options& o) {
           lo.fair = fair;
           result r = handoff_dblock(*b, clients, seconds, hold_us, own, lo, kind);
           char extra[96];
-          std::snprintf(extra, sizeof extra, "; woken per release %.2f; max/mean wait %.2f",
-                        r.woken_per_release.value_or(0), r.fairness.value_or(0));
-          r.note = extra;
+          std::snprintf(extra, sizeof extra, "; woken per release %.2f",
+                        r.woken_per_release.value_or(0));
+          r.note = extra + fairness_note(r);
           return r;
         }));
   };
@@ -348,9 +367,7 @@ std::vector<row> handoff_rows(backend_ctx& b, const options& o) {
           auto lo = b->wait_options;
           lo.mode = dblock::lease_mode::session;
           result r = handoff_dblock(*b, clients, seconds, hold_us, true, lo);
-          char extra[64];
-          std::snprintf(extra, sizeof extra, "; max/mean wait %.2f", r.fairness.value_or(0));
-          r.note = extra;
+          r.note = fairness_note(r);
           return r;
         }));
   // LISTEN needs a session of its own.
