@@ -344,6 +344,38 @@ DBLOCK_TEST("cli release: refuses without --force (exit 64) and leaves the lease
   CHECK(no_name.status == exit_usage);
 }
 
+DBLOCK_TEST_SERVERS("cli row-mode: gives a session-mode name back to row mode", "[cli][direct]") {
+  const std::string name = "rowmode/" + random_suffix();
+  auto none = cli(ctx, "row-mode", {name});
+  {
+    INFO(none);
+    CHECK(none.status == exit_not_found);
+    CHECK(contains(none.err, "is not in session mode"));
+  }
+  dblock::lease_options so;
+  so.mode = dblock::lease_mode::session;
+  lease_lock s(ctx.db, name, so);
+  auto g = s.try_acquire();
+  REQUIRE(g);
+  const auto fence = g->fence();
+  auto busy = cli(ctx, "row-mode", {"--wait", "200ms", name});
+  {
+    INFO(busy);
+    CHECK(busy.status == 75);  // not acquired: the holder keeps it
+  }
+  g.reset();
+  auto r = cli(ctx, "row-mode", {name});
+  {
+    INFO(r);
+    CHECK(r.status == 0);
+    CHECK(contains(r.out, "is back in row mode"));
+  }
+  lease_lock row_mode(ctx.db, name);
+  auto rg = row_mode.try_acquire();
+  REQUIRE(rg);
+  CHECK(rg->fence() > fence);
+}
+
 DBLOCK_TEST("cli release --force: the holder loses the lease, status shows the audit", "[cli]") {
   held_lease hold(ctx.db, "rel/stuck");
   const auto fence = hold.guard->fence();

@@ -85,12 +85,17 @@ class app_user {
     }
   }
 
-  // PostgreSQL: USAGE and UPDATE on the session fence sequence (migration 0014; MariaDB's
-  // sequence is a table, granted with them).
-  void grant_session_sequence() {
+  // What session leases need beyond the tables: PostgreSQL, USAGE and UPDATE on the fence
+  // sequence (migration 0014; MariaDB's sequence is a table, granted with them); MariaDB,
+  // EXECUTE on the marker read (migration 0017; PostgreSQL grants it to PUBLIC).
+  void grant_session_leases() {
+    auto c = admin_.connect();
     if (ctx_.backend == "postgresql")
-      admin_.connect().session() << "GRANT USAGE, UPDATE ON SEQUENCE " + ctx_.prefix +
-                                        "session_fence TO " + name_;
+      c.session() << "GRANT USAGE, UPDATE ON SEQUENCE " + ctx_.prefix + "session_fence TO " + name_;
+    else
+      for (const char* host : {"127.0.0.1", "localhost"})
+        c.session() << "GRANT EXECUTE ON FUNCTION " + ctx_.prefix + "dblock_session_marker TO '" +
+                           name_ + "'@'" + host + "'";
   }
 
   // EXECUTE on the SQL API's routine `routine` (migration 0012): `on` grants it to this user;
@@ -204,17 +209,17 @@ DBLOCK_TEST_SERVERS("privileges: the documented grants are enough for the applic
   CHECK(stock.take(3));
   stock.put(1);
 
-  // A session lease, held past its first renewal (which reports it for status). The control on
-  // PostgreSQL: refused without the sequence's grant.
+  // A session lease, held past its first renewal (which reports it for status). The control:
+  // refused without the grants for session leases.
   dblock::lease_options session;
   session.mode = dblock::lease_mode::session;
   dblock::lease_lock sl(db, "priv/session", session);
-  if (ctx.backend == "postgresql") {
+  {
     const auto refused = dblock::test::code_of([&] { (void)sl.try_acquire(); });
     REQUIRE(refused);
     CHECK(*refused == errc::backend_error);
   }
-  user.grant_session_sequence();
+  user.grant_session_leases();
   {
     auto gs = sl.try_acquire();
     REQUIRE(gs);

@@ -11,7 +11,8 @@
 
 /// @file
 /// @brief Administration of the lease table: list_locks(), force_release(),
-/// recent_forced_releases(), lease_durability_of() and set_lease_durability().
+/// recent_forced_releases(), leave_session_mode(), lease_durability_of() and
+/// set_lease_durability().
 
 namespace dblock {
 
@@ -106,6 +107,26 @@ struct forced_release {
  */
 forced_release force_release(const database& db, const std::string& name, const std::string& reason,
                              const std::string& forced_by);
+
+/**
+ * @brief Gives a name in session mode (lease_mode::session, docs/session-leases.md) back to row
+ * mode.
+ *
+ * Takes the name's session lock as a session-mode acquire does (waiting up to `wait` for its
+ * holder to release it), then, on the session holding it, frees the name's marker row with that
+ * grant's fence, which is above every fence the name had in session mode; then releases the lock.
+ * The next row-mode acquire of the name gets a fence above them all. A session-mode acquire that
+ * comes later marks the name again (session mode is chosen per lease_lock, not per name).
+ *
+ * Thread-safety: safe to call concurrently; each call uses its own pooled connections.
+ * @returns false when the name is not in session mode (nothing is done).
+ * @throws dblock::error errc::timeout when a session lease still holds the name after `wait`;
+ *         errc::invalid_argument for a bad name (as force_release()); errc::lease_lost or
+ *         errc::in_doubt when the session holding the lock broke during the change (look at
+ *         list_locks() before trying again); the @ref database_errors "database errors".
+ */
+bool leave_session_mode(const database& db, const std::string& name,
+                        std::chrono::milliseconds wait = std::chrono::seconds(10));
 
 /// The latest forced releases, newest first (at most `limit`, 1..10000). Thread-safety: safe to
 /// call concurrently; each call uses its own pooled connection.

@@ -56,6 +56,14 @@ struct release_options {
 CLI::App* add_release(CLI::App& app, common_options& common, release_options& r);
 int run_release(const common_options& c, const release_options& r);
 
+// status.cpp: dblock row-mode [--wait D] name
+struct row_mode_options {
+  std::string name;
+  std::string wait = "10s";
+};
+CLI::App* add_row_mode(CLI::App& app, common_options& common, row_mode_options& r);
+int run_row_mode(const common_options& c, const row_mode_options& r);
+
 // exec.cpp: dblock exec --lock NAME [--lock NAME]... [--ttl D] [--wait D] [--kill-after D]
 // -- command...
 struct exec_options {

@@ -19,6 +19,7 @@ struct subcommands {
   reap_options reap;
   status_options status;
   release_options release;
+  row_mode_options row_mode;
   exec_options exec;
   id_options id;
   leader_options leader;
@@ -26,6 +27,7 @@ struct subcommands {
   CLI::App* reap_cmd = nullptr;
   CLI::App* status_cmd = nullptr;
   CLI::App* release_cmd = nullptr;
+  CLI::App* row_mode_cmd = nullptr;
   CLI::App* exec_cmd = nullptr;
   CLI::App* id_cmd = nullptr;
   CLI::App* leader_cmd = nullptr;
@@ -37,6 +39,7 @@ void add_subcommands(CLI::App& app, common_options& common, subcommands& s) {
   s.reap_cmd = add_reap(app, common, s.reap);
   s.status_cmd = add_status(app, common, s.status);
   s.release_cmd = add_release(app, common, s.release);
+  s.row_mode_cmd = add_row_mode(app, common, s.row_mode);
   s.exec_cmd = add_exec(app, common, s.exec);
   s.id_cmd = add_id(app, common, s.id);
   s.leader_cmd = add_leader(app, common, s.leader);
@@ -50,6 +53,7 @@ int dispatch(const common_options& common, const subcommands& s) {
     if (s.reap_cmd->parsed()) return run_reap(common, s.reap);
     if (s.status_cmd->parsed()) return run_status(common, s.status);
     if (s.release_cmd->parsed()) return run_release(common, s.release);
+    if (s.row_mode_cmd->parsed()) return run_row_mode(common, s.row_mode);
     if (s.id_cmd->parsed()) return run_id(common, s.id);
     if (s.leader_cmd->parsed()) return run_leader(common, s.leader);
   } catch (const dblock::error& e) {
@@ -71,8 +75,9 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", common.verbose, "say more on stderr (also after the subcommand)");
   app.set_version_flag("--version", std::string("dblock ") + dblock::version());
   app.footer(
-      "Exit statuses: 0 ok; 1 release: no such lock, leader: no leader, migrate --dry-run:\n"
-      "migrations pending; 64 usage or invalid argument; 69 cannot connect; 70 internal error\n"
+      "Exit statuses: 0 ok; 1 release: no such lock, row-mode: not in session mode, leader:\n"
+      "no leader, migrate --dry-run: migrations pending; 64 usage or invalid argument; 69 cannot "
+      "connect; 70 internal error\n"
       "or outcome unknown (in doubt); 75 lock not acquired; 76 lease lost while the command\n"
       "ran; 78 schema missing or mismatched. `exec` otherwise exits with the command's status\n"
       "(128+N if killed by signal N).");

@@ -216,4 +216,28 @@ int run_release(const common_options& c, const release_options& r) {
   }
 }
 
+CLI::App* add_row_mode(CLI::App& app, common_options& common, row_mode_options& r) {
+  auto* cmd = app.add_subcommand(
+      "row-mode", "give a name in session mode back to row mode (docs/session-leases.md)");
+  add_common(cmd, common);
+  cmd->add_option("--wait", r.wait,
+                  "how long to wait for a session lease holding it to release it (default 10s)");
+  cmd->add_option("name", r.name, "lock name")->required();
+  return cmd;
+}
+
+int run_row_mode(const common_options& c, const row_mode_options& r) {
+  const auto wait = parse_duration(r.wait, "--wait");
+  auto db = open_db(c);
+  if (!dblock::leave_session_mode(db, r.name, wait)) {
+    std::cerr << "dblock row-mode: '" << shown(r.name)
+              << "' is not in session mode (no marker row in " << db.lock_table() << ")\n";
+    return exit_not_found;
+  }
+  std::cout << "'" << display_name(r.name)
+            << "' is back in row mode: its next row-mode fence is above every session fence "
+               "it had\n";
+  return exit_ok;
+}
+
 }  // namespace dblock::cli

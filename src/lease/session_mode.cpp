@@ -270,6 +270,10 @@ lease_guard lease_lock::impl::session_wait_once(steady::time_point deadline,
       if (e.code() == errc::lock_not_available || e.code() == errc::timeout ||
           s->deadline_fired() || steady::now() >= deadline)
         throw timed_out();
+      // PostgreSQL under REPEATABLE READ or SERIALIZABLE: the marker changed after the wait's
+      // snapshot (leave_session_mode(), migration 0017). The connection, and the lock it got,
+      // are dropped; wait again.
+      if (e.code() == errc::serialization_failure) continue;
       throw e;
     } catch (...) {
       if (s) s->mark_broken();  // (session_granted() took it, and dropped it, when it threw)
@@ -348,6 +352,19 @@ void lease_state::pinned_release() {
 
 void lease_state::pinned_fenced(const std::function<void(soci::session&)>& write,
                                 const std::string& what) {
+  pinned_write(
+      [&](session_scope& s) {
+        try {
+          write(s.sql());
+        } catch (const soci::soci_error&) {
+          throw s.failure(what);
+        }
+      },
+      what);
+}
+
+void lease_state::pinned_write(const std::function<void(session_scope&)>& write,
+                               const std::string& what) {
   std::exception_ptr failure;
   bool session_gone = false;
   {
@@ -361,11 +378,7 @@ void lease_state::pinned_fenced(const std::function<void(soci::session&)>& write
         // One transaction on the holding session: it commits only while the session lives, and
         // the session lock lives exactly as long (a lost COMMIT reply is in_doubt).
         write_scope w(s, write_kind::transaction, what);
-        try {
-          write(s.sql());
-        } catch (const soci::soci_error&) {
-          throw s.failure(what);
-        }
+        write(s);
         w.commit();
         if (!s.deadline_fired()) return;
         throw error(errc::in_doubt, what + ": " + s.deadline_cause());

@@ -70,6 +70,9 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   void pinned_release();
   /// lease_mode::session: lease_guard::fenced() on the holding session.
   void pinned_fenced(const std::function<void(soci::session&)>& write, const std::string& what);
+  /// lease_mode::session: one write transaction on the holding session (pinned_fenced(), with
+  /// dblock's own statements: session_lock::unmark()).
+  void pinned_write(const std::function<void(session_scope&)>& write, const std::string& what);
 
   /// The deadline of a call on this lease (renew, release, a fenced write): its TTL less the
   /// safety margin, at least one second (docs/safety.md, "Deadlines").

@@ -8,6 +8,8 @@
 #include "dblock/semaphore.hpp"
 #include "dialect/doorbell.hpp"
 #include "kinds/followers.hpp"
+#include "lease/lock_impl.hpp"
+#include "lease/state.hpp"
 #include "storage/lock_table.hpp"
 #include "storage/session_lock.hpp"
 #include "storage/wait_queue.hpp"
@@ -157,6 +159,39 @@ forced_release force_release(const database& db, const std::string& name, const 
     if (auto e = election::election_of(name)) detail::ring_followers(access::impl(db), *e);
   }
   return f;
+}
+
+bool leave_session_mode(const database& db, const std::string& name,
+                        std::chrono::milliseconds wait) {
+  detail::validate_lease_name(name);
+  const std::string what = "leave session mode: '" + detail::printable(name) + "'";
+  const bool marked = detail::with_session(access::impl(db), what, [&](session_scope& s) {
+    const auto row = detail::lock_table::read(s, name);
+    return row && row->hold_count > 0 && detail::session_lock::is_marker(row->owner_token);
+  });
+  if (!marked) return false;
+  // The name's session lock, taken as a session lease takes it: its fence is above every session
+  // fence the name had, and no session lease of the name is held until the marker is gone.
+  lease_options o;
+  o.mode = lease_mode::session;
+  lease_lock lk(db, name, o);
+  lease_guard g = lk.acquire(wait);
+  const auto& st = detail::lease_access::state(g);
+  bool freed = false;
+  {
+    const detail::call_deadline bound(st->call_bound(), st->call_bound_what());
+    st->pinned_write(
+        [&](session_scope& s) {
+          try {
+            freed = detail::session_lock::unmark(s, name, g.fence(), detail::new_owner_token());
+          } catch (const soci::soci_error&) {
+            throw s.failure(what);
+          }
+        },
+        what);
+  }
+  g.release();
+  return freed;
 }
 
 std::vector<forced_release> recent_forced_releases(const database& db, std::size_t limit) {

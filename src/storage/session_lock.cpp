@@ -138,4 +138,11 @@ bool mark(session_scope& s, const std::string& name) {
       .has_value();
 }
 
+bool unmark(session_scope& s, const std::string& name, std::int64_t fence,
+            const std::string& token) {
+  return s.run(s.statements().session_unmark,
+               {static_cast<long long>(fence), token, name, session_mode_token})
+             .affected == 1;
+}
+
 }  // namespace dblock::detail::session_lock

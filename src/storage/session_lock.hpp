@@ -80,5 +80,10 @@ inline bool is_marker(const std::string& owner_token) {
 /// Makes `name`'s marker when its lock row is free (one acquire); false when a durable lease
 /// holds it.
 bool mark(session_scope& s, const std::string& name);
+/// On the session holding `name`'s session lock at `fence` (above every session fence the name
+/// had): frees its marker row with that fence and a fresh owner `token`, so the name is back in
+/// row mode and its next row-mode fence is above `fence`; false when it had no marker.
+bool unmark(session_scope& s, const std::string& name, std::int64_t fence,
+            const std::string& token);
 
 }  // namespace dblock::detail::session_lock

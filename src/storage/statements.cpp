@@ -210,6 +210,12 @@ void session_statements(lock_statements& s, const vocabulary& v, const table_nam
       make("session_report", x.report, {"name", "fence", "held_us", "host", "pid", "thread"});
   s.session_unreport = make("session_unreport", x.unreport, {"name"});
   s.session_forget = make("session_forget", x.forget, {});
+  s.session_unmark =
+      make("session_unmark",
+           "UPDATE " + t.lock + " SET fence = :fence, hold_count = 0, owner_token = :token, " +
+               "expires_at = " + v.now() +
+               " WHERE resource_name = :name AND owner_token = :marker AND hold_count > 0",
+           {"fence", "token", "name", "marker"});
 }
 
 void admin_statements(lock_statements& s, const vocabulary& v, const table_names& t) {

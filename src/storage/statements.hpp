@@ -77,6 +77,9 @@ struct lock_statements {
   /// transaction that raised the fence epoch, which serializes the moves: session_lock.cpp,
   /// raise_once()).
   statement session_fence_next, session_fence_set;
+  /// fence, token, name, marker -> frees the name's marker row (1 affected) with that fence and
+  /// token: the name is back in row mode (session_lock::unmark()).
+  statement session_unmark;
   /// Inside a write transaction: makes its COMMIT wait for durability (empty: every commit does)
   statement durable_commit;
   /// Raises the fence epoch by one -> the new epoch where the backend returns it

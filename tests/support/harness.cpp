@@ -134,14 +134,17 @@ void run_on(const std::string& backend, const std::function<void(context&)>& bod
                  {"dblock_wake()", "dblock_check_args(text, text, bigint, bigint, boolean)",
                   "dblock_check_durable()", "dblock_acquire(text, text, bigint)",
                   "dblock_renew(text, text, bigint, bigint)",
-                  "dblock_release(text, text, bigint, boolean)",
-                  "dblock_check_fence(text, bigint)"})
+                  "dblock_release(text, text, bigint, boolean)", "dblock_check_fence(text, bigint)",
+                  "dblock_session_marker(text, text)"})
               conn.session() << "DROP FUNCTION IF EXISTS " << p << f;
         if (c.backend == "mysql")  // the SQL API's procedures (migration 0012)
           for (const auto& p : c.prefixes)
             for (const char* f :
                  {"dblock_acquire", "dblock_renew", "dblock_release", "dblock_check_fence"})
               conn.session() << "DROP PROCEDURE IF EXISTS " << p << f;
+        if (c.backend == "mysql")  // the session leases' marker read (migration 0017)
+          for (const auto& p : c.prefixes)
+            conn.session() << "DROP FUNCTION IF EXISTS " << p << "dblock_session_marker";
       } catch (...) {
       }
     }

@@ -100,10 +100,11 @@ vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) con
 namespace {
 const char* const session_key = "SHA2(CONCAT(DATABASE(), X'00', :key), 256)";
 
+// The marker is read by a function called after GET_LOCK has returned (migration 0017): a
+// subquery here would be read before it, and could miss leave_session_mode()'s change.
 std::string session_fence(const table_names& t) {
-  return "COALESCE((SELECT fence FROM " + t.lock +
-         " WHERE resource_name = :name AND owner_token = :marker AND hold_count > 0) + NEXTVAL(" +
-         t.prefix + "session_fence), -1)";
+  return "COALESCE(" + t.prefix + "dblock_session_marker(:name, :marker) + NEXTVAL(" + t.prefix +
+         "session_fence), -1)";
 }
 }  // namespace
 

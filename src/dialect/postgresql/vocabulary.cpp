@@ -210,9 +210,12 @@ vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) con
 namespace {
 const char* const session_key = "hashtextextended(CAST(:key AS TEXT), 0)";
 
+// The marker is read by a function called after the lock is granted (migration 0017): a subquery
+// here would read it in the statement's snapshot, taken before the lock, and could miss
+// leave_session_mode()'s change.
 std::string session_fence(const table_names& t) {
-  return "COALESCE((SELECT fence FROM " + t.lock +
-         " WHERE resource_name = :name AND owner_token = :marker AND hold_count > 0) + nextval('" +
+  return "COALESCE(" + t.prefix +
+         "dblock_session_marker(CAST(:name AS TEXT), CAST(:marker AS TEXT)) + nextval('" +
          t.prefix + "session_fence'), -1)";
 }
 
