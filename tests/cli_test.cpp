@@ -296,7 +296,7 @@ DBLOCK_TEST("cli exec with several --lock: a held member exits 75 and keeps none
 }
 
 DBLOCK_TEST_SERVERS("cli status: a session lease shows its own fence and age once it has renewed",
-                    "[cli][session_lease]") {
+                    "[cli][session_lease][direct]") {
   const std::string name = lock_name();
   dblock::lease_options lo;
   lo.mode = dblock::lease_mode::session;
