@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
 
 namespace dblock::detail {
@@ -46,9 +47,12 @@ class sentinel {
   static sentinel& get() {
     static std::once_flag once;
     std::call_once(once, [] {
-      instance = new sentinel();
+      instance = new (storage) sentinel();
+      // The child's: a new one over the old (locked, and its thread gone), built in place. A
+      // forked child must not allocate: another thread of the parent may have held an
+      // allocator's lock at the fork (seen under ASan: a `dblock exec` child spun for ever).
       pthread_atfork([] { instance->mu_.lock(); }, [] { instance->mu_.unlock(); },
-                     [] { instance = new sentinel(); });  // the child's: the old one is locked
+                     [] { instance = new (storage) sentinel(); });
     });
     return *instance;
   }
@@ -117,6 +121,7 @@ class sentinel {
   }
 
   static sentinel* instance;
+  static unsigned char storage[];  // where the process's sentinel is built (never destroyed)
   std::mutex mu_;
   std::condition_variable cv_;
   std::multimap<deadline_clock::time_point, std::shared_ptr<armed_connection::entry>> due_;
@@ -127,6 +132,7 @@ class sentinel {
 };
 
 sentinel* sentinel::instance = nullptr;
+alignas(sentinel) unsigned char sentinel::storage[sizeof(sentinel)];
 
 }  // namespace
 
