@@ -23,11 +23,13 @@ FUZZ_MAX_TOTAL_TIME=${FUZZ_MAX_TOTAL_TIME:-0}
 JOBS=${JOBS:-$(nproc)}
 
 msg() { printf '\n==> %s\n' "$*" >&2; }
+# shellcheck source=scripts/ccache.sh
+. "$REPO_ROOT/scripts/ccache.sh"
 
 msg "configuring ($FUZZ_BUILD_DIR, clang++)"
 cmake -S . -B "$FUZZ_BUILD_DIR" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DDBLOCK_FUZZ=ON -DDBLOCK_TESTS=OFF -DDBLOCK_EXAMPLES=OFF -DDBLOCK_BENCH=OFF \
-    -DDBLOCK_CLI=OFF -DDBLOCK_PROMETHEUS=OFF >/dev/null
+    -DDBLOCK_CLI=OFF -DDBLOCK_PROMETHEUS=OFF "${CCACHE_CMAKE_ARGS[@]}" >/dev/null
 msg "building"
 # shellcheck disable=SC2086
 cmake --build "$FUZZ_BUILD_DIR" -j"$JOBS" --target $FUZZ_TARGETS

@@ -38,6 +38,9 @@ PACKAGES=(
     faketime
     clang-format
     doxygen
+    # scripts/ccache.sh: CI builds the same sources with four sets of flags, and a machine that
+    # built them before compiles only what changed
+    ccache
     # the dblock(1) man page of the dblock package, written from `dblock --help`
     # (cmake/packaging.cmake, scripts/package-test.sh)
     help2man

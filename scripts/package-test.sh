@@ -96,11 +96,14 @@ type_flags=(-DCMAKE_BUILD_TYPE="$build_type")
 if [ "$build_type" = Quick ]; then
     type_flags=(-DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-O0)
 fi
+# shellcheck source=scripts/ccache.sh
+. "$root/scripts/ccache.sh"
 say "configuring a shared $build_type build in $build"
 run_logged "$work/configure.log" "configuring $build" \
     cmake -S "$root" -B "$build" "${type_flags[@]}" -DBUILD_SHARED_LIBS=ON \
     -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_CXX_COMPILER="$CXX" -DDBLOCK_CLI=ON -DDBLOCK_INSTALL=ON \
-    -DDBLOCK_TESTS=OFF -DDBLOCK_EXAMPLES=OFF -DDBLOCK_BENCH=OFF -DDBLOCK_PROMETHEUS=OFF
+    -DDBLOCK_TESTS=OFF -DDBLOCK_EXAMPLES=OFF -DDBLOCK_BENCH=OFF -DDBLOCK_PROMETHEUS=OFF \
+    "${CCACHE_CMAKE_ARGS[@]}"
 grep -q '^DBLOCK_HELP2MAN:FILEPATH=/' "$build/CMakeCache.txt" || fail "CMake did not find help2man"
 run_logged "$work/build.log" "building $build" cmake --build "$build" -j"$jobs"
 step "configured and built"

@@ -38,6 +38,10 @@ JOBS=${JOBS:-$(nproc)}
 TSAN_TAGS=${TSAN_TAGS:-"[idioms],[memory],[lease]~[process],[waiting]~[process]~[cli],[id_generator]~[process]~[cli],[reaper]~[process],[rowlock]~[process],[optimistic]~[process],[admin],[database],[election]~[processes]~[cli],[lock_set]~[processes]~[cli],[rwlock]~[processes]~[cli]~[examples],[semaphore]~[process]~[cli]~[examples],[watchdog]"}
 
 msg() { printf '\n==> %s\n' "$*" >&2; }
+# shellcheck source=scripts/stages.sh
+. "$REPO_ROOT/scripts/stages.sh"
+# shellcheck source=scripts/ccache.sh
+. "$REPO_ROOT/scripts/ccache.sh"
 T0=$SECONDS
 elapsed() { printf '%ds' $((SECONDS - T0)); }
 
@@ -49,17 +53,24 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$REPO_ROOT/tests/lsan.supp}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$REPO_ROOT/tests/tsan.supp}
 
-run_asan() {
+build_asan() {
     msg "ASan+UBSan: configuring ($ASAN_BUILD_DIR)"
     # -O1 -g1: instrumented code compiles much faster than at -O2 -g and still names every frame.
     cmake -S . -B "$ASAN_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DDBLOCK_TESTS=ON \
-        -DDBLOCK_EXAMPLES=OFF -DDBLOCK_BENCH=OFF -DDBLOCK_ASAN=ON -DDBLOCK_UBSAN=ON >/dev/null
+        -DDBLOCK_EXAMPLES=OFF -DDBLOCK_BENCH=OFF -DDBLOCK_ASAN=ON -DDBLOCK_UBSAN=ON \
+        "${CCACHE_CMAKE_ARGS[@]}" >/dev/null || return
     msg "ASan+UBSan: building"
-    local t=$SECONDS
     cmake --build "$ASAN_BUILD_DIR" -j"$JOBS"
-    msg "ASan+UBSan: built in $((SECONDS - t))s; running the whole suite"
-    t=$SECONDS
+}
+
+run_asan() {
+    stage "ASan+UBSan build" build_asan
+    stage "ASan+UBSan suite" run_asan_suite
+}
+
+run_asan_suite() {
+    local t=$SECONDS
     # The consumer tests build separate projects against the installed (instrumented) library
     # without sanitizer flags (consumer_shared builds a plain shared library of its own); they
     # check packaging, not memory safety. The serial fault entries (server restarts, delayed
@@ -74,27 +85,36 @@ run_asan() {
         ctest --test-dir "$ASAN_BUILD_DIR" --output-on-failure -j2 --timeout 1800 \
         -E '^(consumer.*|faults_serial_.*|pgbouncer|topology_.*)$' 2>&1 | tee "$log" ||
         status=${PIPESTATUS[0]}
-    "$REPO_ROOT/scripts/repeat-failures.sh" "$log"
+    "$REPO_ROOT/scripts/repeat-failures.sh" "$log" "ASan+UBSan suite"
     rm -f "$log"
     [ "$status" -eq 0 ] || return "$status"
     msg "ASan+UBSan: suite passed in $((SECONDS - t))s"
 }
 
-run_tsan() {
+build_tsan() {
     msg "TSan: configuring ($TSAN_BUILD_DIR)"
     cmake -S . -B "$TSAN_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DDBLOCK_TESTS=ON \
-        -DDBLOCK_EXAMPLES=OFF -DDBLOCK_BENCH=OFF -DDBLOCK_TSAN=ON >/dev/null
+        -DDBLOCK_EXAMPLES=OFF -DDBLOCK_BENCH=OFF -DDBLOCK_TSAN=ON "${CCACHE_CMAKE_ARGS[@]}" \
+        >/dev/null || return
     msg "TSan: building"
-    local t=$SECONDS
     cmake --build "$TSAN_BUILD_DIR" -j"$JOBS" --target dblock_tests dblock
-    msg "TSan: built in $((SECONDS - t))s; running $TSAN_TAGS"
-    t=$SECONDS
+}
+
+run_tsan() {
+    stage "TSan build" build_tsan
+    stage "TSan threaded tests" run_tsan_tests
+}
+
+run_tsan_tests() {
+    msg "TSan: running $TSAN_TAGS"
+    local t=$SECONDS
     # The threaded tests use the plain servers only: no Galera cluster or PgBouncer. Two
     # processes side by side, PostgreSQL's tests in one and the rest in the other (the tests
     # spend much of their time waiting on the database and on TTLs, which TSan does not slow).
     DBLOCK_TEST_TOPOLOGIES=0 "$REPO_ROOT/scripts/test-servers.sh" run -- \
-        bash "$REPO_ROOT/scripts/sanitizers.sh" tsan-run "$TSAN_BUILD_DIR/tests/dblock_tests"
+        bash "$REPO_ROOT/scripts/sanitizers.sh" tsan-run "$TSAN_BUILD_DIR/tests/dblock_tests" ||
+        return
     msg "TSan: threaded tests passed in $((SECONDS - t))s"
 }
 
@@ -127,6 +147,9 @@ run_tsan_split() {
         printf '\n==> TSan, %s tests (exit %s):\n' "${f%%:*}" "${f#*:}" >&2
         if [ "${f#*:}" -ne 0 ]; then
             cat "$TSAN_LOG_DIR/tsan-${f%%:*}.log" >&2
+            "$REPO_ROOT/scripts/repeat-failures.sh" "$TSAN_LOG_DIR/tsan-${f%%:*}.log" \
+                "TSan, ${f%%:*} tests" >/dev/null
+            note_failure "TSan, ${f%%:*} tests: exit ${f#*:} (its log is above in this run)"
             status=1
         else
             tail -n 3 "$TSAN_LOG_DIR/tsan-${f%%:*}.log" >&2

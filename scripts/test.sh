@@ -38,6 +38,16 @@ MIN_TESTS=(unit:24 postgresql:215 mysql:200 sqlite:190 pgbouncer:190 faults_unit
     faults_postgresql:26 faults_mysql:25 faults_sqlite:15 faults_serial_postgresql:9
     faults_serial_mysql:5 faults_serial_sqlite:2 topology_galera:4 topology_pgpair:4)
 T0=$SECONDS
+# shellcheck source=scripts/stages.sh
+. "$REPO_ROOT/scripts/stages.sh"
+# Run alone (not from .ci/run, which prints them at the very end of its log), this script prints
+# its own stages and failures when it ends.
+if [ -z "${DBLOCK_STAGE_LOG:-}" ]; then
+    DBLOCK_STAGE_LOG=$(mktemp "${TMPDIR:-/tmp}/dblock-stages.XXXXXX")
+    DBLOCK_FAILURE_LOG=$(mktemp "${TMPDIR:-/tmp}/dblock-failures.XXXXXX")
+    export DBLOCK_STAGE_LOG DBLOCK_FAILURE_LOG
+    own_stage_log=1
+fi
 
 msg() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -129,6 +139,10 @@ summarize() {
     done
     printf '%-20s %8s %8s %8s\n' -------------------- -------- -------- --------
     printf '%-20s %8d %8d %8d\n' total "$tp" "$tf" "$ts"
+    # The count of the plain suite, for the last line of the CI log (scripts/stages.sh).
+    if [ -n "${DBLOCK_STAGE_LOG:-}" ]; then
+        printf 'tests: %d passed, %d failed, %d skipped\n' "$tp" "$tf" "$ts" >"$DBLOCK_STAGE_LOG.count"
+    fi
 
     if [ "$ctest_status" -ne 0 ]; then
         problems+=("ctest (or the test servers) failed with exit status $ctest_status")
@@ -192,6 +206,7 @@ summarize() {
 
     if [ "$fail" -ne 0 ]; then
         banner "TESTS FAILED" "${problems[@]}"
+        note_failure "main suite:" "${problems[@]}"
         return 1
     fi
     printf '\nAll tests passed.\n'
@@ -203,20 +218,34 @@ if [ -n "${DBLOCK_SUMMARIZE_ONLY:-}" ]; then
 fi
 
 msg "checking dependencies"
-bash "$REPO_ROOT/scripts/install-deps.sh"
+stage "install dependencies" bash "$REPO_ROOT/scripts/install-deps.sh"
+# shellcheck source=scripts/ccache.sh
+. "$REPO_ROOT/scripts/ccache.sh"
 
-msg "configuring ($BUILD_DIR)"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDBLOCK_TESTS=ON -DDBLOCK_EXAMPLES=ON
-
-msg "building"
-cmake --build "$BUILD_DIR" -j"$(nproc)"
+build_plain() {
+    msg "configuring ($BUILD_DIR)"
+    cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDBLOCK_TESTS=ON \
+        -DDBLOCK_EXAMPLES=ON "${CCACHE_CMAKE_ARGS[@]}" || return
+    msg "building"
+    cmake --build "$BUILD_DIR" -j"$(nproc)"
+}
+stage "build (plain)" build_plain
 BUILD_TIME=$(wall_time)
 
 # Each test process drops its per-backend counts here (see tests/support).
 # Fresh per run so that results of earlier runs cannot be counted.
 DBLOCK_TEST_SUMMARY_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dblock-summary.XXXXXX")
 export DBLOCK_TEST_SUMMARY_DIR
-trap 'rm -rf "$DBLOCK_TEST_SUMMARY_DIR"' EXIT
+on_exit() {
+    local st=$?
+    rm -rf "$DBLOCK_TEST_SUMMARY_DIR"
+    if [ "${own_stage_log:-0}" = 1 ]; then
+        stage_report
+        rm -f "$DBLOCK_STAGE_LOG" "$DBLOCK_STAGE_LOG.count" "$DBLOCK_FAILURE_LOG"
+    fi
+    return "$st"
+}
+trap on_exit EXIT
 
 # As root the package test below builds the library shared, checks its SONAME and links
 # consumers to it with find_package and pkg-config: consumer_shared (the same for users who
@@ -230,10 +259,13 @@ fi
 msg "running tests against throwaway servers"
 ctest_status=0
 ctest_log="$DBLOCK_TEST_SUMMARY_DIR/ctest.log"
-"$REPO_ROOT/scripts/test-servers.sh" run -- \
-    ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 --timeout 900 "${skip_entries[@]}" "$@" \
-    2>&1 | tee "$ctest_log" || ctest_status=${PIPESTATUS[0]}
-"$REPO_ROOT/scripts/repeat-failures.sh" "$ctest_log"
+main_suite() {
+    "$REPO_ROOT/scripts/test-servers.sh" run -- \
+        ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 --timeout 900 "${skip_entries[@]}" "$@" \
+        2>&1 | tee "$ctest_log" || return "${PIPESTATUS[0]}"
+}
+stage "main suite (all backends, topologies)" main_suite "$@" || ctest_status=$?
+"$REPO_ROOT/scripts/repeat-failures.sh" "$ctest_log" "main suite"
 
 status=0
 summarize "$DBLOCK_TEST_SUMMARY_DIR" "$ctest_status" || status=$?
@@ -260,7 +292,7 @@ if [ "${DBLOCK_QUICK:-}" = 1 ] || [ "$#" -gt 0 ]; then
 fi
 if [ "$(id -u)" = 0 ]; then
     msg "packages: libdblock0, libdblock-dev and dblock built, installed, used and removed"
-    PACKAGE_BUILD_TYPE=Quick bash "$REPO_ROOT/scripts/package-test.sh"
+    stage "package test" env PACKAGE_BUILD_TYPE=Quick bash "$REPO_ROOT/scripts/package-test.sh"
 elif is_ci; then
     echo "test.sh: CI=true runs the package test, which installs packages: run it as root" >&2
     exit 1
@@ -268,7 +300,7 @@ else
     banner "Skipped: the package test (scripts/package-test.sh installs packages: run as root)."
 fi
 msg "fuzzers: ${DBLOCK_FUZZ_RUNS:-20000} inputs each, under ASan+UBSan"
-bash "$REPO_ROOT/scripts/fuzz.sh" "${DBLOCK_FUZZ_RUNS:-20000}"
+stage "fuzzers" bash "$REPO_ROOT/scripts/fuzz.sh" "${DBLOCK_FUZZ_RUNS:-20000}"
 msg "sanitizers: the whole suite under ASan+UBSan, the threaded tests under TSan"
 bash "$REPO_ROOT/scripts/sanitizers.sh" all
 printf '\nWall time with fuzzers and sanitizers: %s\n' "$(wall_time)"

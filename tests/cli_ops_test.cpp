@@ -641,7 +641,7 @@ DBLOCK_TEST("cli bench: every operation runs, the table and JSON have every row"
 DBLOCK_TEST("cli bench: dblock.watchdog holds many watched leases on two threads, none lost",
             "[cli][bench]") {
   const auto [r, j] =
-      bench_json(ctx, {"--only", "dblock.watchdog", "--leases", "300", "--leases-ttl-ms", "1000"});
+      bench_json(ctx, {"--only", "dblock.watchdog", "--leases", "300", "--leases-ttl-ms", "2000"});
   INFO(r);
   REQUIRE(r.status == 0);
   REQUIRE(!j.is_null());

@@ -228,6 +228,7 @@ void killed_holder(dblock::test::context& ctx, const std::string& mode) {
   temp_dir dir("rowlock");
   process_set ps;
   warm_pool(ctx.db, 4);
+  const long long no_wait_ms = dblock::test::no_wait_bound_ms(ctx.db);
   int pid =
       ps.spawn("rowlock_holder_worker", {ctx.url, ctx.prefix, mode, target, dir.file("ready")});
   REQUIRE(wait_for_file(dir.file("ready"), std::chrono::seconds(15)));
@@ -245,7 +246,7 @@ void killed_holder(dblock::test::context& ctx, const std::string& mode) {
     CHECK_FALSE(before->acquired);
     CHECK_FALSE(before->code);
     CHECK_FALSE(before->foreign_exception);
-    CHECK(before->ms < 50);
+    CHECK(before->ms < no_wait_ms);
   }
 
   REQUIRE(::kill(pid, SIGKILL) == 0);

@@ -165,12 +165,18 @@ struct worker_report {
   int bought = 0, failed = 0, errors = 0;
 };
 
-// Runs in a forked child: its own database handle, its own connections.
-worker_report run_worker(const std::string& strategy, const settings& s, int worker) {
+// Runs in a forked child: its own database handle, its own connections, made before the start
+// signal (the end of `go`), so that the workers' attempts really meet however slowly the
+// processes start.
+worker_report run_worker(const std::string& strategy, const settings& s, int worker, int go) {
   dblock::database_options o;
   o.table_prefix = s.prefix;
   o.pool_size = 2;
   dblock::database db(s.url, o);
+  db.ping();
+  char c;
+  while (read(go, &c, 1) > 0) {
+  }  // end of file: every worker starts now
   dblock::lease_options lo;
   lo.ttl = std::chrono::seconds(10);
   lo.poll_initial = std::chrono::milliseconds(1);
@@ -205,6 +211,9 @@ outcome run_strategy(const std::string& strategy, const settings& s) {
   reset_tables(s);  // its database handle (and connections) are gone before we fork
   std::vector<std::pair<pid_t, int>> children;  // pid, read end of its pipe
   auto start = std::chrono::steady_clock::now();
+  int go[2];
+  if (pipe(go) != 0) throw std::runtime_error("pipe failed");
+  std::cout.flush();
   for (int w = 0; w < s.workers; ++w) {
     int fds[2];
     if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
@@ -212,13 +221,16 @@ outcome run_strategy(const std::string& strategy, const settings& s) {
     if (pid < 0) throw std::runtime_error("fork failed");
     if (pid == 0) {
       close(fds[0]);
-      worker_report r = run_worker(strategy, s, w);
+      close(go[1]);
+      worker_report r = run_worker(strategy, s, w, go[0]);
       if (write(fds[1], &r, sizeof r) != static_cast<ssize_t>(sizeof r)) _exit(3);
       _exit(0);
     }
     close(fds[1]);
     children.emplace_back(pid, fds[0]);
   }
+  close(go[0]);
+  close(go[1]);  // the start signal
   outcome out;
   out.strategy = strategy;
   for (auto& [pid, fd] : children) {

@@ -4,7 +4,9 @@
 # and run_logged, which speak in the test's name.
 consumer_test=$1
 export CXX=${CXX:-c++}
-work=$(mktemp -d "${TMPDIR:-/tmp}/dblock-${consumer_test#consumer_}.XXXXXX")
+# (DBLOCK_CONSUMER_TMP: tests/CMakeLists.txt passes the build tree, where a compiler cache finds
+# the same relative paths on every run.)
+work=$(mktemp -d "${DBLOCK_CONSUMER_TMP:-${TMPDIR:-/tmp}}/dblock-${consumer_test#consumer_}.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
 say() { echo "$consumer_test: $*"; }

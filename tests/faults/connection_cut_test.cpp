@@ -94,18 +94,6 @@ void print_server_sessions(const context& ctx) {
 
 namespace {
 
-// Lines of kind `k` in the logs of workers [from, to).
-long long log_lines(const workload& w, int from, int to, const std::string& k) {
-  long long n = 0;
-  for (int id = from; id < to; ++id) {
-    std::istringstream in(read_file(w.dir + "/w" + std::to_string(id) + ".log"));
-    std::string line;
-    while (std::getline(in, line))
-      if (line.compare(0, k.size() + 1, k + " ") == 0) ++n;
-  }
-  return n;
-}
-
 // `sql_workers` of the 4 workers (the last ones) are Python clients of the SQL API.
 void run_cuts(context& ctx, int seconds, const std::string& lock_kind, const std::string& scenario,
               int sql_workers = 0) {
@@ -128,8 +116,7 @@ void run_cuts(context& ctx, int seconds, const std::string& lock_kind, const std
   long long server_kills = 0, commands = 0;
   std::map<int, long long> kinds;
   const long long end = monotonic_ns() + seconds * 1000000000LL;
-  while (monotonic_ns() < end) {
-    std::this_thread::sleep_for(milliseconds(rnd(30, 200)));
+  auto one_fault = [&] {
     int kind = static_cast<int>(rnd(0, 5));
     ++kinds[kind];
     ++commands;
@@ -161,7 +148,28 @@ void run_cuts(context& ctx, int seconds, const std::string& lock_kind, const std
           ++server_kills;
       }
     }
+  };
+  while (monotonic_ns() < end) {
+    std::this_thread::sleep_for(milliseconds(rnd(30, 200)));
+    one_fault();
   }
+  // Every kind of client must have written and (SQL) met a fault. On a loaded machine the
+  // window can pass before that: the faults go on, a few times a second, until it has (at most a
+  // minute more), so that only a workload that makes no progress at all fails the checks below.
+  auto progressed = [&] {
+    if (log_lines(w, 0, cpp_workers, "K") == 0) return false;
+    if (!sql) return true;
+    return log_lines(w, cpp_workers, 4, "K") > 0 && log_lines(w, cpp_workers, 4, "E") +
+                                                            log_lines(w, cpp_workers, 4, "X") +
+                                                            log_lines(w, cpp_workers, 4, "D") >
+                                                        0;
+  };
+  long long last_fault = monotonic_ns();
+  wait_for_progress(progressed, std::chrono::seconds(60), [&] {
+    if (monotonic_ns() - last_fault < 500 * ns_per_ms) return;
+    one_fault();
+    last_fault = monotonic_ns();
+  });
   stop_workers(w);
   // Workers normally stop within seconds. If they do not within 30 s, say what the server's
   // sessions are doing before the deadline below kills the workers (it prints their stacks).

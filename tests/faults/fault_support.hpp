@@ -26,6 +26,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,8 @@ using namespace dblock::test;
 
 /// True with DBLOCK_FAULTS_FULL=1: run the full trial counts instead of the reduced CI ones.
 bool full();
-/// `reduced`, or `full_count` under DBLOCK_FAULTS_FULL=1.
+/// `reduced` (half of it, at least 1, in a sanitizer build), or `full_count` under
+/// DBLOCK_FAULTS_FULL=1.
 int count(int reduced, int full_count);
 
 /// CLOCK_MONOTONIC by a raw system call (not intercepted by libfaketime).
@@ -113,6 +115,18 @@ inline workload make_workload(const context& ctx, const std::string& stem, const
                               int ttl_ms) {
   return make_workload(ctx.url, ctx.prefix, stem, dir, ttl_ms);
 }
+
+/// Lines of kind `k` ("K", "E", ...) in the logs of workers [from, to) so far (the logs are
+/// appended as the workers go, so this also reads a running workload).
+long long log_lines(const workload& w, int from, int to, const std::string& k);
+
+/// Waits while `progressed()` is false, polling every 100 ms, for at most `most`, and returns
+/// progressed(); `tick` (if any) runs on every poll (a fault loop that keeps going meanwhile).
+/// A workload that made no progress in its usual window on a loaded or instrumented machine is
+/// given more time, so that only one that makes none at all fails its progress check: a check
+/// that fails because the machine is slow measures the machine, not dblock.
+bool wait_for_progress(const std::function<bool()>& progressed, std::chrono::milliseconds most,
+                       const std::function<void()>& tick = {});
 
 /// Waits for every worker of `ps` (at most `timeout`) and checks that each exited with 0, showing
 /// the end of its log when not.

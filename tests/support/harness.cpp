@@ -232,6 +232,17 @@ int wait_worker(int pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+long long median_round_trip_us(const database& db, int n) {
+  std::vector<long long> us;
+  for (int i = 0; i < n; ++i) {
+    const long long t0 = monotonic_ns();
+    db.ping();
+    us.push_back((monotonic_ns() - t0) / 1000);
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
 long long monotonic_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -82,6 +82,26 @@ inline lease_options ttl_of(std::chrono::milliseconds ttl) {
   return o;
 }
 
+/// The machine's pace now: the median of `n` plain round trips (`db.ping()`) in microseconds.
+/// A liveness bound scales with it (liveness_bound_ms), so that a loaded or instrumented machine,
+/// slower at everything, does not fail a check that is about dblock.
+long long median_round_trip_us(const database& db, int n = 9);
+
+/// A liveness bound: `base_ms` (the mechanism's own delay: a poll, a TTL) plus a slack of 200
+/// round trips at the measured pace, never less than 500 ms. Safety bounds ("never before the
+/// TTL", order, exact counts) never scale.
+inline long long liveness_bound_ms(long long base_ms, long long round_trip_us) {
+  const long long slack = 200 * round_trip_us / 1000;
+  return base_ms + (slack > 500 ? slack : 500);
+}
+
+/// The bound of a call that must not wait (nowait, try, skip_locked): what a call that waited
+/// would exceed (a lock wait of seconds), not the machine's speed: 50 ms plus the slack of
+/// liveness_bound_ms at the pace of `db` measured now.
+inline long long no_wait_bound_ms(const database& db) {
+  return liveness_bound_ms(50, median_round_trip_us(db));
+}
+
 /// True under DBLOCK_TEST_FULL=1: the full trial counts instead of CI's reduced ones.
 inline bool full_run() {
   const char* v = std::getenv("DBLOCK_TEST_FULL");
