@@ -71,6 +71,25 @@ pause_result run_pauses(context& ctx, bool fenced, int trials, const std::string
     // Still between acquire and write while stopped, and an acquire not paused before.
     bool counts = fence > 0 && !paused_fences.count(fence);
     std::this_thread::sleep_for(milliseconds(r.trials % 2 == 0 ? ttl_ms * 3 / 2 : ttl_ms * 3));
+    // Stopped until a successor has written under a newer fence (30 s at most): then a stale
+    // write by the paused holder is one the analysis catches, at any speed of the machine (a
+    // successor slow to take over would leave nothing for the unfenced control to show).
+    if (counts)
+      wait_for_progress(
+          [&] {
+            for (int i = 0; i < 4; ++i) {
+              if (i == victim) continue;
+              std::istringstream in(read_file(dir.file("w" + std::to_string(i) + ".log")));
+              std::string line, k;
+              long long f = 0;
+              while (std::getline(in, line)) {
+                std::istringstream l(line);
+                if (l >> k >> f && k == "K" && f > fence) return true;
+              }
+            }
+            return false;
+          },
+          std::chrono::seconds(30));
     ::kill(pids[victim], SIGCONT);
     if (counts) {
       ++r.trials;

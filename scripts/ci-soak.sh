@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The proof that CI is green under load: `.ci/run` N times in a row in fresh clones of HEAD, each
+# with CPU hogs beside it (`yes > /dev/null`, HOGS of them), as a shared CI machine may be. Each
+# run's log is kept; a summary line per run (outcome, minutes) and at the end the failed checks of
+# every failed run (their logs end with them, scripts/stages.sh).
+#
+# Usage: scripts/ci-soak.sh [RUNS]        (default 10)
+# Environment: HOGS (default 2), SOAK_DIR (default /tmp/dblock-soak): clones and logs.
+set -euo pipefail
+REPO_ROOT=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
+runs=${1:-10}
+hogs=${HOGS:-2}
+dir=${SOAK_DIR:-/tmp/dblock-soak}
+mkdir -p "$dir"
+hog_pids=()
+stop_hogs() {
+    [ "${#hog_pids[@]}" -eq 0 ] || kill "${hog_pids[@]}" 2>/dev/null || true
+    hog_pids=()
+}
+trap stop_hogs EXIT
+summary=()
+failed=0
+for i in $(seq 1 "$runs"); do
+    clone=$dir/clone-$i
+    rm -rf "$clone"
+    git clone -q "$REPO_ROOT" "$clone"
+    for _ in $(seq 1 "$hogs"); do
+        yes >/dev/null &
+        hog_pids+=($!)
+    done
+    t=$SECONDS
+    status=0
+    (cd "$clone" && CI=true bash .ci/run </dev/null) >"$dir/run-$i.log" 2>&1 || status=$?
+    stop_hogs
+    line=$(printf 'run %2d: %s in %dm%02ds (%s)' "$i" \
+        "$([ "$status" -eq 0 ] && echo passed || echo "FAILED, exit $status")" \
+        $(((SECONDS - t) / 60)) $(((SECONDS - t) % 60)) "$dir/run-$i.log")
+    echo "$line"
+    summary+=("$line")
+    [ "$status" -eq 0 ] || failed=$((failed + 1))
+    rm -rf "$clone"
+done
+printf '\n%s\n' "${summary[@]}"
+echo "$((runs - failed)) passed, $failed failed"
+[ "$failed" -eq 0 ]
