@@ -208,7 +208,8 @@ run_logged "$work/qs-pc.log" "compiling the quick start with pkg-config's flags"
     "$CXX" -std=c++17 "$work/quickstart/main.cpp" -o "$work/quickstart/quickstart_pc" \
     $(pkg-config --cflags --libs dblock)
 for exe in quickstart/build/quickstart quickstart/quickstart_pc; do
-    ldd "$work/$exe" | grep -Eq 'libdblock\.so\.0 => (/usr)?/lib/' || fail "$exe does not use the packaged libdblock.so.0"
+    ldd "$work/$exe" | grep -Eq 'libdblock\.so\.0 => (/usr)?/lib/' ||
+        fail "$exe does not use the packaged libdblock.so.0: $(ldd "$work/$exe" 2>&1 | grep -i dblock || echo 'ldd names no libdblock')"
     rm -f "$work/run/"*.db*
     out=$(cd "$work/run" && "$work/$exe" "sqlite://$work/run/quickstart.db" 2>&1) ||
         fail "$exe exited with status $?: $out"
