@@ -200,17 +200,17 @@ DBLOCK_TEST("rwlock: bad names are refused clearly", "[rwlock]") {
 // it only ever tries (try_lock(), which gives the writer row back at once while readers are in)
 // and sleeps 20 ms between tries, so it never holds back new readers while it waits.
 // Log: "R|W fence asked enter exit" (CLOCK_MONOTONIC ns).
-// Optional args sync_dir writers (the "plain-writer" control): the overlap is forced, not hoped
-// for. Before each acquire a plain writer announces <sync_dir>/want-<pid> holding a new number G
-// and waits for a reader's mark <sync_dir>/in-<pid> naming G (made after the reader's "enter",
-// removed before its "exit"); holding its lease it writes <sync_dir>/ack-G. A reader that finds
-// a want-* when it enters marks itself with its G and stays in until ack-G (10 s at most), and
-// readers go on past their iterations until every writer has written <sync_dir>/done-<pid>. So
-// every hold of a plain writer overlaps the hold of the reader that waited for it, at any speed
-// of the machine. With a third optional arg "baton" (the "polling-writer" control) readers mark
-// their holds the same way and leave only once another reader is in (or every other reader has
-// written <sync_dir>/rdone-<pid>; 5 s at most): the stream of readers has no gap at any speed, so
-// a writer without writer preference waits for all of it.
+// Optional args dir count mode, for the controls. Mode "overlap" (the "plain-writer" control,
+// count = the writers): the overlap is forced, not hoped for. Before each acquire a plain writer
+// announces <dir>/want-<pid> holding a new number G and waits for a reader's mark <dir>/in-<pid>
+// naming G (made after the reader's "enter", removed before its "exit"); holding its lease it
+// writes <dir>/ack-G. A reader that finds a want-* when it enters marks itself with its G and stays
+// in until ack-G (10 s at most), and readers go on past their iterations until every writer has
+// written <dir>/done-<pid>. So every hold of a plain writer overlaps the hold of the reader that
+// waited for it, at any speed of the machine. Mode "baton" (the "polling-writer" control, count =
+// the readers): readers mark their holds the same way and leave only once another reader is in (or
+// every other reader has written <dir>/rdone-<pid>; 5 s at most): the stream of readers has no gap
+// at any speed, so a writer without writer preference waits for all of it.
 DBLOCK_WORKER(rwlock_worker) {
   const std::string name = args.at(2), role = args.at(3), table = args.at(6);
   const int iterations = std::stoi(args.at(4));
@@ -219,23 +219,22 @@ DBLOCK_WORKER(rwlock_worker) {
   const auto lo = polling_lease(std::chrono::seconds(10), milliseconds(10));
   rwlock l(db, name, lo);
   dblock::lease_lock plain(db, name, lo);
-  const bool baton = args.size() > 10 && args.at(10) == "baton";
-  const std::string sync = args.size() > 8 && !baton ? args.at(8) : "";
-  const std::string baton_dir = baton ? args.at(8) : "";
-  const int writers = args.size() > 9 ? std::stoi(args.at(9)) : 0;
-  const int others_count = writers;  // baton: the number of readers
-  const std::string mark = (baton ? baton_dir : sync) + "/in-" + std::to_string(::getpid());
-  const std::string want = sync + "/want-" + std::to_string(::getpid());
+  const std::string dir = args.size() > 10 ? args.at(8) : "";
+  const int count = args.size() > 10 ? std::stoi(args.at(9)) : 0;
+  const std::string mode = args.size() > 10 ? args.at(10) : "";
+  const bool overlap = mode == "overlap", baton = mode == "baton";
+  const std::string mark = dir + "/in-" + std::to_string(::getpid());
+  const std::string want = dir + "/want-" + std::to_string(::getpid());
   auto files_with = [&](const std::string& stem) {
     std::vector<std::string> found;
-    for (const auto& e : std::filesystem::directory_iterator(baton ? baton_dir : sync)) {
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
       const std::string f = e.path().filename().string();
       if (f.rfind(stem, 0) == 0 && f.find(".tmp") == std::string::npos)
         found.push_back(e.path().string());
     }
     return found;
   };
-  auto writers_done = [&] { return static_cast<int>(files_with("done-").size()) >= writers; };
+  auto writers_done = [&] { return static_cast<int>(files_with("done-").size()) >= count; };
   auto wait_for = [](const std::function<bool()>& cond, long long ms) {
     const long long until = monotonic_ns() + ms * ns_per_ms;
     while (!cond() && monotonic_ns() < until)
@@ -245,29 +244,30 @@ DBLOCK_WORKER(rwlock_worker) {
   sleep_until_monotonic(std::stoll(args.at(5)));
   if (role == "reader") {
     const long long cap = monotonic_ns() + 120000 * ns_per_ms;
-    for (int i = 0; i < iterations || (!sync.empty() && !writers_done() && monotonic_ns() < cap);
-         ++i) {
+    for (int i = 0; i < iterations || (overlap && !writers_done() && monotonic_ns() < cap); ++i) {
       const long long asked = monotonic_ns();
       auto g = l.acquire_shared(std::chrono::seconds(60));
       const long long enter = monotonic_ns();
       if (baton) write_file_atomic(mark, "in\n");
       std::string awaited;  // the ack a writer's want asks this reader to stay in for
-      if (!sync.empty()) {
+      if (overlap) {
+        std::string asked_gen;
         for (const auto& w : files_with("want-")) {
           std::ifstream in(w);
-          std::string asked_gen;
-          if (in >> asked_gen) awaited = sync + "/ack-" + asked_gen;
+          std::string g;
+          if (in >> g) asked_gen = g;
         }
-        write_file_atomic(mark, awaited.empty() ? "-\n" : awaited.substr(sync.size() + 5) + "\n");
+        if (!asked_gen.empty()) awaited = dir + "/ack-" + asked_gen;
+        write_file_atomic(mark, asked_gen.empty() ? "-\n" : asked_gen + "\n");
       }
       std::this_thread::sleep_for(milliseconds(10 + (i * 7) % 21));
       if (!awaited.empty()) wait_for([&] { return std::filesystem::exists(awaited); }, 10000);
-      if (!sync.empty()) std::filesystem::remove(mark);
+      if (overlap) std::filesystem::remove(mark);
       if (baton) {  // leave only once another reader is in, or every other one is done
         wait_for(
             [&] {
               return files_with("in-").size() > 1 ||
-                     static_cast<int>(files_with("rdone-").size()) >= others_count - 1;
+                     static_cast<int>(files_with("rdone-").size()) >= count - 1;
             },
             5000);
         std::filesystem::remove(mark);
@@ -277,7 +277,7 @@ DBLOCK_WORKER(rwlock_worker) {
       out << "R " << g.fence() << " " << asked << " " << enter << " " << exit << "\n";
     }
     write_file_atomic(args.at(7), out.str());
-    if (baton) write_file_atomic(baton_dir + "/rdone-" + std::to_string(::getpid()), "done\n");
+    if (baton) write_file_atomic(dir + "/rdone-" + std::to_string(::getpid()), "done\n");
     return 0;
   }
   auto write_lock = [&]() -> lease_guard {
@@ -294,7 +294,7 @@ DBLOCK_WORKER(rwlock_worker) {
   if (baton) wait_for([&] { return !files_with("in-").empty(); }, 60000);
   for (int i = 0; i < iterations; ++i) {
     const std::string gen = std::to_string(::getpid()) + "-" + std::to_string(i);
-    if (!sync.empty()) {  // the control: a reader in first, kept in until this writer is
+    if (overlap) {  // the control: a reader in first, kept in until this writer is
       write_file_atomic(want, gen + "\n");
       wait_for(
           [&] {
@@ -310,8 +310,8 @@ DBLOCK_WORKER(rwlock_worker) {
     const long long asked = monotonic_ns();
     auto g = write_lock();
     const long long enter = monotonic_ns();
-    if (!sync.empty()) {
-      write_file_atomic(sync + "/ack-" + gen, "in\n");
+    if (overlap) {
+      write_file_atomic(dir + "/ack-" + gen, "in\n");
       std::filesystem::remove(want);
     }
     int n = -1;
@@ -330,7 +330,7 @@ DBLOCK_WORKER(rwlock_worker) {
     std::this_thread::sleep_for(milliseconds(20));
   }
   write_file_atomic(args.at(7), out.str());
-  if (!sync.empty()) write_file_atomic(sync + "/done-" + std::to_string(::getpid()), "done\n");
+  if (overlap) write_file_atomic(dir + "/done-" + std::to_string(::getpid()), "done\n");
   return 0;
 }
 
@@ -347,14 +347,14 @@ struct rw_run {
 };
 
 rw_run run_rw(const dblock::test::context& ctx, int readers, int writers, int reader_iterations,
-              int writer_iterations, const std::string& writer_role, bool force_overlap = false,
-              bool baton = false) {
+              int writer_iterations, const std::string& writer_role,
+              const std::string& control_mode = "") {
   ctx.exec("CREATE TABLE " + ctx.table("counter") + " (id INT PRIMARY KEY, n INT)");
   ctx.exec("INSERT INTO " + ctx.table("counter") + " (id, n) VALUES (1, 0)");
   const std::string name = unique_name("procs");
   temp_dir dir("rwlock");
   const std::string sync = dir.file("sync");
-  if (force_overlap || baton) std::filesystem::create_directory(sync);
+  if (!control_mode.empty()) std::filesystem::create_directory(sync);
   process_set ps;
   const long long start_ns = monotonic_ns() + 800 * ns_per_ms;
   for (int i = 0; i < readers + writers; ++i) {
@@ -367,14 +367,9 @@ rw_run run_rw(const dblock::test::context& ctx, int readers, int writers, int re
                                std::to_string(start_ns),
                                ctx.table("counter"),
                                dir.file("w" + std::to_string(i) + ".log")};
-    if (force_overlap) {
-      a.push_back(sync);
-      a.push_back(std::to_string(writers));
-    } else if (baton) {
-      a.push_back(sync);
-      a.push_back(std::to_string(readers));
-      a.push_back("baton");
-    }
+    if (!control_mode.empty())  // rwlock_worker's dir, count and mode
+      a.insert(a.end(),
+               {sync, std::to_string(control_mode == "baton" ? readers : writers), control_mode});
     ps.spawn("rwlock_worker", a);
   }
   const auto st = ps.wait_all(std::chrono::seconds(240));
@@ -486,7 +481,7 @@ DBLOCK_TEST(
 // the check that catches it is seen failing at any speed: every write hold overlaps a reader's.
 DBLOCK_TEST("negative control: writers that do not wait for readers already in are caught",
             "[rwlock][processes]") {
-  auto r = run_rw(ctx, 4, 2, 60, 6, "plain-writer", true);
+  auto r = run_rw(ctx, 4, 2, 60, 6, "plain-writer", "overlap");
   INFO("overlaps of plain writers with readers");
   CHECK(writer_overlaps(r.all) >= 12);  // every one of the 2 x 6 write holds
 }
@@ -497,7 +492,7 @@ DBLOCK_TEST("negative control: writers that do not wait for readers already in a
 // so the stream has no such moment until it ends, at any speed of the machine.
 DBLOCK_TEST("negative control: writers without writer preference are starved past the bound",
             "[rwlock][processes]") {
-  auto r = run_rw(ctx, 4, 2, reader_iterations(), 6, "polling-writer", false, true);
+  auto r = run_rw(ctx, 4, 2, reader_iterations(), 6, "polling-writer", "baton");
   WARN(stream_summary(ctx.backend, r.all) << " (writers without writer preference)");
   CHECK(most_reader_entries_in_a_writer_wait(r.all) >= reader_entries_bound);
   CHECK(writer_overlaps(r.all) == 0);  // starved, but still alone
