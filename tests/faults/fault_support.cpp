@@ -643,6 +643,25 @@ analysis analyze(const database& db, const context& ctx, const workload& w, bool
                 std::to_string(grant_order[i - 1].second));
   }
   std::sort(r.ack_exit_ns.begin(), r.ack_exit_ns.end());
+  if (r.violations > 0 && keep_temp_dirs()) {
+    // The evidence of a failed run, beside the workers' logs: every item row in insertion
+    // order (the table has no key: InnoDB and SQLite return it so), the counter, the lock's row.
+    std::ofstream out(w.dir + "/tables.txt");
+    out << "counter " << r.counter << "\n";
+    soci::rowset<soci::row> rs =
+        (c.session().prepare << "SELECT n, fence, worker, token FROM " << ctx.table("items"));
+    for (const auto& row : rs)
+      out << "item " << row_int(row, 0) << " " << row_int(row, 1) << " " << row_int(row, 2) << " "
+          << row.get<std::string>(3) << "\n";
+    try {
+      auto lease = dblock::test::read_lease(c, w.lock);
+      if (lease)
+        out << "lock fence " << lease->fence << " holder_pid " << lease->holder_pid << "\n";
+    } catch (const std::exception& e) {
+      out << "lock: " << e.what() << "\n";
+    }
+    std::cerr << "analyze: " << r.violations << " violations; kept " << w.dir << "\n";
+  }
   return r;
 }
 

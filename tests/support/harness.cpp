@@ -356,7 +356,13 @@ temp_dir::temp_dir(const std::string& tag) {
   path = buf.data();
 }
 
+bool keep_temp_dirs() {
+  const char* v = std::getenv("DBLOCK_TEST_KEEP_DIRS");
+  return v && *v && std::string(v) != "0";
+}
+
 temp_dir::~temp_dir() {
+  if (keep_temp_dirs()) return;
   std::error_code ec;
   std::filesystem::remove_all(path, ec);
 }

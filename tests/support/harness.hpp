@@ -249,8 +249,12 @@ class process_set {
 
 // ---- files and databases of worker processes -------------------------------------------------
 
+/// True when DBLOCK_TEST_KEEP_DIRS is set (not "0"): temporary directories are left in place
+/// and the fault analysis writes the tables of a run that broke an invariant beside its logs.
+bool keep_temp_dirs();
+
 /// A fresh directory $TMPDIR/dblock-<tag>-XXXXXX for the files workers write; removed with
-/// everything in it.
+/// everything in it (kept under DBLOCK_TEST_KEEP_DIRS).
 struct temp_dir {
   std::string path;
   explicit temp_dir(const std::string& tag);
