@@ -15,7 +15,7 @@
 #         ThreadSanitizer (-DDBLOCK_TSAN=ON), third-party frames suppressed by
 #         tests/tsan.supp (never dblock's own code).
 #
-# Usage: scripts/sanitizers.sh [asan|tsan|all|build]   (default: all; build: both builds only)
+# Usage: scripts/sanitizers.sh [asan|tsan|all]   (default: all)
 #
 # Environment:
 #   ASAN_BUILD_DIR  build directory of the ASan+UBSan build (default: build-asan)
@@ -159,13 +159,6 @@ run_tsan_split() {
 }
 
 case "$WHAT" in
-    # Both instrumented builds and nothing else (scripts/test.sh runs this beside the main suite
-    # at idle priority; the runs below then find them built).
-    build)
-        stage "ASan+UBSan build" build_asan
-        stage "TSan build" build_tsan
-        exit $?
-        ;;
     tsan-run)
         TSAN_LOG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dblock-tsan.XXXXXX")
         run_tsan_split "$2"
@@ -180,7 +173,7 @@ case "$WHAT" in
         run_tsan
         ;;
     *)
-        echo "usage: $0 [asan|tsan|all|build]" >&2
+        echo "usage: $0 [asan|tsan|all]" >&2
         exit 2
         ;;
 esac

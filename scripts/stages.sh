@@ -6,7 +6,7 @@
 
 # stage NAME CMD...: runs CMD as the stage NAME and records it; returns CMD's status.
 stage() {
-    local name=$1${DBLOCK_STAGE_NOTE:-} t=$SECONDS status=0
+    local name=$1 t=$SECONDS status=0
     shift
     printf '\n==> stage: %s\n' "$name" >&2
     "$@" || status=$?
@@ -44,8 +44,7 @@ stage_report() {
     done <"$DBLOCK_STAGE_LOG"
     printf '%-44s %5dm%02ds  %s\n' "sum of the stages" $((total / 60)) $((total % 60)) \
         "$([ "$failed" -eq 0 ] && echo 'all stages passed' || echo "$failed stage(s) failed")"
-    # Stages beside another (the sanitizer builds beside the main suite) make the sum longer
-    # than the run: the wall time since the first stage began, too.
+    # The wall time since the run began (the stages' sum leaves out the time between them).
     if [ -n "${DBLOCK_STAGE_T0:-}" ]; then
         local wall=$(($(date +%s) - DBLOCK_STAGE_T0))
         printf '%-44s %5dm%02ds\n' "wall time" $((wall / 60)) $((wall % 60))

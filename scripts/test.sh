@@ -242,10 +242,6 @@ DBLOCK_TEST_SUMMARY_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dblock-summary.XXXXXX")
 export DBLOCK_TEST_SUMMARY_DIR
 on_exit() {
     local st=$?
-    if [ -n "${prebuild_pid:-}" ]; then
-        kill -- "-$prebuild_pid" 2>/dev/null || true
-        wait "$prebuild_pid" 2>/dev/null || true
-    fi
     rm -rf "$DBLOCK_TEST_SUMMARY_DIR"
     if [ "${own_stage_log:-0}" = 1 ]; then
         stage_report
@@ -263,38 +259,6 @@ skip_entries=()
 if [ "$(id -u)" = 0 ] && [ "${DBLOCK_QUICK:-}" != 1 ] && [ "$#" -eq 0 ]; then
     skip_entries=(-E '^consumer_shared$')
 fi
-
-# The instrumented builds of the sanitizer stages, started now beside the main suite at idle
-# priority (SCHED_IDLE: they get only the CPU time the suite leaves unused, which is much of it,
-# as its tests wait on the servers and on TTLs), so that little of their build remains when
-# the sanitizer stages begin. Not for a part of the suite or a quick run.
-prebuild_pid=""
-prebuild_log=""
-if [ "${DBLOCK_QUICK:-}" != 1 ] && [ "$#" -eq 0 ] && [ "${DBLOCK_PREBUILD:-1}" != 0 ]; then
-    prebuild_log="$DBLOCK_TEST_SUMMARY_DIR/sanitizer-builds.log"
-    idle=(nice -n 19)
-    if chrt --idle 0 true 2>/dev/null; then idle=(chrt --idle 0); fi
-    msg "building the sanitizer builds beside the main suite (${idle[*]}; log at the sanitizer stages)"
-    # Its own process group (setsid), which on_exit ends if this script stops early.
-    DBLOCK_STAGE_NOTE=" (beside the main suite)" setsid "${idle[@]}" \
-        bash "$REPO_ROOT/scripts/sanitizers.sh" build >"$prebuild_log" 2>&1 &
-    prebuild_pid=$!
-fi
-# wait_prebuild: waits for the builds above; their log, whole when they failed (the sanitizer
-# stages then build again in the foreground and fail there with the compiler's message).
-wait_prebuild() {
-    [ -n "$prebuild_pid" ] || return 0
-    local st=0
-    msg "waiting for the sanitizer builds started beside the main suite"
-    wait "$prebuild_pid" || st=$?
-    prebuild_pid=""
-    if [ "$st" -ne 0 ]; then
-        cat "$prebuild_log" >&2
-        msg "the sanitizer builds beside the main suite failed (exit $st)"
-    else
-        grep -E '^==> stage' "$prebuild_log" >&2 || true
-    fi
-}
 
 msg "running tests against throwaway servers"
 ctest_status=0
@@ -339,7 +303,6 @@ elif is_ci; then
 else
     banner "Skipped: the package test (scripts/package-test.sh installs packages: run as root)."
 fi
-wait_prebuild
 msg "fuzzers: ${DBLOCK_FUZZ_RUNS:-20000} inputs each, under ASan+UBSan"
 stage "fuzzers" bash "$REPO_ROOT/scripts/fuzz.sh" "${DBLOCK_FUZZ_RUNS:-20000}"
 msg "sanitizers: the whole suite under ASan+UBSan, the threaded tests under TSan"

@@ -178,7 +178,8 @@ void hand_over_case(const dblock::test::context& ctx, bool fair, bool own_handle
   q.h.finish();
   INFO("H: " << q.h.error << "; W: " << w.error);
   REQUIRE(got);
-  if (!pooled) CHECK((w.at_ns.load() - released) / ns_per_ms < 2000);  // rung (poll_max 20 s)
+  if (!pooled)  // rung (poll_max 20 s)
+    CHECK((w.at_ns.load() - released) / ns_per_ms < scaled_bound_ms(ctx.db, 2000));
   const lock_row r = read_row(ctx, name);
   CHECK(r.owner == w.token);
   CHECK(r.fence == q.h.fence + 1);
@@ -246,7 +247,8 @@ DBLOCK_TEST("a fair reentrant holder's inner release hands nothing over; its las
   const bool got = w.await(milliseconds(5000));
   INFO("W: " << w.error);
   REQUIRE(got);
-  if (!pooled) CHECK((w.at_ns.load() - released) / ns_per_ms < 2000);  // rung
+  if (!pooled)  // rung
+    CHECK((w.at_ns.load() - released) / ns_per_ms < scaled_bound_ms(ctx.db, 2000));
   const lock_row r = read_row(ctx, name);
   CHECK(r.owner == w.token);
   CHECK(r.fence == fence + 1);
@@ -344,7 +346,7 @@ DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
   INFO("W1: " << w1.error << "; W2: " << w2.error);
   CHECK(w1.code == dblock::errc::cancelled);
   REQUIRE(got);
-  CHECK((w2.at_ns.load() - handed) / ns_per_ms < 3000);
+  CHECK((w2.at_ns.load() - handed) / ns_per_ms < scaled_bound_ms(ctx.db, 3000));
   CHECK(w2.fence == 9);  // W1 held it at 8 and passed it on
   w2.finish();
   CHECK(read_row(ctx, name).holds == 0);
@@ -388,9 +390,9 @@ DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
   REQUIRE(got);
   const long long waited_ms = (w.at_ns.load() - released) / ns_per_ms;
   CHECK(h.fence == 8);
-  CHECK(waited_ms >= 500);  // the dead head's lease ran its TTL
-  CHECK(waited_ms < 5000);  // and then the queue moved on
-  CHECK(w.fence == 10);     // the dead head's was 9
+  CHECK(waited_ms >= 500);                           // the dead head's lease ran its TTL
+  CHECK(waited_ms < scaled_bound_ms(ctx.db, 5000));  // and then the queue moved on
+  CHECK(w.fence == 10);                              // the dead head's was 9
   w.finish();
 }
 

@@ -281,7 +281,7 @@ void killed_holder(dblock::test::context& ctx, const std::string& mode) {
   CHECK_FALSE(got.code);
   CHECK_FALSE(got.foreign_exception);
   REQUIRE(got.acquired);
-  CHECK(takeover_ms < 3000);
+  CHECK(takeover_ms < scaled_bound_ms(ctx.db, 3000));
   if (mode == "rows") CHECK(read_stock(ctx.db, ctx.table("items")) == 100);
 }
 

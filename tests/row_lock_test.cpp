@@ -99,7 +99,7 @@ DBLOCK_TEST("lock_resource: try fails fast while held, the wait times out on tim
   CHECK_FALSE(o.acquired);
   CHECK(o.code == errc::lock_not_available);
   CHECK(o.ms >= 1500);
-  CHECK(o.ms <= 2500);
+  CHECK(o.ms <= scaled_bound_ms(ctx.db, 2500));
   if (third) third->rollback();
 }
 

@@ -90,7 +90,7 @@ DBLOCK_TEST("rwlock: a waiting writer holds back new readers and gets in when re
   t.join();
   REQUIRE(wg);
   CHECK(got_ns >= released);
-  CHECK((got_ns - released) / ns_per_ms < 3000);
+  CHECK((got_ns - released) / ns_per_ms < scaled_bound_ms(ctx.db, 3000));
   CHECK_FALSE(late.try_acquire_shared());
   wg->release();
   CHECK(late.try_acquire_shared());

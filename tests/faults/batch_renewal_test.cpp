@@ -26,8 +26,10 @@ using namespace dblock::test::faults;
 
 namespace {
 
-// Checks each loss report against the rows, read directly: the reported lease must still be
-// ours and unexpired when the report comes.
+// Checks each loss report against the rows, read directly: the reported lease must still have
+// been ours and unexpired when the report came. The row is read when this thread gets to it (on a
+// busy machine, later), so its expiry is judged at the report's time: the remaining time the row
+// shows, plus the time that passed since the report before the read was sent.
 class loss_checker {
  public:
   loss_checker(database direct, std::string pattern)
@@ -41,8 +43,9 @@ class loss_checker {
     thread_.join();
   }
   void reported(const std::string& name, const std::string& token) {
+    const auto at = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lk(mu_);
-    pending_.emplace_back(name, token);
+    pending_.push_back({name, token, at});
     cv_.notify_all();
   }
   // Reports checked so far, and those whose lease was gone or expired when checked.
@@ -64,14 +67,20 @@ class loss_checker {
       list_options lo;
       lo.pattern = pattern_;
       lo.limit = 100000;
-      std::map<std::string, std::string> held;  // held now (unexpired), by owner
-      for (const auto& li : list_locks(direct_, lo))
-        held[li.name] = li.owner_token;
+      lo.include_free = true;  // an expired row too: whether it had expired at the report
+      const auto read_at = std::chrono::steady_clock::now();
+      std::map<std::string, lock_info> rows;
+      for (auto& li : list_locks(direct_, lo))
+        rows[li.name] = std::move(li);
       lk.lock();
-      for (const auto& [name, token] : batch) {
+      for (const auto& r : batch) {
         ++checked_;
-        auto it = held.find(name);
-        if (it == held.end() || it->second != token) ++late_;
+        auto it = rows.find(r.name);
+        const bool ours =
+            it != rows.end() && it->second.owner_token == r.token && it->second.hold_count > 0;
+        const auto since_report =
+            std::chrono::duration_cast<std::chrono::microseconds>(read_at - r.at);
+        if (!ours || it->second.expires_in + since_report <= std::chrono::microseconds(0)) ++late_;
       }
       cv_.notify_all();
     }
@@ -81,7 +90,11 @@ class loss_checker {
   std::string pattern_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::pair<std::string, std::string>> pending_;
+  struct report {
+    std::string name, token;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::vector<report> pending_;
   long long checked_ = 0, late_ = 0;
   bool stop_ = false;
   std::thread thread_;

@@ -414,11 +414,17 @@ DBLOCK_WORKER(fault_counter_worker) {
       log.line("V " + std::to_string(fence));
     } else if (fenced) {
       log.line("A " + std::to_string(fence));
-      long long n = 0;
+      long long n = 0, written = 0;
       try {
-        g->fenced([&](soci::session& sql) { n = increment(sql, fence, token); });
+        // The section's exit is taken when its statements have run, before the COMMIT: the
+        // commit comes later, so an overlap found is real; a holder descheduled after its
+        // commit (past its TTL on a busy machine) is not taken for one.
+        g->fenced([&](soci::session& sql) {
+          n = increment(sql, fence, token);
+          written = raw_monotonic_ns();
+        });
         log.line("K " + std::to_string(fence) + " " + std::to_string(n) + " " +
-                 std::to_string(enter) + " " + std::to_string(raw_monotonic_ns()));
+                 std::to_string(enter) + " " + std::to_string(written));
       } catch (const dblock::error& e) {
         if (e.code() == errc::lease_lost) {
           log.line("L " + std::to_string(fence));

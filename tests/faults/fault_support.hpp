@@ -8,6 +8,7 @@
 //                                 cannot skew it)
 //   A <fence>                     about to write
 //   K <fence> <n> <enter> <exit>  acknowledged: fenced() returned, counter value n is ours
+//                                 (exit: when its statements had run, before the COMMIT)
 //   L <fence>                     lease_lost: nothing written
 //   X <fence>                     another error before COMMIT: rolled back, nothing written
 //   D <fence> <0|1>               in_doubt, resolved by reading the items log by owner token

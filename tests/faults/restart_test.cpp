@@ -245,6 +245,8 @@ DBLOCK_TEST("negative control: the counter workload without exclusion is caught 
   for (int i = 0; i < 4; ++i)
     spawn_counter_worker(ps, w, i);
   std::this_thread::sleep_for(milliseconds(1500));
+  // On a busy machine, on until the four have written 200 times (their writes interleave).
+  wait_for_progress([&] { return log_lines(w, 0, 4, "K") >= 200; }, std::chrono::seconds(60));
   stop_workers(w);
   require_clean_exit(ps, w, std::chrono::seconds(90));
   auto a = analyze(ctx.db, ctx, w, true);

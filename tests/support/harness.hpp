@@ -95,6 +95,14 @@ inline long long liveness_bound_ms(long long base_ms, long long round_trip_us) {
   return base_ms + (slack > 500 ? slack : 500);
 }
 
+/// A liveness bound that is `usual_ms` at a normal pace (200 round trips within 500 ms) and grows
+/// by the rest of liveness_bound_ms's slack on a slower machine: for the bounds that tell a ring
+/// from a poll of many seconds, or a deadline from a hang, written as they were on a quiet
+/// machine.
+inline long long scaled_bound_ms(const database& db, long long usual_ms) {
+  return liveness_bound_ms(usual_ms - 500, median_round_trip_us(db));
+}
+
 /// The bound of a call that must not wait (nowait, try, skip_locked): what a call that waited
 /// would exceed (a lock wait of seconds), not the machine's speed: 50 ms plus the slack of
 /// liveness_bound_ms at the pace of `db` measured now.

@@ -40,6 +40,8 @@ struct state final : connection_state {
   /// synchronous standby was cancelled ("committed locally, but might not have been
   /// replicated"); read and cleared by connector::commit_unreplicated().
   mutable bool warned = false;
+  /// The connection goes through a transaction-mode pooler (database_options::pooler).
+  bool pooled = false;
 };
 
 inline PGconn* raw(soci::session& sql) {
