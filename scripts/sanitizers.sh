@@ -69,6 +69,7 @@ run_asan() {
     stage "ASan+UBSan suite" run_asan_suite
 }
 
+# Three entries at a time, as the main suite (scripts/test.sh): they mostly wait.
 run_asan_suite() {
     local t=$SECONDS
     # The consumer tests build separate projects against the installed (instrumented) library
@@ -82,7 +83,7 @@ run_asan_suite() {
     local log status=0
     log=$(mktemp "${TMPDIR:-/tmp}/dblock-asan.XXXXXX")
     "$REPO_ROOT/scripts/test-servers.sh" run -- \
-        ctest --test-dir "$ASAN_BUILD_DIR" --output-on-failure -j2 --timeout 1800 \
+        ctest --test-dir "$ASAN_BUILD_DIR" --output-on-failure -j3 --timeout 1800 \
         -E '^(consumer.*|faults_serial_.*|pgbouncer|topology_.*)$' 2>&1 | tee "$log" ||
         status=${PIPESTATUS[0]}
     "$REPO_ROOT/scripts/repeat-failures.sh" "$log" "ASan+UBSan suite"

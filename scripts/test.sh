@@ -263,9 +263,13 @@ fi
 msg "running tests against throwaway servers"
 ctest_status=0
 ctest_log="$DBLOCK_TEST_SUMMARY_DIR/ctest.log"
+# Three entries at a time: the entries spend most of their time waiting (TTLs, rings, the
+# servers), not computing (13% of two cores at -j3), so a third one beside them cost none of the
+# others any time and took the suite from 1,122 s to 888 s on a 2-core machine (serial entries
+# still run alone).
 main_suite() {
     "$REPO_ROOT/scripts/test-servers.sh" run -- \
-        ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 --timeout 900 "${skip_entries[@]}" "$@" \
+        ctest --test-dir "$BUILD_DIR" --output-on-failure -j3 --timeout 900 "${skip_entries[@]}" "$@" \
         2>&1 | tee "$ctest_log" || return "${PIPESTATUS[0]}"
 }
 stage "main suite (all backends, topologies)" main_suite "$@" || ctest_status=$?

@@ -393,7 +393,7 @@ DBLOCK_TEST("lock set: processes taking random overlapping sets in random order 
 }
 
 DBLOCK_TEST("negative control: the same names taken one by one in the callers' order deadlock",
-            "[lock_set][processes]") {
+            "[lock_set][processes][control]") {
   auto r = run_set_workers(ctx, "one-by-one", 8, 60);
   INFO("workers that waited 2 s in a cycle of holders: " << r.timeouts);
   CHECK(r.timeouts > 0);

@@ -480,7 +480,7 @@ DBLOCK_TEST(
 // The overlap is forced (the plain writer holds on until a reader is in, see rwlock_worker), so
 // the check that catches it is seen failing at any speed: every write hold overlaps a reader's.
 DBLOCK_TEST("negative control: writers that do not wait for readers already in are caught",
-            "[rwlock][processes]") {
+            "[rwlock][processes][control]") {
   auto r = run_rw(ctx, 4, 2, 60, 6, "plain-writer", "overlap");
   INFO("overlaps of plain writers with readers");
   CHECK(writer_overlaps(r.all) >= 12);  // every one of the 2 x 6 write holds
@@ -491,7 +491,7 @@ DBLOCK_TEST("negative control: writers that do not wait for readers already in a
 // catch that. The readers pass a baton (each leaves only once another is in, see rwlock_worker),
 // so the stream has no such moment until it ends, at any speed of the machine.
 DBLOCK_TEST("negative control: writers without writer preference are starved past the bound",
-            "[rwlock][processes]") {
+            "[rwlock][processes][control]") {
   auto r = run_rw(ctx, 4, 2, reader_iterations(), 6, "polling-writer", "baton");
   WARN(stream_summary(ctx.backend, r.all) << " (writers without writer preference)");
   CHECK(most_reader_entries_in_a_writer_wait(r.all) >= reader_entries_bound);
