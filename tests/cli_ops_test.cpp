@@ -28,6 +28,7 @@
 #include "core/url.hpp"
 #include "dblock/version.hpp"
 #include "harness.hpp"
+#include "test_paths.hpp"
 
 extern char** environ;
 

@@ -24,6 +24,7 @@
 
 #include "harness.hpp"
 #include "internals.hpp"
+#include "test_paths.hpp"
 
 using std::chrono::milliseconds;
 

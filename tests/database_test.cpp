@@ -13,6 +13,7 @@
 #include "dblock/version.hpp"
 #include "harness.hpp"
 #include "internals.hpp"
+#include "test_paths.hpp"
 
 using dblock::errc;
 

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "test_paths.hpp"
 
 using dblock::id_generator;
 using dblock::id_generator_options;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "test_paths.hpp"
+
 namespace {
 
 const std::string docker_dir = std::string(DBLOCK_EXAMPLES_SRC) + "/../docker";

@@ -9,6 +9,7 @@
 
 #include "harness.hpp"
 #include "run_program.hpp"
+#include "test_paths.hpp"
 
 namespace {
 

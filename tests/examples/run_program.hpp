@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "test_paths.hpp"
 
 namespace dblock::test {
 

@@ -51,6 +51,7 @@
 
 #include "fault_support.hpp"
 #include "harness.hpp"
+#include "test_paths.hpp"
 
 using namespace dblock::test::faults;
 

@@ -1,6 +1,7 @@
 #include "fault_support.hpp"
 #include "internals.hpp"
 #include "rows.hpp"
+#include "test_paths.hpp"
 #include "workload_lock.hpp"
 
 #include <fcntl.h>

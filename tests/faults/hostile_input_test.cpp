@@ -20,6 +20,7 @@
 #include "dialect/dialect.hpp"
 #include "harness.hpp"
 #include "internals.hpp"
+#include "test_paths.hpp"
 
 extern char** environ;
 

@@ -38,6 +38,7 @@
 #include "fault_support.hpp"
 #include "harness.hpp"
 #include "internals.hpp"
+#include "test_paths.hpp"
 
 using namespace dblock::test::faults;
 
