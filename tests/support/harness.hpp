@@ -110,6 +110,13 @@ inline long long no_wait_bound_ms(const database& db) {
   return liveness_bound_ms(50, median_round_trip_us(db));
 }
 
+/// A scenario whose liveness checks depend on the machine's pace (renewals keeping up with a TTL,
+/// reports coming in time), run at scale 1, then 2 and 4 (of its TTL or window) while needed:
+/// `attempt(scale, last)` makes its exact checks (counts, safety) every time and returns what
+/// missed that a slower machine explains; misses of an attempt that is not the last are printed
+/// and the scenario runs again, scaled; the last attempt checks them itself.
+void at_machine_pace(const std::function<std::vector<std::string>(int scale, bool last)>& attempt);
+
 /// True under DBLOCK_TEST_FULL=1: the full trial counts instead of CI's reduced ones.
 inline bool full_run() {
   const char* v = std::getenv("DBLOCK_TEST_FULL");
