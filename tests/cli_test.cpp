@@ -738,3 +738,198 @@ DBLOCK_TEST("cli exec and status: a TTL below the failover window is warned abou
   INFO(none.output);
   CHECK_FALSE(contains(none.output, "failover window"));
 }
+
+// ---- the command's whole process tree lives with the lease ------------------------------------
+
+namespace {
+
+// True while process `pid` runs (a zombie has ended: only its exit status is left).
+bool running(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+std::vector<int> read_pids(const std::string& path) {
+  std::vector<int> out;
+  std::istringstream in(dblock::test::read_file(path));
+  for (int p; in >> p;)
+    out.push_back(p);
+  return out;
+}
+
+// Waits until the command wrote `n` pids into `path`.
+std::vector<int> wait_pids(const std::string& path, std::size_t n) {
+  for (auto deadline = steady::now() + std::chrono::seconds(60); steady::now() < deadline;) {
+    auto pids = read_pids(path);
+    if (pids.size() >= n) return pids;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return read_pids(path);
+}
+
+std::vector<int> still_running(const std::vector<int>& pids) {
+  std::vector<int> out;
+  for (int p : pids)
+    if (running(p)) out.push_back(p);
+  return out;
+}
+
+// A pipeline with a grandchild that ignores SIGTERM: the shell ($$) and the grandchild (a loop
+// that appends the time to `beats` every 20 ms) write their pids into `pids`.
+std::string tree_command(const dblock::test::temp_dir& dir) {
+  return "echo $$ >> " + dir.file("pids") + "; (trap '' TERM; while :; do date +%s%N >> " +
+         dir.file("beats") + "; sleep 0.02; done & echo $! >> " + dir.file("pids") +
+         "; wait) | cat";
+}
+
+long long last_beat(const dblock::test::temp_dir& dir) {
+  std::istringstream in(dblock::test::read_file(dir.file("beats")));
+  long long last = 0;
+  for (long long t; in >> t;)
+    last = t;
+  return last;
+}
+
+}  // namespace
+
+// dblock dies by SIGKILL while its command runs: its supervisor sends the whole tree SIGTERM and
+// SIGKILL after --kill-after (a sixth of the TTL), all of it gone well before the lease, renewed
+// at most a third of the TTL before the kill, can expire. A second exec waiting for the lock
+// gets it only after that: the grandchild's last beat comes before the second command starts.
+DBLOCK_TEST(
+    "cli exec: kill -9 of dblock ends the command's whole tree before the lease can "
+    "expire, and the next holder never overlaps it",
+    "[cli][exec-tree]") {
+  dblock::test::temp_dir dir("exec-tree");
+  const std::string name = lock_name();
+  const milliseconds ttl(6000);
+  cli_process first(
+      exec_args(ctx, {"--lock", name, "--ttl", "6s", "--", "sh", "-c", tree_command(dir)}));
+  const auto pids = wait_pids(dir.file("pids"), 2);
+  REQUIRE(pids.size() == 2);
+  REQUIRE(dblock::test::wait_for_file(dir.file("beats"), std::chrono::seconds(30)));
+  CHECK(still_running(pids).size() == 2);
+
+  ::kill(first.pid(), SIGKILL);
+  const auto killed = steady::now();
+  cli_process second(exec_args(ctx, {"--lock", name, "--wait", "120s", "--", "sh", "-c",
+                                     "date +%s%N > " + dir.file("second")}));
+  std::vector<int> left = pids;
+  while (!left.empty() && steady::now() - killed < std::chrono::seconds(60)) {
+    std::this_thread::sleep_for(milliseconds(5));
+    left = still_running(left);
+  }
+  const auto gone_ms = std::chrono::duration_cast<milliseconds>(steady::now() - killed).count();
+  auto r1 = first.finish(std::chrono::seconds(10));
+  INFO("first: " << r1.output << "; tree gone " << gone_ms << " ms after the kill");
+  CHECK(left.empty());
+  // The safety bound: the lease was renewed at most ttl/3 before the kill, so it runs at least
+  // 2/3 of the TTL after it; the tree must be gone by then.
+  CHECK(gone_ms < ttl.count() * 2 / 3);
+  CHECK(contains(r1.output, "ended while the command ran"));
+
+  auto r2 = second.finish(std::chrono::seconds(150));
+  INFO("second: " << r2.output);
+  REQUIRE(r2.status == 0);
+  const long long second_start = std::stoll(dblock::test::read_file(dir.file("second")));
+  CHECK(last_beat(dir) > 0);
+  CHECK(last_beat(dir) < second_start);
+}
+
+// Control: the same tree under a plain parent, as `dblock exec` ran it before the supervisor.
+// SIGKILL of the parent leaves the grandchild running (and beating): the checks above can fail.
+TEST_CASE("cli exec control: under a plain fork, the grandchild outlives its killed parent",
+          "[cli][exec-tree][control]") {
+  dblock::test::temp_dir dir("exec-tree-control");
+  const std::string cmd = tree_command(dir);
+  const pid_t parent = ::fork();
+  REQUIRE(parent >= 0);
+  if (parent == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto pids = wait_pids(dir.file("pids"), 2);
+  REQUIRE(pids.size() == 2);
+  ::kill(parent, SIGKILL);
+  ::waitpid(parent, nullptr, 0);
+  // Twice the supervisor's kill-after at the 6 s TTL above.
+  std::this_thread::sleep_for(milliseconds(2000));
+  const long long beat = last_beat(dir);
+  std::this_thread::sleep_for(milliseconds(500));
+  const auto left = still_running(pids);
+  CHECK(left.size() == 1);       // the grandchild, unguarded
+  CHECK(last_beat(dir) > beat);  // and still working
+  for (int p : left)
+    ::kill(p, SIGKILL);
+  ::kill(-parent, SIGKILL);  // its group: cat, the loop's sleep
+}
+
+// A forced release makes the lease lost: the whole tree is ended, the grandchild that ignores
+// SIGTERM by SIGKILL, before dblock exits 76.
+DBLOCK_TEST("cli exec: a forced release ends the command's whole tree before dblock exits 76",
+            "[cli][exec-tree]") {
+  dblock::test::temp_dir dir("exec-tree-release");
+  const std::string name = lock_name();
+  cli_process cli(
+      exec_args(ctx, {"--lock", name, "--ttl", "3s", "--", "sh", "-c", tree_command(dir)}));
+  const auto pids = wait_pids(dir.file("pids"), 2);
+  REQUIRE(pids.size() == 2);
+  auto rel = run_cli(on_db(ctx, {"release", "--force", "--reason", "test", name}));
+  INFO(rel.output);
+  CHECK(rel.status == 0);
+  auto r = cli.finish(std::chrono::seconds(60));
+  INFO(r.output);
+  CHECK(r.status == exit_lease_lost);
+  CHECK(still_running(pids).empty());
+}
+
+// A process the command leaves behind (a background job that ignores SIGTERM) is ended before
+// the lease is released: nothing of the tree runs once dblock has exited.
+DBLOCK_TEST("cli exec: processes the command leaves behind are ended before the release",
+            "[cli][exec-tree]") {
+  dblock::test::temp_dir dir("exec-tree-left");
+  const std::string name = lock_name();
+  auto r =
+      run_cli(exec_args(ctx, {"--lock", name, "--ttl", "3s", "--", "sh", "-c",
+                              "(trap '' TERM; exec sleep 600) & echo $! > " + dir.file("pids")}));
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(contains(r.output, "left 1 process"));
+  const auto pids = read_pids(dir.file("pids"));
+  REQUIRE(pids.size() == 1);
+  CHECK_FALSE(running(pids[0]));
+  auto again = run_cli(exec_args(ctx, {"--lock", name, "--", "true"}));
+  CHECK(again.status == 0);  // released
+}
+
+// A signal dblock gets reaches every process of the tree, a grandchild included.
+DBLOCK_TEST("cli exec: a signal to dblock is passed on to the command's whole tree",
+            "[cli][exec-tree]") {
+  dblock::test::temp_dir dir("exec-tree-signal");
+  const std::string child = "trap 'echo child > " + dir.file("child") + "; exit 0' USR1; ";
+  const std::string grandchild = "trap '' TERM; trap 'echo grandchild > " + dir.file("grandchild") +
+                                 "; exit 0' USR1; touch " + dir.file("ready") +
+                                 "; while :; do sleep 0.05; done";
+  cli_process cli(exec_args(
+      ctx, {"--lock", lock_name(), "--", "sh", "-c",
+            child + "sh -c \"" + grandchild + "\" & wait; while :; do sleep 0.05; done"}));
+  REQUIRE(dblock::test::wait_for_file(dir.file("ready"), std::chrono::seconds(60)));
+  ::kill(cli.pid(), SIGUSR1);
+  auto r = cli.finish(std::chrono::seconds(60));
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(dblock::test::read_file(dir.file("child")) == "child\n");
+  CHECK(dblock::test::read_file(dir.file("grandchild")) == "grandchild\n");
+}
+
+DBLOCK_TEST("cli exec: --kill-after longer than a third of --ttl is refused", "[cli][exec-tree]") {
+  auto r = run_cli(
+      exec_args(ctx, {"--lock", lock_name(), "--ttl", "30s", "--kill-after", "11s", "--", "true"}));
+  INFO(r.output);
+  CHECK(r.status == exit_usage);
+  CHECK(contains(r.output, "a third of --ttl"));
+}

@@ -75,7 +75,7 @@ struct exec_options {
   int permits = 0;                 // its declared permits (required with --semaphore)
   std::string ttl = "30s";
   std::string wait = "0s";
-  std::string kill_after = "10s";
+  std::string kill_after;  // empty: a sixth of ttl
   bool fair = false;
   std::vector<std::string> command;
 };

@@ -1,14 +1,19 @@
 // dblock exec: run a command while holding a lock (the writer of the read-write lock of that
 // name), a reader of it (--shared), a set of locks (all or nothing), or a permit of a semaphore;
-// each is a lease. The command runs as a child process with DBLOCK_FENCE, DBLOCK_OWNER and
-// DBLOCK_LOCK set (DBLOCK_PERMIT too for a permit, DBLOCK_SHARED=1 for a reader; for a set,
-// DBLOCK_LOCK_COUNT and DBLOCK_LOCK_i, DBLOCK_FENCE_i, DBLOCK_OWNER_i per name instead); the
-// signals dblock gets are passed on to it; when a lease is lost it is sent SIGTERM (SIGKILL after
-// --kill-after) and dblock exits 76.
+// each is a lease. The command runs under a supervisor (supervise.cpp) with DBLOCK_FENCE,
+// DBLOCK_OWNER and DBLOCK_LOCK set (DBLOCK_PERMIT too for a permit, DBLOCK_SHARED=1 for a reader;
+// for a set, DBLOCK_LOCK_COUNT and DBLOCK_LOCK_i, DBLOCK_FENCE_i, DBLOCK_OWNER_i per name
+// instead). The lease lives with the command's whole process tree: the signals dblock gets are
+// passed on to every process of it; when the lease is lost, all of it gets SIGTERM (SIGKILL after
+// --kill-after) and dblock exits 76; when dblock itself dies, by SIGKILL too, the supervisor ends
+// the tree within --kill-after, well before the lease it no longer renews can expire.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -18,10 +23,10 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "commands.hpp"
+#include "tree.hpp"
 
 namespace dblock::cli {
 
@@ -29,15 +34,21 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::atomic<pid_t> child_pid{0};
+// The write end of the supervisor's control pipe (supervise.cpp): one byte per order, 0 to end
+// the command's tree, N to pass signal N on to it. -1 before the supervisor runs.
+std::atomic<int> control_fd{-1};
 
-void forward_signal(int sig) {
-  pid_t p = child_pid.load();
-  if (p > 0) ::kill(p, sig);
+void tell_supervisor(unsigned char order) {
+  const int fd = control_fd.load();
+  if (fd >= 0) (void)!::write(fd, &order, 1);  // async-signal-safe; EPIPE once it is gone
 }
 
-// The lease: renewed by the watchdog; when it is lost, `lost` is set and the command (once it
-// runs) is sent SIGTERM.
+void forward_signal(int sig) {
+  tell_supervisor(static_cast<unsigned char>(sig));
+}
+
+// The lease: renewed by the watchdog; when it is lost, `lost` is set and the command's tree
+// (once it runs) is ended.
 dblock::lease_options lease_options_for(const exec_options& x, std::atomic<bool>& lost) {
   dblock::lease_options lo;
   lo.ttl = parse_duration(x.ttl, "--ttl");
@@ -45,11 +56,26 @@ dblock::lease_options lease_options_for(const exec_options& x, std::atomic<bool>
   lo.fair = x.fair;
   lo.on_lost = [&lost](const dblock::error& e) {
     lost = true;
-    std::cerr << "dblock exec: " << shown(e.what()) << "; sending SIGTERM to the command\n";
-    pid_t p = child_pid.load();
-    if (p > 0) ::kill(p, SIGTERM);
+    std::cerr << "dblock exec: " << shown(e.what())
+              << "; sending SIGTERM to every process of the command\n";
+    tell_supervisor(0);
   };
   return lo;
+}
+
+// --kill-after: a sixth of the TTL unless given, and at most a third of it. When dblock dies, the
+// lease it held was renewed at most a third of the TTL before, so it still runs two thirds of
+// the TTL: the tree, SIGKILLed at --kill-after, is gone well before another holder can come.
+milliseconds kill_after_for(const exec_options& x, milliseconds ttl) {
+  if (x.kill_after.empty()) return std::max(milliseconds(1), ttl / 6);
+  const milliseconds k = parse_duration(x.kill_after, "--kill-after");
+  if (k > ttl / 3)
+    throw dblock::error(dblock::errc::invalid_argument,
+                        "--kill-after " + x.kill_after + " is longer than a third of --ttl " +
+                            x.ttl +
+                            ": if dblock died, the command's processes could outlive the lease it "
+                            "no longer renews");
+  return k;
 }
 
 // One try (wait 0) or waiting up to `wait`; nothing when the lock (or every permit) stayed busy.
@@ -116,11 +142,14 @@ holding take(const dblock::database& db, const exec_options& x, const dblock::le
 // threads (the watchdog) may only call async-signal-safe functions, and setenv() or malloc()
 // there can deadlock on a lock another thread held at the fork.
 struct command_image {
-  std::vector<std::string> env_text;
+  std::vector<std::string> env_text, args;
   std::vector<char*> argv, envp;
 };
 
-command_image make_image(const exec_options& x, const holding& h) {
+// The supervisor's argv (`dblock __supervise CTL KILL_AFTER_MS IGNORED -- CMD...`, tree.hpp) and
+// the command's environment, which the supervisor runs under and passes on.
+command_image make_image(const exec_options& x, const holding& h, int control_read,
+                         milliseconds kill_after, unsigned long long ignored) {
   command_image im;
   // Ours, inherited from an outer dblock exec: replaced (the indexed ones of a set too).
   const std::string ours[] = {"DBLOCK_FENCE=",  "DBLOCK_OWNER=", "DBLOCK_LOCK=",  "DBLOCK_PERMIT=",
@@ -158,59 +187,74 @@ command_image make_image(const exec_options& x, const holding& h) {
   for (auto& e : im.env_text)
     im.envp.push_back(e.data());
   im.envp.push_back(nullptr);
-  for (const auto& a : x.command)
-    im.argv.push_back(const_cast<char*>(a.c_str()));
+  im.args = {"dblock",
+             "__supervise",
+             std::to_string(control_read),
+             std::to_string(kill_after.count()),
+             std::to_string(ignored),
+             "--"};
+  im.args.insert(im.args.end(), x.command.begin(), x.command.end());
+  for (auto& a : im.args)
+    im.argv.push_back(a.data());
   im.argv.push_back(nullptr);
   return im;
 }
 
-// In the forked child: never returns; async-signal-safe calls only.
-[[noreturn]] void exec_command(const command_image& im) {
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
-    signal(sig, SIG_DFL);
-  execvpe(im.argv[0], im.argv.data(), im.envp.data());
-  const int err = errno;
-  const char* why = err == ENOENT ? "': not found\n" : "': cannot execute\n";
-  const char* parts[] = {"dblock exec: cannot run '", im.argv[0], why};
-  for (const char* part : parts)
-    if (::write(STDERR_FILENO, part, std::strlen(part)) < 0) break;
-  _exit(err == ENOENT ? 127 : 126);
-}
-
-// Forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the command, then starts it.
-pid_t start_command(const exec_options& x, const holding& h) {
+// Starts the supervisor, which starts the command (supervise.cpp), and passes the signals of
+// forwarded_signals() on to it. dblock becomes a child subreaper too: should the supervisor die
+// alone, the command's processes are re-parented here and end_tree() finds them.
+pid_t start_command(const exec_options& x, const holding& h, milliseconds kill_after) {
+  // The signals ignored when dblock started (nohup's SIGHUP) stay ignored for the command.
+  unsigned long long ignored = 0;
+  std::vector<int> kept = forwarded_signals();
+  kept.insert(kept.end(), {SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU});
+  for (int sig : kept) {
+    struct sigaction old {};
+    if (sig <= 64 && sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN)
+      ignored |= 1ULL << (sig - 1);
+  }
   struct sigaction sa {};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+  for (int sig : forwarded_signals())
     sigaction(sig, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a write to a supervisor that is gone fails with EPIPE instead
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 
-  const command_image im = make_image(x, h);
+  int ctl[2];
+  if (::pipe2(ctl, O_CLOEXEC) != 0)
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  const command_image im = make_image(x, h, ctl[0], kill_after, ignored);
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) exec_command(im);
+  if (pid == 0) {
+    // The forked child of a process with threads: async-signal-safe calls only until execve.
+    ::fcntl(ctl[0], F_SETFD, 0);
+    ::execve("/proc/self/exe", im.argv.data(), im.envp.data());
+    const char msg[] = "dblock exec: cannot start the supervisor (/proc/self/exe)\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+    ::_exit(exit_software);
+  }
+  ::close(ctl[0]);
+  control_fd = ctl[1];
   return pid;
 }
 
-// Waits for the command to end; once the lease is lost, SIGKILL after `kill_after`. Returns its
-// wait status.
-int wait_command(pid_t pid, const std::atomic<bool>& lost, milliseconds kill_after) {
+// Waits for the supervisor; its exit status is the command's (128+N when a signal N ended it).
+// A supervisor killed by a signal leaves the command's processes to dblock, which ends them.
+int wait_command(pid_t pid, milliseconds kill_after) {
   int status = 0;
-  bool killed = false;
-  auto term_sent = std::chrono::steady_clock::time_point::max();
-  for (;;) {
-    pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
-    if (r < 0 && errno != EINTR) break;
-    if (lost && term_sent == std::chrono::steady_clock::time_point::max())
-      term_sent = std::chrono::steady_clock::now();
-    if (lost && !killed && std::chrono::steady_clock::now() - term_sent > kill_after) {
-      ::kill(pid, SIGKILL);
-      killed = true;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  std::cerr << "dblock exec: the command's supervisor (pid " << pid << ") was killed by signal "
+            << WTERMSIG(status) << "; ending the command's processes\n";
+  end_tree(::getpid(), kill_after, [] {
+    int st = 0;
+    while (::waitpid(-1, &st, WNOHANG) > 0) {
     }
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  return status;
+  });
+  return exit_software;
 }
 
 // What the command runs under, for messages: the lock, the semaphore, or the set's names.
@@ -227,8 +271,9 @@ std::string what(const exec_options& x) {
 int finish(const exec_options& x, holding& guard, bool lost, int code) {
   if (lost) {
     std::cerr << "dblock exec: the lease on '" << what(x)
-              << "' was lost while the command ran (it was sent SIGTERM); exit " << exit_lease_lost
-              << "\n";
+              << "' was lost while the command ran (its processes were sent SIGTERM, then "
+                 "SIGKILL); exit "
+              << exit_lease_lost << "\n";
     guard.reset();
     return exit_lease_lost;
   }
@@ -281,8 +326,9 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
   exec->add_option("--wait", x.wait, "how long to wait for the lock (0s: try once)")
       ->capture_default_str();
   exec->add_option("--kill-after", x.kill_after,
-                   "after the lease is lost and SIGTERM sent, SIGKILL after this long")
-      ->capture_default_str();
+                   "once the command's processes were sent SIGTERM (lease lost, dblock gone, or "
+                   "left behind by the command), SIGKILL after this long (default: a sixth of "
+                   "--ttl; at most a third)");
   exec->add_flag("--fair", x.fair,
                  "wait in arrival order: waiters queued before this one get the lock first "
                  "(see docs/waiting.md)")
@@ -298,8 +344,13 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
       "  DBLOCK_SHARED  with --shared: 1\n"
       "With several --lock (a set): DBLOCK_LOCK_COUNT, and DBLOCK_LOCK_i, DBLOCK_FENCE_i and\n"
       "DBLOCK_OWNER_i for i = 0..count-1 in the set's order, instead of the three above.\n"
+      "The lease lives with the command's whole process tree: signals are passed on to all of\n"
+      "it, processes the command leaves behind are ended before the lease is released, and if\n"
+      "dblock itself dies (even by SIGKILL) every process of the tree is sent SIGTERM, then\n"
+      "SIGKILL after --kill-after (docs/cli.md).\n"
       "Exit status: the command's (128+N if killed by signal N); 75 when the lock stayed busy;\n"
-      "76 when the lease was lost while the command ran (it was sent SIGTERM, then SIGKILL);\n"
+      "76 when the lease was lost while the command ran (its processes were sent SIGTERM, then\n"
+      "SIGKILL);\n"
       "70 when the outcome is unknown (in doubt); 64 usage; 69 cannot connect.");
   return exec;
 }
@@ -328,7 +379,7 @@ int run_exec(const common_options& c, const exec_options& x) {
   std::atomic<bool> lost{false};
   dblock::lease_options lo = lease_options_for(x, lost);
   milliseconds wait = parse_duration(x.wait, "--wait");
-  milliseconds kill_after = parse_duration(x.kill_after, "--kill-after");
+  const milliseconds kill_after = kill_after_for(x, lo.ttl);
   holding h = take(db, x, lo, wait);
   if (!h) {
     report_busy(x, wait);
@@ -346,12 +397,9 @@ int run_exec(const common_options& c, const exec_options& x) {
     }
   }
 
-  pid_t pid = start_command(x, h);
-  child_pid = pid;
-  if (lost) ::kill(pid, SIGTERM);
-  int status = wait_command(pid, lost, kill_after);
-  child_pid = 0;
-  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const pid_t pid = start_command(x, h, kill_after);
+  if (lost) tell_supervisor(0);
+  const int code = wait_command(pid, kill_after);
   return finish(x, h, lost, code);
 }
 

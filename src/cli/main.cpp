@@ -4,10 +4,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
 
 #include "commands.hpp"
+#include "tree.hpp"
 
 using namespace dblock::cli;
 
@@ -69,6 +71,9 @@ int dispatch(const common_options& common, const subcommands& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The supervisor of `dblock exec`'s command: a process of its own, started by exec.cpp.
+  if (argc > 1 && std::strcmp(argv[1], "__supervise") == 0)
+    return dblock::cli::supervise_main(argc, argv);
   common_options common;
   CLI::App app{"dblock: distributed locks on PostgreSQL, MySQL/MariaDB and SQLite"};
   app.require_subcommand(1);
