@@ -1303,3 +1303,43 @@ DBLOCK_TEST("64-bit values survive versioned updates and row locks (SQLite INTEG
   });
   ctx.exec("DROP TABLE " + t);
 }
+
+// docs/safety.md's store outside the lock's database: it keeps the highest fence it accepted and
+// takes a write whose fence is at least that one. The holder's second write with the same fence
+// goes through, a stale holder's is refused; the control shows that `fence < :mine` (the
+// earlier text of the doc) refuses the holder's own second write.
+DBLOCK_TEST("a store that keeps the highest fence takes the holder's second write, not a stale one",
+            "[optimistic][fence]") {
+  table_cleanup cleanup{ctx, {}};
+  const std::string doc = cleanup.add(ctx.table("document"));
+  ctx.exec("CREATE TABLE " + doc +
+           " (id INTEGER PRIMARY KEY, body VARCHAR(64) NOT NULL, fence BIGINT NOT NULL)");
+  ctx.exec("INSERT INTO " + doc + " (id, body, fence) VALUES (42, 'old', 0)");
+  const std::string name = "doc-" + dblock::test::random_suffix();
+  dblock::lease_lock lock(ctx.db, name);
+  auto stale = lock.try_acquire();
+  REQUIRE(stale);
+  const long long stale_fence = stale->fence();
+  dblock::force_release(ctx.db, name, "test: the first holder paused", "test");
+  auto lease = lock.try_acquire();
+  REQUIRE(lease);
+  const long long fence = lease->fence();
+  REQUIRE(fence > stale_fence);
+  auto write = [&](const std::string& body, long long f, const char* cond) {
+    return dblock::compare_and_set(
+        ctx.db,
+        {doc, "body = :body, fence = :fence", cond, {{"body", body}, {"fence", f}, {"mine", f}}});
+  };
+  const char* doc_cond = "id = 42 AND fence <= :mine";
+  CHECK(write("first", fence, doc_cond) == 1);
+  CHECK(write("second", fence, doc_cond) == 1);  // the holder's own second write
+  CHECK(write("stale", stale_fence, doc_cond) == 0);
+  {
+    auto c = ctx.db.connect();
+    std::string body;
+    c.session() << "SELECT body FROM " << doc << " WHERE id = 42", soci::into(body);
+    CHECK(body == "second");
+  }
+  // Control: a strict comparison refuses the holder's second write.
+  CHECK(write("third", fence, "id = 42 AND fence < :mine") == 0);
+}
