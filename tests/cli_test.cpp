@@ -7,6 +7,7 @@
 #include <soci/soci.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -35,7 +36,7 @@ using steady = std::chrono::steady_clock;
 // Documented exit statuses of the CLI.
 constexpr int exit_usage = 64;  // EX_USAGE
 constexpr int exit_not_acquired = 75;
-constexpr int exit_lease_lost = 76;
+constexpr int exit_lease_lost = 79;
 constexpr int exit_schema = 78;
 
 struct cli_result {
@@ -573,8 +574,8 @@ DBLOCK_TEST("cli exec --wait: acquires when the holder releases during the wait"
 
 // The lease is made lost by force: the row's expiry is moved into the past and the test takes
 // the lease over. The CLI's watchdog (ttl 1 s, renewing every ~333 ms) then fails to renew, so
-// the CLI must SIGTERM `sleep 30`, say so on stderr and exit 76 within a few seconds.
-DBLOCK_TEST("cli exec: a lost lease terminates the command and exits 76", "[cli]") {
+// the CLI must SIGTERM `sleep 30`, say so on stderr and exit 79 within a few seconds.
+DBLOCK_TEST("cli exec: a lost lease terminates the command and exits 79", "[cli]") {
   const std::string name = lock_name();
   cli_process cli(exec_args(ctx, {"--lock", name, "--ttl", "1s", "--", "sleep", "30"}));
 
@@ -869,8 +870,8 @@ TEST_CASE("cli exec control: under a plain fork, the grandchild outlives its kil
 }
 
 // A forced release makes the lease lost: the whole tree is ended, the grandchild that ignores
-// SIGTERM by SIGKILL, before dblock exits 76.
-DBLOCK_TEST("cli exec: a forced release ends the command's whole tree before dblock exits 76",
+// SIGTERM by SIGKILL, before dblock exits 79.
+DBLOCK_TEST("cli exec: a forced release ends the command's whole tree before dblock exits 79",
             "[cli][exec-tree]") {
   dblock::test::temp_dir dir("exec-tree-release");
   const std::string name = lock_name();
@@ -932,4 +933,69 @@ DBLOCK_TEST("cli exec: --kill-after longer than a third of --ttl is refused", "[
   INFO(r.output);
   CHECK(r.status == exit_usage);
   CHECK(contains(r.output, "a third of --ttl"));
+}
+
+// ---- exec as a Unix tool ----------------------------------------------------------------------
+
+DBLOCK_TEST("cli exec -c runs a shell command line under the lock", "[cli][exec-unix]") {
+  auto r = run_cli(
+      exec_args(ctx, {"--lock", lock_name(), "-c", "echo \"fence $DBLOCK_FENCE\" | tr a-z A-Z"}));
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(std::regex_search(r.output, std::regex("FENCE [0-9]+")));
+  auto both = run_cli(exec_args(ctx, {"--lock", lock_name(), "-c", "true", "--", "true"}));
+  CHECK(both.status == exit_usage);
+  auto none = run_cli(exec_args(ctx, {"--lock", lock_name()}));
+  INFO(none.output);
+  CHECK(none.status == exit_usage);
+  CHECK(contains(none.output, "no command"));
+}
+
+DBLOCK_TEST("cli exec -E chooses the status of a busy lock (75 without it)", "[cli][exec-unix]") {
+  const std::string name = lock_name();
+  dblock::test::held_lease hold(ctx.db, name);
+  auto chosen = run_cli(exec_args(ctx, {"--lock", name, "-E", "3", "--", "true"}));
+  INFO(chosen.output);
+  CHECK(chosen.status == 3);
+  CHECK(run_cli(exec_args(ctx, {"--lock", name, "--", "true"})).status == exit_not_acquired);
+  CHECK(run_cli(exec_args(ctx, {"--lock", name, "-E", "256", "--", "true"})).status == exit_usage);
+}
+
+DBLOCK_TEST("cli exec --wait forever acquires when the holder releases", "[cli][exec-unix]") {
+  const std::string name = lock_name();
+  dblock::test::held_lease hold(ctx.db, name);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(milliseconds(800));
+    hold.guard->release();
+  });
+  auto r = run_cli(
+      exec_args(ctx, {"--lock", name, "--wait", "forever", "--", "sh", "-c", "echo $DBLOCK_FENCE"}),
+      std::chrono::seconds(120));
+  releaser.join();
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(std::stoll(r.output) > 0);
+}
+
+// A subcommand run with --json answers an error with a JSON object on stdout too.
+DBLOCK_TEST("cli --json: an error is a JSON object with its kind and exit status",
+            "[cli][exec-unix]") {
+  auto bad = run_cli({"status", "--json", "--url", "nonsense://x"});
+  INFO(bad.output);
+  CHECK(bad.status == exit_usage);
+  const auto brace = bad.output.find('{');
+  REQUIRE(brace != std::string::npos);
+  auto j = nlohmann::json::parse(bad.output.substr(brace));
+  CHECK(j.at("error").at("kind") == "invalid_argument");
+  CHECK(j.at("error").at("exit_status") == exit_usage);
+  CHECK(contains(j.at("error").at("message").get<std::string>(), "nonsense"));
+
+  auto missing = run_cli(
+      {"leader", "--json", "--url", ctx.url, "--table-prefix", ctx.new_prefix(), "some-election"});
+  INFO(missing.output);
+  CHECK(missing.status == exit_schema);
+  const auto b2 = missing.output.find('{');
+  REQUIRE(b2 != std::string::npos);
+  CHECK(nlohmann::json::parse(missing.output.substr(b2)).at("error").at("kind") ==
+        "schema_missing");
 }

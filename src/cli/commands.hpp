@@ -77,6 +77,8 @@ struct exec_options {
   std::string wait = "0s";
   std::string kill_after;  // empty: a sixth of ttl
   bool fair = false;
+  int conflict_exit_code = 75;  // -E: the status when the lock stays busy (flock's -E)
+  std::string shell;            // -c: run `sh -c SHELL` instead of a command
   std::vector<std::string> command;
 };
 CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x);

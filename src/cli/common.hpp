@@ -20,8 +20,10 @@ constexpr int exit_usage = 64;         // EX_USAGE: bad arguments or invalid inp
 constexpr int exit_software = 70;      // internal or unexpected backend error
 constexpr int exit_unavailable = 69;   // cannot connect / connection lost
 constexpr int exit_not_acquired = 75;  // EX_TEMPFAIL: lock busy, wait ran out
-constexpr int exit_lease_lost = 76;    // the lease was lost while the command ran
-constexpr int exit_schema = 78;        // EX_CONFIG: schema missing or mismatched
+// The lease was lost while the command ran: outside sysexits.h's 64..78 (76 there is
+// EX_PROTOCOL, what dblock used before) and below the shell's 126..165 (not runnable, signals).
+constexpr int exit_lease_lost = 79;
+constexpr int exit_schema = 78;  // EX_CONFIG: schema missing or mismatched
 
 // The exit status for an error that reached main().
 int exit_status_for(const dblock::error& e);

@@ -63,6 +63,14 @@ dblock::lease_options lease_options_for(const exec_options& x, std::atomic<bool>
   return lo;
 }
 
+// --wait: a duration, or "forever" (without limit: a hundred years, which every deadline of the
+// library and the databases holds without overflow).
+milliseconds wait_for(const std::string& text) {
+  if (text == "forever" || text == "inf" || text == "infinity")
+    return std::chrono::duration_cast<milliseconds>(std::chrono::hours(24 * 365 * 100));
+  return parse_duration(text, "--wait");
+}
+
 // --kill-after: a sixth of the TTL unless given, and at most a third of it. When dblock dies, the
 // lease it held was renewed at most a third of the TTL before, so it still runs two thirds of
 // the TTL: the tree, SIGKILLed at --kill-after, is gone well before another holder can come.
@@ -323,8 +331,13 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
   permits->needs(sem);
   exec->add_option("--ttl", x.ttl, "lease length, renewed at ttl/3 while the command runs")
       ->capture_default_str();
-  exec->add_option("--wait", x.wait, "how long to wait for the lock (0s: try once)")
+  exec->add_option("--wait", x.wait,
+                   "how long to wait for the lock (0s: try once; forever: without limit)")
       ->capture_default_str();
+  exec->add_option("-E,--conflict-exit-code", x.conflict_exit_code,
+                   "exit status when the lock stays busy (as flock's -E; 0..255)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 255));
   exec->add_option("--kill-after", x.kill_after,
                    "once the command's processes were sent SIGTERM (lease lost, dblock gone, or "
                    "left behind by the command), SIGKILL after this long (default: a sixth of "
@@ -333,7 +346,12 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
                  "wait in arrival order: waiters queued before this one get the lock first "
                  "(see docs/waiting.md)")
       ->excludes(sem);
-  exec->add_option("command", x.command, "command and arguments (after --)")->required();
+  auto* shell = exec->add_option("-c,--command", x.shell,
+                                 "run this shell command line with /bin/sh -c (as flock -c), "
+                                 "instead of a command after --");
+  auto* command = exec->add_option("command", x.command, "command and arguments (after --)");
+  shell->excludes(command);
+  command->excludes(shell);
   exec->positionals_at_end();
   exec->footer(
       "The command runs with these variables set (any it inherited by these names are removed):\n"
@@ -348,10 +366,10 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
       "it, processes the command leaves behind are ended before the lease is released, and if\n"
       "dblock itself dies (even by SIGKILL) every process of the tree is sent SIGTERM, then\n"
       "SIGKILL after --kill-after (docs/cli.md).\n"
-      "Exit status: the command's (128+N if killed by signal N); 75 when the lock stayed busy;\n"
-      "76 when the lease was lost while the command ran (its processes were sent SIGTERM, then\n"
-      "SIGKILL);\n"
-      "70 when the outcome is unknown (in doubt); 64 usage; 69 cannot connect.");
+      "Exit status: the command's (128+N if killed by signal N); 75 when the lock stayed busy\n"
+      "(-E to choose); 79 when the lease was lost while the command ran (its processes were sent\n"
+      "SIGTERM, then SIGKILL); 70 when the outcome is unknown (in doubt) or the supervisor died;\n"
+      "64 usage; 69 cannot connect; 78 schema missing.");
   return exec;
 }
 
@@ -374,16 +392,22 @@ void report_busy(const exec_options& x, milliseconds wait) {
   std::cerr << "; not running the command\n";
 }
 
-int run_exec(const common_options& c, const exec_options& x) {
+int run_exec(const common_options& c, const exec_options& given) {
+  exec_options x = given;
+  if (!x.shell.empty()) x.command = {"/bin/sh", "-c", x.shell};
+  if (x.command.empty())
+    throw dblock::error(dblock::errc::invalid_argument,
+                        "no command: give it after -- (dblock exec --lock NAME -- CMD ARGS...) or "
+                        "as a shell command line with -c");
   auto db = open_db(c);
   std::atomic<bool> lost{false};
   dblock::lease_options lo = lease_options_for(x, lost);
-  milliseconds wait = parse_duration(x.wait, "--wait");
+  const milliseconds wait = wait_for(x.wait);
   const milliseconds kill_after = kill_after_for(x, lo.ttl);
   holding h = take(db, x, lo, wait);
   if (!h) {
     report_busy(x, wait);
-    return exit_not_acquired;
+    return x.conflict_exit_code;
   }
   if (c.verbose) {
     if (h.set) {

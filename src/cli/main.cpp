@@ -2,6 +2,8 @@
 // This file declares the app and dispatches to the subcommands (commands.hpp, one file each).
 #include <CLI/CLI.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,6 +49,23 @@ void add_subcommands(CLI::App& app, common_options& common, subcommands& s) {
   s.leader_cmd = add_leader(app, common, s.leader);
 }
 
+// An error that ended the subcommand: a line on stderr and, for a subcommand run with --json, an
+// object on stdout as well, {"version", "error": {"kind", "message", "exit_status"}}, so that a
+// caller parsing the output gets an answer either way. Returns `status`.
+int report_error(const subcommands& s, const std::string& message, const char* kind, int status) {
+  std::cerr << "dblock: " << shown(message) << "\n";
+  const bool json =
+      (s.migrate_cmd->parsed() && s.migrate.json) || (s.reap_cmd->parsed() && s.reap.json) ||
+      (s.status_cmd->parsed() && s.status.json) || (s.leader_cmd->parsed() && s.leader.json);
+  if (json)
+    std::cout << nlohmann::json{{"version", dblock::version()},
+                                {"error",
+                                 {{"kind", kind}, {"message", message}, {"exit_status", status}}}}
+                     .dump(2)
+              << "\n";
+  return status;
+}
+
 // Runs the subcommand that was given; errors become a message on stderr and an exit status.
 int dispatch(const common_options& common, const subcommands& s) {
   try {
@@ -59,11 +78,9 @@ int dispatch(const common_options& common, const subcommands& s) {
     if (s.id_cmd->parsed()) return run_id(common, s.id);
     if (s.leader_cmd->parsed()) return run_leader(common, s.leader);
   } catch (const dblock::error& e) {
-    std::cerr << "dblock: " << shown(e.what()) << "\n";
-    return exit_status_for(e);
+    return report_error(s, e.what(), dblock::to_string(e.kind()), exit_status_for(e));
   } catch (const std::exception& e) {
-    std::cerr << "dblock: " << shown(e.what()) << "\n";
-    return exit_software;
+    return report_error(s, e.what(), "internal", exit_software);
   }
   return exit_usage;
 }
@@ -83,7 +100,7 @@ int main(int argc, char** argv) {
       "Exit statuses: 0 ok; 1 release: no such lock, row-mode: not in session mode, leader:\n"
       "no leader, migrate --dry-run: migrations pending; 64 usage or invalid argument; 69 cannot "
       "connect; 70 internal error\n"
-      "or outcome unknown (in doubt); 75 lock not acquired; 76 lease lost while the command\n"
+      "or outcome unknown (in doubt); 75 lock not acquired; 79 lease lost while the command\n"
       "ran; 78 schema missing or mismatched. `exec` otherwise exits with the command's status\n"
       "(128+N if killed by signal N).");
   subcommands s;
