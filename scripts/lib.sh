@@ -66,7 +66,7 @@ proc_alive() {
 proc_in_dir() {
     local pid=$1 dir=$2
     proc_alive "$pid" || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$dir/"
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -F -- "$dir/" >/dev/null
 }
 
 wait_gone() { # wait_gone PID SECONDS

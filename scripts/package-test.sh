@@ -54,7 +54,7 @@ for tool in cpack dpkg-deb dpkg-shlibdeps help2man man pkg-config; do
     command -v "$tool" >/dev/null || fail "$tool not found: run scripts/install-deps.sh"
 done
 for p in "${packages[@]}"; do
-    if dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii'; then
+    if dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep '^ii' >/dev/null; then
         fail "$p is installed already: remove it first (this test leaves the machine as it found it)"
     fi
 done
@@ -154,7 +154,7 @@ depends libdblock0 libc6 libstdc++6 libsoci-core4.0 libsoci-postgresql4.0 libsoc
     libsoci-sqlite3-4.0 libsqlite3-0 liburiparser1
 depends libdblock-dev libdblock0 libsoci-dev libboost-dev libpq-dev libmariadb-dev libsqlite3-dev liburiparser-dev
 depends dblock libdblock0 libc6 libstdc++6
-if dpkg-deb -f "${deb[dblock]}" Depends | grep -q hiredis; then fail "dblock depends on hiredis"; fi
+if dpkg-deb -f "${deb[dblock]}" Depends | grep hiredis >/dev/null; then fail "dblock depends on hiredis"; fi
 step "packaged (${#debs[@]} .deb)"
 
 # 2. Install; the tool and its man page.
@@ -168,8 +168,10 @@ out=$(dblock --version 2>&1) || fail "dblock --version exited with status $?: $o
 say "dblock --version: $out"
 tool=$(command -v dblock)
 [ "$tool" = /usr/bin/dblock ] || fail "dblock is $tool, not /usr/bin/dblock"
-# (/lib is /usr/lib on Debian 12, merged /usr: the loader's cache may name either.)
-ldd "$tool" | grep -Eq 'libdblock\.so\.0 => (/usr)?/lib/[a-z0-9_]+-linux-gnu/libdblock\.so\.0 ' ||
+# (/lib is /usr/lib on Debian 12, merged /usr: the loader's cache may name either.) No `grep -q`
+# on a pipe in this script: under pipefail, a grep that stops at the first match can leave the
+# writer killed by SIGPIPE, and the pipeline fails on a match (seen: this check, under load).
+ldd "$tool" | grep -E 'libdblock\.so\.0 => (/usr)?/lib/[a-z0-9_]+-linux-gnu/libdblock\.so\.0 ' >/dev/null ||
     fail "dblock does not use the packaged libdblock.so.0: $(ldd "$tool" | grep dblock)"
 # The shared library's SONAME and symlink chain, as installed: libdblock.so (libdblock-dev) ->
 # libdblock.so.0 -> libdblock.so.$version (libdblock0), the SONAME being libdblock.so.0.
@@ -183,7 +185,7 @@ soname=$(readelf -d "$libdir/libdblock.so.$version" | sed -n 's/.*(SONAME).*\[\(
 say "libdblock.so -> libdblock.so.0 -> libdblock.so.$version, SONAME $soname"
 man_page=$(man -w dblock 2>&1) || fail "man -w dblock: $man_page"
 [ "$man_page" = /usr/share/man/man1/dblock.1.gz ] || fail "man -w dblock found $man_page"
-zcat "$man_page" | grep -q 'migrate' || fail "the man page does not mention migrate"
+zcat "$man_page" | grep 'migrate' >/dev/null || fail "the man page does not mention migrate"
 say "man -w dblock: $man_page"
 
 # 3. The quick start against the installed packages.
@@ -208,7 +210,7 @@ run_logged "$work/qs-pc.log" "compiling the quick start with pkg-config's flags"
     "$CXX" -std=c++17 "$work/quickstart/main.cpp" -o "$work/quickstart/quickstart_pc" \
     $(pkg-config --cflags --libs dblock)
 for exe in quickstart/build/quickstart quickstart/quickstart_pc; do
-    ldd "$work/$exe" | grep -Eq 'libdblock\.so\.0 => (/usr)?/lib/' ||
+    ldd "$work/$exe" | grep -E 'libdblock\.so\.0 => (/usr)?/lib/' >/dev/null ||
         fail "$exe does not use the packaged libdblock.so.0: $(ldd "$work/$exe" 2>&1 | grep -i dblock || echo 'ldd names no libdblock')"
     rm -f "$work/run/"*.db*
     out=$(cd "$work/run" && "$work/$exe" "sqlite://$work/run/quickstart.db" 2>&1) ||

@@ -59,7 +59,7 @@ EOF
 
 pb_accepts() { # a client gets through PgBouncer to the server
     PGPASSWORD=$DB_PASSWORD PGCONNECT_TIMEOUT=2 "$PG_BIN/psql" -X -q -A -t -h 127.0.0.1 \
-        -p "$(pb_port "$1")" -U "$DB_USER" -d "$DB_NAME" -c 'SELECT 1' 2>/dev/null | grep -qx 1
+        -p "$(pb_port "$1")" -U "$DB_USER" -d "$DB_NAME" -c 'SELECT 1' 2>/dev/null | grep -x 1 >/dev/null
 }
 
 # pb_launch DIR: start it (as postgres, daemonized with -d as in the Debian
@@ -79,7 +79,7 @@ pb_launch() {
     deadline=$(($(date +%s) + BOUNCER_TIMEOUT))
     until pb_accepts "$dir"; do
         if [ "$(date +%s)" -ge "$deadline" ] ||
-            tail -c "+$((offset + 1))" "$run/pgbouncer.log" 2>/dev/null | grep -q ' FATAL '; then
+            tail -c "+$((offset + 1))" "$run/pgbouncer.log" 2>/dev/null | grep ' FATAL ' >/dev/null; then
             show_log "$run/pgbouncer.log"
             msg "PgBouncer on port $(pb_port "$dir") does not serve queries"
             return 1

@@ -38,7 +38,7 @@ expect_output() {
 # needs_shared_dblock WHAT BINARY: in a shared build, BINARY must need libdblock.so.0.
 needs_shared_dblock() {
     if [ "$shared" = 1 ]; then
-        readelf -d "$2" | grep -q 'NEEDED.*\[libdblock\.so\.0\]' ||
+        readelf -d "$2" | grep 'NEEDED.*\[libdblock\.so\.0\]' >/dev/null ||
             fail "$1 ($2) does not need libdblock.so.0: $(readelf -d "$2" | grep NEEDED)"
     fi
 }
