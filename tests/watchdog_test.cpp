@@ -15,6 +15,7 @@
 #include "dblock/error.hpp"
 #include "dblock/lease_lock.hpp"
 #include "dblock/listener.hpp"
+#include "dblock/lock_set.hpp"
 #include "harness.hpp"
 
 using dblock::lease_lock;
@@ -268,4 +269,115 @@ DBLOCK_TEST("on_lost may release its own guard; a slow report delays no other le
   CHECK_FALSE(gb->valid());
   // B's own release waits for B's report to end, then finds the lease lost.
   CHECK(dblock::test::code_of([&] { gb->release(); }) == dblock::errc::lease_lost);
+}
+
+// ---- lost(): the end of a hold as a signal the work can watch ---------------------------------
+
+namespace {
+
+// A work loop as a service would run it: steps until the guard's signal fires. Returns the
+// number of steps and when it stopped.
+struct work_loop {
+  std::atomic<long long> steps{0};
+  std::atomic<bool> stopped{false};
+  steady::time_point stopped_at;
+  std::thread t;
+  explicit work_loop(const dblock::cancellation& lost) {
+    t = std::thread([this, lost] {
+      while (!lost.sleep_for(milliseconds(5)))
+        ++steps;
+      stopped_at = steady::now();
+      stopped = true;
+    });
+  }
+  // Waits for the loop to stop, at most `most`; true when it did.
+  bool join_within(milliseconds most) {
+    for (auto end = steady::now() + most; !stopped && steady::now() < end;)
+      std::this_thread::sleep_for(milliseconds(5));
+    const bool ok = stopped;
+    if (!ok) return false;
+    t.join();
+    return true;
+  }
+  ~work_loop() {
+    if (t.joinable()) t.detach();  // a failed check above: the loop ends with the process
+  }
+};
+
+// Runs a work loop on `lost` until it has stepped, then forces `name` free: true when the loop
+// stopped by itself (the watchdog renews every TTL/3 and finds the row taken; the bound, many
+// TTLs, is liveness only).
+bool forced_release_stops_work(const dblock::test::context& ctx, const dblock::cancellation& lost,
+                               const std::string& name, milliseconds ttl) {
+  work_loop work(lost);
+  while (work.steps.load() < 3)
+    std::this_thread::sleep_for(milliseconds(5));
+  if (lost.cancelled()) return false;  // fired before the loss
+  dblock::force_release(ctx.db, name, "test: the loss signal", "test");
+  return work.join_within(30 * ttl);
+}
+
+}  // namespace
+
+DBLOCK_TEST("lost() fires when the watchdog finds the lease lost; the work loop watching it stops",
+            "[watchdog][lost-signal]") {
+  lease_options o;
+  o.ttl = milliseconds(1500);
+  o.watchdog = true;
+  std::atomic<int> on_lost_calls{0};
+  o.on_lost = [&](const dblock::error&) { ++on_lost_calls; };
+  const std::string name = "lost-signal-" + dblock::test::random_suffix();
+  lease_lock lock(ctx.db, name, o);
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  REQUIRE(forced_release_stops_work(ctx, g->lost(), name, o.ttl));
+  CHECK(g->lost().cancelled());
+  CHECK_FALSE(g->valid());
+  CHECK(on_lost_calls.load() == 1);  // on_lost stays
+}
+
+DBLOCK_TEST("lost() fires when the local validity runs out, without the watchdog",
+            "[watchdog][lost-signal]") {
+  lease_options o;
+  o.ttl = milliseconds(800);
+  o.watchdog = false;
+  lease_lock lock(ctx.db, "lost-validity-" + dblock::test::random_suffix(), o);
+  auto g = lock.try_acquire();
+  REQUIRE(g);
+  const auto acquired = steady::now();
+  const auto left = g->remaining();
+  REQUIRE(g->lost().sleep_for(std::chrono::seconds(60)));
+  // Never before the validity ends: the signal comes once valid() is false.
+  CHECK_FALSE(g->valid());
+  CHECK(steady::now() - acquired >= left);
+}
+
+DBLOCK_TEST("lost() fires at the release of the last hold; a disarmed guard's has fired",
+            "[watchdog][lost-signal]") {
+  lease_options o;
+  o.ttl = milliseconds(30000);
+  lease_lock lock(ctx.db, "lost-release-" + dblock::test::random_suffix(), o);
+  auto outer = lock.acquire(std::chrono::seconds(10));
+  auto inner = lock.acquire(std::chrono::seconds(10));  // reentrant: one lease, two holds
+  const dblock::cancellation& sig = outer.lost();
+  inner.release();
+  CHECK_FALSE(sig.cancelled());  // the lease is still held
+  CHECK_FALSE(sig.sleep_for(milliseconds(50)));
+  outer.release();
+  CHECK(sig.cancelled());
+  dblock::lease_guard moved = std::move(outer);
+  CHECK(outer.lost().cancelled());  // NOLINT(bugprone-use-after-move): disarmed
+}
+
+DBLOCK_TEST("a lock set's lost() fires when one of its leases is lost", "[watchdog][lost-signal]") {
+  lease_options o;
+  o.ttl = milliseconds(1500);
+  o.watchdog = true;
+  const std::string a = "set-lost-a-" + dblock::test::random_suffix();
+  const std::string b = "set-lost-b-" + dblock::test::random_suffix();
+  dblock::lock_set set(ctx.db, {a, b}, o);
+  auto g = set.try_acquire();
+  REQUIRE(g);
+  REQUIRE(forced_release_stops_work(ctx, g->lost(), b, o.ttl));
+  CHECK_FALSE(g->valid());
 }

@@ -255,6 +255,21 @@ class lease_guard {
   /// Conservative time left: counted on the local monotonic clock from when the last
   /// successful acquire or renew request was sent, minus the safety margin; zero when invalid.
   std::chrono::milliseconds remaining() const noexcept;
+  /**
+   * @brief The signal that this hold has ended, for the work holding it to watch.
+   *
+   * Fires when the lease is found lost (by the watchdog, renew(), fenced() or release()), when
+   * its local validity runs out (the moment valid() turns false: another owner may get the
+   * lease from then on), or when the hold is released (its last reentrant hold). Pass it to the
+   * waits and loops of the guarded work, as a leadership's lost() (election.hpp):
+   * `while (!lease.lost().cancelled()) step();` or `lease.lost().sleep_for(d)`. With the
+   * watchdog the handle's watcher thread fires it; without it, the same thread watches the
+   * validity from the first call on (a renew() that comes after it has fired does not undo it:
+   * stop the work, and take a new lease). lease_options::on_lost is called as well, for a loss.
+   * A disarmed guard's signal has fired. Valid while the guard lives.
+   * @throws std::bad_alloc, or std::system_error when the handle's watcher thread cannot start.
+   */
+  const cancellation& lost() const;
 
   /**
    * @brief Extends the lease to `ttl` (default: the lock's ttl) from now on the database clock.

@@ -60,6 +60,10 @@ class lock_set_guard {
   std::int64_t fence(const std::string& name) const;
   /// True while every lease is valid (lease_guard::valid()); false when disarmed.
   bool valid() const noexcept;
+  /// Fires when the first lease of the set ends (lease_guard::lost(): lost, its local validity
+  /// ran out, released): the set is no longer held whole. A disarmed set's signal has fired.
+  /// @throws std::bad_alloc, or std::system_error when the handle's watcher thread cannot start.
+  const cancellation& lost() const;
   /// The least time left of any lease (lease_guard::remaining()); zero when disarmed.
   std::chrono::milliseconds remaining() const noexcept;
 
@@ -92,6 +96,8 @@ class lock_set_guard {
   void release_all_quietly() noexcept;
   std::vector<lease_guard> leases_;
   std::vector<std::string> names_;
+  mutable cancellation lost_;       // lost(): fired by the first member whose hold ends
+  mutable bool lost_tied_ = false;  // the members fire lost_ (the first lost() call tied them)
 };
 
 /**

@@ -28,6 +28,8 @@ struct cancel_access {
                    wake_slot& slot);
   /// Wakes the sleeper on `slot` (call after setting its flag); no other sleeper wakes.
   static void poke(wake_slot& slot);
+  /// One cancellation that has fired: a disarmed guard's or leadership's lost().
+  static const cancellation& fired();
 };
 
 }  // namespace dblock::detail

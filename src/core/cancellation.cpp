@@ -48,6 +48,15 @@ void cancel_access::poke(wake_slot& slot) {
   slot.cv.notify_all();
 }
 
+const cancellation& cancel_access::fired() {
+  static const cancellation c = [] {
+    cancellation f;
+    f.cancel();
+    return f;
+  }();
+  return c;
+}
+
 }  // namespace detail
 
 cancellation::cancellation() : state_(std::make_shared<detail::cancel_state>()) {}

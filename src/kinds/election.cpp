@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/cancel_access.hpp"
 #include "core/identifier.hpp"
 #include "core/no_throw.hpp"
 #include "kinds/followers.hpp"
@@ -154,12 +155,7 @@ milliseconds leadership::remaining() const noexcept {
   return valid() ? impl_->lease->remaining() : milliseconds(0);
 }
 const cancellation& leadership::lost() const noexcept {
-  static const cancellation fired = [] {
-    cancellation c;
-    c.cancel();
-    return c;
-  }();
-  return impl_ ? impl_->lost : fired;
+  return impl_ ? impl_->lost : detail::cancel_access::fired();
 }
 const lease_guard& leadership::lease() const {
   if (!impl_ || !impl_->lease) throw error(errc::not_owner, "lease: not the leader");

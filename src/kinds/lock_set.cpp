@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/cancel_access.hpp"
 #include "core/identifier.hpp"
 #include "core/no_throw.hpp"
 #include "lease/lock_impl.hpp"
@@ -24,9 +25,13 @@ lock_set_guard::lock_set_guard(std::vector<lease_guard> leases, std::vector<std:
     : leases_(std::move(leases)), names_(std::move(names)) {}
 
 lock_set_guard::lock_set_guard(lock_set_guard&& other) noexcept
-    : leases_(std::move(other.leases_)), names_(std::move(other.names_)) {
+    : leases_(std::move(other.leases_)),
+      names_(std::move(other.names_)),
+      lost_(std::move(other.lost_)),
+      lost_tied_(other.lost_tied_) {
   other.leases_.clear();
   other.names_.clear();
+  other.lost_tied_ = false;
 }
 
 lock_set_guard& lock_set_guard::operator=(lock_set_guard&& other) noexcept {
@@ -34,8 +39,11 @@ lock_set_guard& lock_set_guard::operator=(lock_set_guard&& other) noexcept {
     release_all_quietly();
     leases_ = std::move(other.leases_);
     names_ = std::move(other.names_);
+    lost_ = std::move(other.lost_);
+    lost_tied_ = other.lost_tied_;
     other.leases_.clear();
     other.names_.clear();
+    other.lost_tied_ = false;
   }
   return *this;
 }
@@ -70,6 +78,19 @@ const lease_guard& lock_set_guard::lease(const std::string& name) const {
 
 std::int64_t lock_set_guard::fence(const std::string& name) const {
   return lease(name).fence();
+}
+
+const cancellation& lock_set_guard::lost() const {
+  if (leases_.empty()) return detail::cancel_access::fired();
+  if (!lost_tied_) {
+    for (const auto& g : leases_) {
+      const auto& st = detail::lease_access::state(g);
+      st->end_signal();
+      st->also_end(lost_);
+    }
+    lost_tied_ = true;
+  }
+  return lost_;
 }
 
 bool lock_set_guard::valid() const noexcept {

@@ -3,6 +3,7 @@
 #include <mutex>
 #include <utility>
 
+#include "core/cancel_access.hpp"
 #include "core/identifier.hpp"
 #include "dblock/retry.hpp"
 #include "lease/renewer.hpp"
@@ -293,6 +294,10 @@ int lease_guard::hold_count() const noexcept {
 bool lease_guard::valid() const noexcept {
   return state_ && state_->valid();
 }
+const cancellation& lease_guard::lost() const {
+  return state_ ? state_->end_signal() : detail::cancel_access::fired();
+}
+
 milliseconds lease_guard::remaining() const noexcept {
   if (!valid()) return milliseconds(0);
   auto left = state_->deadline_tp() - steady::now();

@@ -39,6 +39,9 @@ struct lease_renewer::core {
     state_ptr state;  // strong: dropped by unwatch() or by the loss report
     steady::time_point due;
     bool in_flight = false;
+    /// watch_validity(): never renewed (due stays max); the watcher fires the state's `ended`
+    /// signal when its local validity runs out, and drops it.
+    bool validity_only = false;
   };
 
   std::weak_ptr<database_impl> db;
@@ -274,7 +277,32 @@ void lease_renewer::core::watch_deadlines() {
     const auto now = steady::now();
     auto next = steady::time_point::max();
     std::vector<loss> lost;
+    std::vector<state_ptr> ended;  // validity_only entries whose validity ran out
+    for (auto it = entries.begin(); it != entries.end();) {
+      const entry& e = it->second;
+      if (!e.validity_only) {
+        ++it;
+        continue;
+      }
+      const auto deadline = e.state->deadline_tp();
+      if (deadline <= now || e.state->lost.load()) {
+        ended.push_back(e.state);
+        it = entries.erase(it);
+      } else {
+        next = std::min(next, deadline);
+        ++it;
+      }
+    }
+    if (!ended.empty()) {
+      lk.unlock();
+      for (const auto& s : ended)
+        s->fire_ended();
+      ended.clear();  // the last references may go here, outside the lock
+      lk.lock();
+      continue;
+    }
     for (const auto& [k, e] : entries) {
+      if (e.validity_only) continue;
       const auto deadline = e.state->deadline_tp();
       if (deadline <= now || e.state->lost.load())
         lost.push_back({e.state,
@@ -331,6 +359,18 @@ void lease_renewer::watch(const std::shared_ptr<lease_state>& s) {
     wake_watcher = s->deadline_tp() < core_->watcher_wake;
   }
   if (wake_runner) core_->runner_cv.notify_one();
+  if (wake_watcher) core_->watcher_cv.notify_one();
+}
+
+void lease_renewer::watch_validity(const std::shared_ptr<lease_state>& s) {
+  bool wake_watcher = false;
+  {
+    std::lock_guard<std::mutex> lk(core_->mu);
+    auto [it, added] =
+        core_->entries.try_emplace(s.get(), core::entry{s, steady::time_point::max(), false, true});
+    (void)it;
+    wake_watcher = added && s->deadline_tp() < core_->watcher_wake;
+  }
   if (wake_watcher) core_->watcher_cv.notify_one();
 }
 

@@ -34,6 +34,10 @@ class lease_renewer {
   /// batches to end (at most 2 s, and not past the lease's local validity), so that no renewal
   /// runs on the handle once its last watched lease is released.
   void unwatch(const lease_state* s);
+  /// Without renewing `s`: fires its `ended` signal (lease_guard::lost()) once its local
+  /// validity runs out, unless unwatch() comes first. For a lease without the watchdog (one with
+  /// it gets the signal from its loss report). A lease already watched is left as it is.
+  void watch_validity(const std::shared_ptr<lease_state>& s);
   /// Deletes the queue entry `x` on the runner, as soon as it is free (the release that frees
   /// the lease finishes it itself when the runner has not started it).
   void leave_queue_later(std::shared_ptr<wait_queue::deferred_exit> x);

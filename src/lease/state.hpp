@@ -11,7 +11,9 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "dblock/cancellation.hpp"
 #include "dblock/lease_lock.hpp"
 #include "dblock/retry.hpp"
 #include "storage/deadline.hpp"
@@ -43,6 +45,15 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   std::atomic<int> holds{0};
 
   std::atomic<bool> watched{false};  // the handle's renewer renews it (watchdog on)
+  /// lease_guard::lost(): fires when the hold ends: lost (mark_lost), released by its last hold
+  /// (end_hold), or its local validity ran out (the renewer's watcher: from the loss report
+  /// with the watchdog, else through watch_validity() once end_signal() asked for it).
+  cancellation ended;
+  std::atomic<bool> validity_watched{false};  // lease_renewer::watch_validity() has it
+  /// Fires `ended` and every signal also_end() added (once each).
+  void fire_ended() noexcept;
+  /// `c` fires with `ended` (at once when it has fired): a lock set's lost().
+  void also_end(const cancellation& c);
   /// A fair acquisition that came through the waiter queue: others are likely queued behind it,
   /// so its release may hand the lease to the head (lock_statements::release_granting).
   std::atomic<bool> hand_over{false};
@@ -112,8 +123,12 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   loss_reason read_loss() const noexcept;
   /// Reports that this process holds the lease now (listener::holding(); once).
   void start_hold();
-  /// Reports that it holds it no longer (released, lost, or gone; once, after start_hold()).
+  /// Reports that it holds it no longer (released, lost, or gone; once, after start_hold()),
+  /// and fires `ended`.
   void end_hold() noexcept;
+  /// `ended`, watched for the end of the local validity from now on when the watchdog does
+  /// not renew the lease.
+  const cancellation& end_signal();
   /// One renewal statement; true when renewed, false when the lease is gone.
   bool renew_sql(std::chrono::milliseconds lease);
 
@@ -151,6 +166,8 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   std::optional<lease_row> read_back(const std::string& what) const;
 
   std::atomic<bool> holding_{false};  // start_hold() reported, end_hold() not yet
+  std::mutex ended_mu;                // guards ended_also
+  std::vector<cancellation> ended_also;
   std::mutex gate_mu_;
   std::shared_ptr<gate_pass> gate_;
   std::shared_ptr<wait_queue::deferred_exit> queue_exit_;  // guarded by gate_mu_

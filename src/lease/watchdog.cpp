@@ -45,6 +45,41 @@ void lease_state::start_hold() {
 
 void lease_state::end_hold() noexcept {
   if (holding_.exchange(false)) db->notify([&](listener& l) { l.holding(name, false); });
+  fire_ended();
+  if (validity_watched.exchange(false)) {
+    try {
+      renewer_of(db).unwatch(this);
+    } catch (...) {  // it then fires at the validity's end: `ended` has fired already
+    }
+  }
+}
+
+void lease_state::fire_ended() noexcept {
+  ended.cancel();
+  std::vector<cancellation> also;
+  {
+    std::lock_guard<std::mutex> lk(ended_mu);
+    also.swap(ended_also);
+  }
+  for (auto& c : also)
+    c.cancel();
+}
+
+void lease_state::also_end(const cancellation& c) {
+  std::unique_lock<std::mutex> lk(ended_mu);
+  if (!ended.cancelled()) {
+    ended_also.push_back(c);
+    return;
+  }
+  lk.unlock();
+  cancellation fired = c;
+  fired.cancel();
+}
+
+const cancellation& lease_state::end_signal() {
+  if (!watched.load() && !ended.cancelled() && !validity_watched.exchange(true))
+    renewer_of(db).watch_validity(shared_from_this());
+  return ended;
 }
 
 bool lease_state::renew_sql(milliseconds lease) {

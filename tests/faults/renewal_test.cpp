@@ -4,7 +4,8 @@
 // EXCLUSIVE, with the busy timeout at 5 s (renewals hang) or 50 ms (they fail fast).
 // Checked per trial: on_lost fires, less than TTL after the acquire request was sent, and at
 // that moment the row read directly on the database clock still carries our unexpired lease (the
-// loss is reported before the lease can have expired); valid() is false afterwards.
+// loss is reported before the lease can have expired); valid() is false afterwards; the guard's
+// lost() signal stops a work loop watching it, also less than TTL after the send.
 // Negative control: with the watchdog off, the same check must find no report.
 #include <soci/soci.h>
 
@@ -23,7 +24,8 @@ using namespace dblock::test::faults;
 
 // args: backend url prefix trials ttl_ms watchdog(0|1) out_file
 // Writes one line per trial: "T <variant> <reported 0|1> <ms from send to report>
-// <row unexpired at report 0|1> <valid after 0|1>".
+// <row unexpired at report 0|1> <valid after 0|1> <work loop stopped by lost() 0|1>
+// <ms from send to its stop>".
 DBLOCK_WORKER(renewal_blackhole_worker) {
   const std::string backend = args.at(0), url = args.at(1), prefix = args.at(2);
   const int trials = std::stoi(args.at(3)), ttl_ms = std::stoi(args.at(4));
@@ -62,6 +64,13 @@ DBLOCK_WORKER(renewal_blackhole_worker) {
     const long long sent = monotonic_ns();
     auto g = lock.try_acquire();
     if (!g) return 10;
+    // The guarded work: a loop that steps until the guard's lost() fires.
+    std::atomic<long long> stopped_ns{0};
+    std::thread work([&stopped_ns, lost = g->lost()] {
+      while (!lost.sleep_for(milliseconds(5))) {
+      }
+      stopped_ns = monotonic_ns();
+    });
     // From now on every renewal fails.
     auto blocker = direct.connect();
     if (sqlite) {
@@ -91,6 +100,8 @@ DBLOCK_WORKER(renewal_blackhole_worker) {
                   row->expires_at_us > row->now_us - since_report_us;
     }
     const bool valid_after = g->valid();
+    // The loop stopped by itself before the release (which fires lost() as well).
+    const long long stopped_at = stopped_ns.load();
     if (sqlite) blocker.session() << "COMMIT";
     if (proxy) {
       proxy->set_blackhole(false);
@@ -102,9 +113,11 @@ DBLOCK_WORKER(renewal_blackhole_worker) {
     } catch (const std::exception&) {
     }
     g.reset();
+    work.join();
     out << "T " << variant << " " << (seen ? 1 : 0) << " "
         << (seen ? (seen_ns - sent) / 1000000 : -1) << " " << (unexpired ? 1 : 0) << " "
-        << (valid_after ? 1 : 0) << "\n";
+        << (valid_after ? 1 : 0) << " " << (stopped_at > 0 ? 1 : 0) << " "
+        << (stopped_at > 0 ? (stopped_at - sent) / 1000000 : -1) << "\n";
   }
   write_file_atomic(args.at(6), out.str());
   return 0;
@@ -114,6 +127,7 @@ namespace {
 
 struct renewal_result {
   long long trials = 0, reported = 0, late = 0, expired_at_report = 0, valid_after = 0;
+  long long work_stopped = 0, work_late = 0;  // by lost(), before the release; after the TTL
   std::string lines;
 };
 
@@ -130,14 +144,16 @@ renewal_result run_renewal(const context& ctx, int trials, int ttl_ms, bool watc
   r.lines = read_file(dir.file("out"));
   std::istringstream in(r.lines);
   std::string k;
-  int variant = 0, rep = 0, unexp = 0, valid = 0;
-  long long ms = 0;
-  while (in >> k >> variant >> rep >> ms >> unexp >> valid) {
+  int variant = 0, rep = 0, unexp = 0, valid = 0, stopped = 0;
+  long long ms = 0, stop_ms = 0;
+  while (in >> k >> variant >> rep >> ms >> unexp >> valid >> stopped >> stop_ms) {
     ++r.trials;
     r.reported += rep;
     if (rep && ms >= ttl_ms) ++r.late;
     if (rep && !unexp) ++r.expired_at_report;
     r.valid_after += valid;
+    r.work_stopped += stopped;
+    if (stopped && stop_ms >= ttl_ms) ++r.work_late;
   }
   return r;
 }
@@ -157,7 +173,10 @@ DBLOCK_TEST("renewal blackhole: the guard reports the loss before the lease can 
   CHECK(r.late == 0);
   CHECK(r.expired_at_report == 0);
   CHECK(r.valid_after == 0);
-  long long violations = (trials - r.reported) + r.late + r.expired_at_report + r.valid_after;
+  CHECK(r.work_stopped == trials);
+  CHECK(r.work_late == 0);
+  long long violations = (trials - r.reported) + r.late + r.expired_at_report + r.valid_after +
+                         (trials - r.work_stopped) + r.work_late;
   report("5-renewal-blackhole", ctx.backend, r.trials, r.trials, violations);
 }
 
