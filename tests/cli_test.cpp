@@ -10,12 +10,15 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -48,8 +51,10 @@ struct cli_result {
 // The CLI as a child process with stdout and stderr on one pipe (like `2>&1`).
 class cli_process {
  public:
-  explicit cli_process(const std::vector<std::string>& args) {
-    dblock::test::exec_argv argv({DBLOCK_CLI_PATH}, args);
+  // `program` is the CLI unless given (/usr/bin/env, to run it with variables of its own).
+  explicit cli_process(const std::vector<std::string>& args,
+                       const std::string& program = DBLOCK_CLI_PATH) {
+    dblock::test::exec_argv argv({program}, args);
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     start_ = steady::now();
@@ -998,4 +1003,228 @@ DBLOCK_TEST("cli --json: an error is a JSON object with its kind and exit status
   REQUIRE(b2 != std::string::npos);
   CHECK(nlohmann::json::parse(missing.output.substr(b2)).at("error").at("kind") ==
         "schema_missing");
+}
+
+// ---- runs the database records: exec --once, exec --every, dblock runs ------------------------
+
+namespace {
+
+// `n` CLI processes started at once; their results in start order.
+std::vector<cli_result> run_together(int n,
+                                     const std::function<std::vector<std::string>(int)>& args) {
+  std::vector<std::unique_ptr<cli_process>> ps;
+  for (int i = 0; i < n; ++i)
+    ps.push_back(std::make_unique<cli_process>(args(i)));
+  std::vector<cli_result> out;
+  for (auto& p : ps)
+    out.push_back(p->finish(std::chrono::seconds(300)));
+  return out;
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> out;
+  std::istringstream in(dblock::test::read_file(path));
+  for (std::string line; std::getline(in, line);)
+    out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+// Eight hosts run a deploy step with --once at the same moment: one runs it; the seven others
+// wait for its outcome and exit 0 without running it. The runs table has its one success.
+DBLOCK_TEST("cli exec --once: of 8 processes at once, one runs the command, 7 exit 0 after it",
+            "[cli][runs]") {
+  dblock::test::temp_dir dir("exec-once");
+  const std::string key = "once-" + dblock::test::random_suffix();
+  auto rs = run_together(8, [&](int) {
+    return exec_args(ctx, {"--once", key, "--wait", "120s", "--", "sh", "-c",
+                           "echo $DBLOCK_FENCE >> " + dir.file("runs") + "; sleep 0.3"});
+  });
+  for (const auto& r : rs) {
+    INFO(r.output);
+    CHECK(r.status == 0);
+  }
+  CHECK(lines_of(dir.file("runs")).size() == 1);
+  const auto recorded = dblock::list_runs(ctx.db, key);
+  REQUIRE(recorded.size() == 1);
+  CHECK(recorded[0].succeeded);
+  CHECK(recorded[0].exit_status == 0);
+  CHECK(std::to_string(recorded[0].fence) == lines_of(dir.file("runs")).at(0));
+}
+
+// Control: the same eight processes holding the lock without the record (plain --lock) run the
+// command eight times, one after another.
+DBLOCK_TEST("cli exec control: without the run record, 8 processes run the command 8 times",
+            "[cli][runs][control]") {
+  dblock::test::temp_dir dir("exec-once-control");
+  const std::string name = lock_name();
+  auto rs = run_together(8, [&](int) {
+    return exec_args(ctx, {"--lock", name, "--wait", "120s", "--", "sh", "-c",
+                           "echo $DBLOCK_FENCE >> " + dir.file("runs")});
+  });
+  for (const auto& r : rs)
+    CHECK(r.status == 0);
+  CHECK(lines_of(dir.file("runs")).size() == 8);
+}
+
+// The first run fails (exit 3): exactly one of the waiters runs it again and succeeds; every
+// other process exits 0 without running it.
+DBLOCK_TEST("cli exec --once: a failed first run is retried by exactly one waiter", "[cli][runs]") {
+  dblock::test::temp_dir dir("exec-once-fail");
+  const std::string key = "once-" + dblock::test::random_suffix();
+  const std::string cmd = "if mkdir " + dir.file("first") + " 2>/dev/null; then exit 3; fi; echo " +
+                          "ok >> " + dir.file("runs");
+  auto rs = run_together(8, [&](int) {
+    return exec_args(ctx, {"--once", key, "--wait", "120s", "-c", cmd});
+  });
+  int failed = 0, ok = 0;
+  for (const auto& r : rs) {
+    INFO(r.output);
+    if (r.status == 3) ++failed;
+    if (r.status == 0) ++ok;
+  }
+  CHECK(failed == 1);
+  CHECK(ok == 7);
+  CHECK(lines_of(dir.file("runs")).size() == 1);
+  const auto recorded = dblock::list_runs(ctx.db, key);
+  REQUIRE(recorded.size() == 2);
+  CHECK(recorded[0].succeeded);  // newest first
+  CHECK_FALSE(recorded[1].succeeded);
+  CHECK(recorded[1].exit_status == 3);
+}
+
+// The runner is killed (kill -9 of dblock): its tree ends, its run has no end, and the next
+// waiter runs the command once the lease expired, after the killed run's last beat.
+DBLOCK_TEST("cli exec --once: a killed runner's run is retried, never at the same time",
+            "[cli][runs]") {
+  dblock::test::temp_dir dir("exec-once-kill");
+  const std::string key = "once-" + dblock::test::random_suffix();
+  cli_process first(
+      exec_args(ctx, {"--once", key, "--ttl", "3s", "--", "sh", "-c", tree_command(dir)}));
+  REQUIRE(wait_pids(dir.file("pids"), 2).size() == 2);
+  REQUIRE(dblock::test::wait_for_file(dir.file("beats"), std::chrono::seconds(30)));
+  ::kill(first.pid(), SIGKILL);
+  auto second = run_cli(exec_args(ctx, {"--once", key, "--wait", "120s", "--", "sh", "-c",
+                                        "date +%s%N > " + dir.file("second")}),
+                        std::chrono::seconds(150));
+  INFO(second.output);
+  REQUIRE(second.status == 0);
+  CHECK(last_beat(dir) < std::stoll(dblock::test::read_file(dir.file("second"))));
+  const auto recorded = dblock::list_runs(ctx.db, key);
+  REQUIRE(recorded.size() == 2);
+  CHECK(recorded[0].succeeded);
+  CHECK_FALSE(recorded[1].ended_at.has_value());  // the killed run recorded no end
+  // Done now: a third exits 0 without running.
+  CHECK(run_cli(exec_args(ctx, {"--once", key, "--", "false"})).status == 0);
+}
+
+// `dblock runs` lists them; --forget lets the key run again (audited: who, when, why).
+DBLOCK_TEST("cli runs: lists the runs, --forget allows a rerun and is recorded", "[cli][runs]") {
+  const std::string key = "once-" + dblock::test::random_suffix();
+  CHECK(run_cli(exec_args(ctx, {"--once", key, "--", "true"})).status == 0);
+  auto js = run_cli(on_db(ctx, {"runs", "--json", key}));
+  INFO(js.output);
+  REQUIRE(js.status == 0);
+  auto j = nlohmann::json::parse(js.output);
+  REQUIRE(j.at("runs").size() == 1);
+  CHECK(j["runs"][0].at("succeeded") == true);
+  CHECK(run_cli(on_db(ctx, {"runs", "--forget", key})).status == exit_usage);  // no --reason
+  auto forgot = run_cli(on_db(ctx, {"runs", "--forget", "--reason", "redo it", key}));
+  INFO(forgot.output);
+  CHECK(forgot.status == 0);
+  auto again = run_cli(exec_args(ctx, {"--once", key, "--", "sh", "-c", "echo ran again"}));
+  CHECK(contains(again.output, "ran again"));
+  const auto recorded = dblock::list_runs(ctx.db, key);
+  REQUIRE(recorded.size() == 2);
+  CHECK(recorded[1].forgotten_at.has_value());
+  CHECK(recorded[1].forget_reason == "redo it");
+  CHECK_FALSE(recorded[0].forgotten_at.has_value());
+}
+
+namespace {
+
+// Four processes whose clocks are 5 and 2 minutes behind and ahead (libfaketime; not on
+// SQLite, whose database clock is each process's own: one host per file, docs/safety.md), each
+// running `exec ARGS` every 150 ms until `enough()` (at most 120 s). Returns the first failed
+// exit's output ("" when every exit was 0).
+std::string fire_skewed(const dblock::test::context& ctx, const std::vector<std::string>& args,
+                        const std::function<bool()>& enough) {
+  const std::string lib = dblock::test::faketime_lib();
+  if (lib.empty()) return "libfaketime is not installed (the faketime package)";
+  const char* skews[] = {"-5m", "-2m", "+2m", "+5m"};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::string first_bad;
+  std::vector<std::thread> hosts;
+  for (const char* skew : skews)
+    hosts.emplace_back([&, skew] {
+      std::vector<std::string> a;  // /usr/bin/env VAR=... dblock exec ...
+      if (ctx.backend != "sqlite")
+        a = {"LD_PRELOAD=" + lib, std::string("FAKETIME=") + skew, "FAKETIME_DONT_FAKE_MONOTONIC=1",
+             "DONT_FAKE_MONOTONIC=1"};
+      a.push_back(DBLOCK_CLI_PATH);
+      for (const auto& s : exec_args(ctx, args))
+        a.push_back(s);
+      while (!stop) {
+        auto r = cli_process(a, "/usr/bin/env").finish(std::chrono::seconds(60));
+        if (r.status != 0) {
+          std::lock_guard<std::mutex> lk(mu);
+          if (first_bad.empty()) first_bad = "exit " + std::to_string(r.status) + ": " + r.output;
+        }
+        std::this_thread::sleep_for(milliseconds(150));
+      }
+    });
+  for (auto end = steady::now() + std::chrono::seconds(120); steady::now() < end && !enough();)
+    std::this_thread::sleep_for(milliseconds(100));
+  stop = true;
+  for (auto& t : hosts)
+    t.join();
+  return first_bad;
+}
+
+std::size_t distinct(const std::vector<std::string>& v) {
+  return std::set<std::string>(v.begin(), v.end()).size();
+}
+
+}  // namespace
+
+// Four skewed processes fire `exec --every 1s`: one success per slot of the database clock,
+// never two, until six slots had theirs.
+DBLOCK_TEST(
+    "cli exec --every: one success per slot of the database clock, whatever the hosts' "
+    "clocks",
+    "[cli][runs]") {
+  dblock::test::temp_dir dir("exec-every");
+  const std::string name = lock_name();
+  const std::string bad = fire_skewed(ctx,
+                                      {"--every", "1s", "--lock", name, "--wait", "30s", "-c",
+                                       "echo $DBLOCK_SLOT >> " + dir.file("runs")},
+                                      [&] { return distinct(lines_of(dir.file("runs"))) >= 6; });
+  INFO(bad);
+  CHECK(bad.empty());
+  const auto v = lines_of(dir.file("runs"));
+  INFO(v.size() << " runs in " << distinct(v) << " slots");
+  CHECK(distinct(v) >= 6);
+  CHECK(v.size() == distinct(v));  // never two runs in one slot
+  for (const auto& run : dblock::list_runs(ctx.db, name, 1000))
+    CHECK(run.succeeded);
+}
+
+// Control: the same schedule with the slot taken from each host's clock (as a job that checks
+// "done for this slot?" by its own clock would): the skewed hosts see different slots, so one
+// real second (the kernel's uptime, which libfaketime leaves alone) gets several runs.
+DBLOCK_TEST_SERVERS("cli exec control: a slot by the hosts' clocks runs a slot several times",
+                    "[cli][runs][control]") {
+  dblock::test::temp_dir dir("exec-every-control");
+  const std::string cmd = "s=$(date +%s); if mkdir " + dir.file("done.") +
+                          "$s 2>/dev/null; then cut -d. -f1 /proc/uptime >> " + dir.file("runs") +
+                          "; fi";
+  const std::string bad = fire_skewed(ctx, {"--lock", lock_name(), "--wait", "30s", "-c", cmd},
+                                      [&] { return lines_of(dir.file("runs")).size() >= 12; });
+  INFO(bad);
+  CHECK(bad.empty());
+  const auto v = lines_of(dir.file("runs"));
+  INFO(v.size() << " runs in " << distinct(v) << " real seconds");
+  CHECK(v.size() > distinct(v));  // some real second ran more than once
 }

@@ -35,8 +35,6 @@ using namespace dblock::test;
 
 namespace {
 
-constexpr const char* faketime_lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
 std::int64_t now_ms() {
   return std::chrono::duration_cast<milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -390,9 +388,9 @@ DBLOCK_TEST("id_generator: an unmigrated schema is reported by next(), every tim
 
 DBLOCK_TEST("id_generator: 8 processes with kill -9, restarts and a clock an hour back",
             "[id_generator][process]") {
-  if (::access(faketime_lib, R_OK) != 0)
-    FAIL(std::string(faketime_lib) +
-         " is missing: install the faketime package (scripts/install-deps.sh)");
+  const std::string fake_lib = dblock::test::faketime_lib();
+  if (fake_lib.empty())
+    FAIL("libfaketime is missing: install the faketime package (scripts/install-deps.sh)");
   const long long n = full_run() ? 200000 : 20000;
   const int procs = 8;
   const std::string name = "proc-" + dblock::test::random_suffix();
@@ -435,7 +433,7 @@ DBLOCK_TEST("id_generator: 8 processes with kill -9, restarts and a clock an hou
   std::vector<int> later;
   later.push_back(spawn("r0", n, 0));
   later.push_back(spawn("r1", n, 0));
-  std::vector<std::string> fake_env = {std::string("LD_PRELOAD=") + faketime_lib, "FAKETIME=-1h",
+  std::vector<std::string> fake_env = {std::string("LD_PRELOAD=") + fake_lib, "FAKETIME=-1h",
                                        "FAKETIME_DONT_FAKE_MONOTONIC=1"};
   if (!std::getenv("ASAN_OPTIONS")) fake_env.push_back("ASAN_OPTIONS=verify_asan_link_order=0");
   const int fake = spawn("fake", n, 0, fake_env);

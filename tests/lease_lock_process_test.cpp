@@ -38,7 +38,6 @@ using namespace dblock::test;
 namespace {
 
 constexpr long long ns_per_s = 1000000000LL;
-constexpr const char* faketime_lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 long long realtime_ns() {
   timespec ts{};
@@ -647,10 +646,9 @@ DBLOCK_TEST("holder paused past its TTL: successor takes over, stale holder writ
 // design; there all workers run at the same +1 h offset, which still checks that a clock far
 // from the parent's (and from the real time) does not break anything.
 DBLOCK_TEST("counter under client clock skew of +-1 h (libfaketime)", "[lease][process]") {
-  if (::access(faketime_lib, R_OK) != 0)
-    FAIL(std::string(faketime_lib) +
-         " is missing: install the faketime package "
-         "(scripts/install-deps.sh)");
+  const std::string fake_lib = dblock::test::faketime_lib();
+  if (fake_lib.empty())
+    FAIL("libfaketime is missing: install the faketime package (scripts/install-deps.sh)");
   const int procs = 4, iterations = 50;
   create_counter(ctx);
   temp_dir dir("proc");
@@ -661,7 +659,7 @@ DBLOCK_TEST("counter under client clock skew of +-1 h (libfaketime)", "[lease][p
   for (int i = 0; i < procs; ++i) {
     bool plus = ctx.backend == "sqlite" || i % 2 == 0;
     offsets.push_back(plus ? 3600 : -3600);
-    envs.push_back({std::string("LD_PRELOAD=") + faketime_lib,
+    envs.push_back({std::string("LD_PRELOAD=") + fake_lib,
                     std::string("FAKETIME=") + (plus ? "+1h" : "-1h"),
                     "FAKETIME_DONT_FAKE_MONOTONIC=1"});
     // Under -DDBLOCK_ASAN=ON the preloaded library would otherwise make ASan refuse to start.

@@ -52,6 +52,7 @@
 #include "dblock/optimistic.hpp"
 #include "dblock/reaper.hpp"
 #include "dblock/retry.hpp"
+#include "dblock/runs.hpp"
 #include "dblock/rwlock.hpp"
 #include "dblock/segmented_stock.hpp"
 #include "dblock/semaphore.hpp"

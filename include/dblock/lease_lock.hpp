@@ -266,10 +266,11 @@ class lease_guard {
    * watchdog the handle's watcher thread fires it; without it, the same thread watches the
    * validity from the first call on (a renew() that comes after it has fired does not undo it:
    * stop the work, and take a new lease). lease_options::on_lost is called as well, for a loss.
-   * A disarmed guard's signal has fired. Valid while the guard lives.
+   * A disarmed guard's signal has fired. The returned handle shares the signal (copies are
+   * cheap) and stays valid after the guard is released or gone.
    * @throws std::bad_alloc, or std::system_error when the handle's watcher thread cannot start.
    */
-  const cancellation& lost() const;
+  cancellation lost() const;
 
   /**
    * @brief Extends the lease to `ttl` (default: the lock's ttl) from now on the database clock.

@@ -61,9 +61,10 @@ class lock_set_guard {
   /// True while every lease is valid (lease_guard::valid()); false when disarmed.
   bool valid() const noexcept;
   /// Fires when the first lease of the set ends (lease_guard::lost(): lost, its local validity
-  /// ran out, released): the set is no longer held whole. A disarmed set's signal has fired.
+  /// ran out, released): the set is no longer held whole. A disarmed set's signal has fired. The
+  /// returned handle shares the signal and stays valid after the set is released or gone.
   /// @throws std::bad_alloc, or std::system_error when the handle's watcher thread cannot start.
-  const cancellation& lost() const;
+  cancellation lost() const;
   /// The least time left of any lease (lease_guard::remaining()); zero when disarmed.
   std::chrono::milliseconds remaining() const noexcept;
 

@@ -26,6 +26,10 @@ struct reap_result {
   /// Waiter queue entries deleted (expired longer than min(retention, 1 minute) ago: their
   /// waiters died or gave up without deleting them); not counted in rows_reaped.
   std::uint64_t waiters_reaped = 0;
+  /// Runs of periodic jobs (run_in_slot(), `dblock exec --every`) whose slot ended more than the
+  /// retention ago; not counted in rows_reaped. Runs of run_once() are kept: they are its
+  /// memory that the job ran.
+  std::uint64_t runs_reaped = 0;
 };
 
 /// Settings of the reaper; reap_once() and reaper's constructor check them. Thread-safety: a

@@ -78,11 +78,24 @@ struct exec_options {
   std::string kill_after;  // empty: a sixth of ttl
   bool fair = false;
   int conflict_exit_code = 75;  // -E: the status when the lock stays busy (flock's -E)
+  std::string once;             // --once KEY: at most one success ever (runs.hpp)
+  std::string every;            // --every PERIOD (with one --lock): at most one success per slot
   std::string shell;            // -c: run `sh -c SHELL` instead of a command
   std::vector<std::string> command;
 };
 CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x);
 int run_exec(const common_options& c, const exec_options& x);
+
+// runs.cpp: dblock runs [--json] [--limit N] [KEY] | dblock runs --forget --reason TEXT KEY
+struct runs_options {
+  bool json = false;
+  bool forget = false;
+  std::size_t limit = 50;
+  std::string reason;
+  std::string key;
+};
+CLI::App* add_runs(CLI::App& app, common_options& common, runs_options& r);
+int run_runs(const common_options& c, const runs_options& r);
 
 // leader.cpp: dblock leader [--json] NAME
 struct leader_options {

@@ -5,8 +5,9 @@
 // for a set, DBLOCK_LOCK_COUNT and DBLOCK_LOCK_i, DBLOCK_FENCE_i, DBLOCK_OWNER_i per name
 // instead). The lease lives with the command's whole process tree: the signals dblock gets are
 // passed on to every process of it; when the lease is lost, all of it gets SIGTERM (SIGKILL after
-// --kill-after) and dblock exits 76; when dblock itself dies, by SIGKILL too, the supervisor ends
+// --kill-after) and dblock exits 79; when dblock itself dies, by SIGKILL too, the supervisor ends
 // the tree within --kill-after, well before the lease it no longer renews can expire.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "command.hpp"
 #include "commands.hpp"
 #include "tree.hpp"
 
@@ -33,19 +35,6 @@ namespace dblock::cli {
 namespace {
 
 using std::chrono::milliseconds;
-
-// The write end of the supervisor's control pipe (supervise.cpp): one byte per order, 0 to end
-// the command's tree, N to pass signal N on to it. -1 before the supervisor runs.
-std::atomic<int> control_fd{-1};
-
-void tell_supervisor(unsigned char order) {
-  const int fd = control_fd.load();
-  if (fd >= 0) (void)!::write(fd, &order, 1);  // async-signal-safe; EPIPE once it is gone
-}
-
-void forward_signal(int sig) {
-  tell_supervisor(static_cast<unsigned char>(sig));
-}
 
 // The lease: renewed by the watchdog; when it is lost, `lost` is set and the command's tree
 // (once it runs) is ended.
@@ -56,11 +45,23 @@ dblock::lease_options lease_options_for(const exec_options& x, std::atomic<bool>
   lo.fair = x.fair;
   lo.on_lost = [&lost](const dblock::error& e) {
     lost = true;
+    tell_supervisor(0);  // first: a write to the terminal might wait (the command has it)
     std::cerr << "dblock exec: " << shown(e.what())
               << "; sending SIGTERM to every process of the command\n";
-    tell_supervisor(0);
   };
   return lo;
+}
+
+// The lease's local validity ends --kill-after earlier than a plain lease's (its safety margin,
+// TTL/10 by default, plus --kill-after): when renewals fail, the tree gets SIGTERM that much
+// before the validity a plain lease would have, and SIGKILL at the latest when that validity
+// ends, before the database can give the lease to another host. And when dblock dies before
+// its local validity ran out, the lease still runs at least the margin plus --kill-after, the
+// time the supervisor needs to end the tree.
+void leave_time_to_end(dblock::lease_options& lo, milliseconds kill_after) {
+  const milliseconds margin =
+      lo.safety_margin.count() > 0 ? lo.safety_margin : std::max(milliseconds(1), lo.ttl / 10);
+  lo.safety_margin = margin + kill_after;
 }
 
 // --wait: a duration, or "forever" (without limit: a hundred years, which every deadline of the
@@ -146,123 +147,33 @@ holding take(const dblock::database& db, const exec_options& x, const dblock::le
   return h;
 }
 
-// The command's argv and environment, built before fork(): the forked child of a process with
-// threads (the watchdog) may only call async-signal-safe functions, and setenv() or malloc()
-// there can deadlock on a lock another thread held at the fork.
-struct command_image {
-  std::vector<std::string> env_text, args;
-  std::vector<char*> argv, envp;
-};
-
-// The supervisor's argv (`dblock __supervise CTL KILL_AFTER_MS IGNORED -- CMD...`, tree.hpp) and
-// the command's environment, which the supervisor runs under and passes on.
-command_image make_image(const exec_options& x, const holding& h, int control_read,
-                         milliseconds kill_after, unsigned long long ignored) {
-  command_image im;
-  // Ours, inherited from an outer dblock exec: replaced (the indexed ones of a set too).
-  const std::string ours[] = {"DBLOCK_FENCE=",  "DBLOCK_OWNER=", "DBLOCK_LOCK=",  "DBLOCK_PERMIT=",
-                              "DBLOCK_SHARED=", "DBLOCK_FENCE_", "DBLOCK_OWNER_", "DBLOCK_LOCK_"};
-  for (char** e = environ; *e; ++e) {
-    bool replaced = false;
-    for (const auto& o : ours)
-      replaced = replaced || std::strncmp(*e, o.c_str(), o.size()) == 0;
-    if (!replaced) im.env_text.emplace_back(*e);
-  }
+// The variables that tell the command what it holds (the footer of add_exec lists them).
+std::vector<std::string> lease_variables(const exec_options& x, const holding& h) {
+  std::vector<std::string> v;
   if (h.set) {
     const auto& leases = h.set->leases();
-    im.env_text.push_back("DBLOCK_LOCK_COUNT=" + std::to_string(leases.size()));
+    v.push_back("DBLOCK_LOCK_COUNT=" + std::to_string(leases.size()));
     for (std::size_t i = 0; i < leases.size(); ++i) {
       const std::string k = std::to_string(i);
-      im.env_text.push_back("DBLOCK_LOCK_" + k + "=" + leases[i].name());
-      im.env_text.push_back("DBLOCK_FENCE_" + k + "=" + std::to_string(leases[i].fence()));
-      im.env_text.push_back("DBLOCK_OWNER_" + k + "=" + leases[i].owner_token());
+      v.push_back("DBLOCK_LOCK_" + k + "=" + leases[i].name());
+      v.push_back("DBLOCK_FENCE_" + k + "=" + std::to_string(leases[i].fence()));
+      v.push_back("DBLOCK_OWNER_" + k + "=" + leases[i].owner_token());
     }
+    return v;
+  }
+  const dblock::lease_guard& guard = *h.one;
+  v.push_back("DBLOCK_FENCE=" + std::to_string(guard.fence()));
+  v.push_back("DBLOCK_OWNER=" + guard.owner_token());
+  if (x.use_shared) {
+    v.push_back("DBLOCK_LOCK=" + x.shared);
+    v.push_back("DBLOCK_SHARED=1");
+  } else if (!x.use_semaphore) {
+    v.push_back("DBLOCK_LOCK=" + x.locks.front());
   } else {
-    const dblock::lease_guard& guard = *h.one;
-    im.env_text.push_back("DBLOCK_FENCE=" + std::to_string(guard.fence()));
-    im.env_text.push_back("DBLOCK_OWNER=" + guard.owner_token());
-    if (x.use_shared) {
-      im.env_text.push_back("DBLOCK_LOCK=" + x.shared);
-      im.env_text.push_back("DBLOCK_SHARED=1");
-    } else if (!x.use_semaphore) {
-      im.env_text.push_back("DBLOCK_LOCK=" + x.locks.front());
-    } else {
-      im.env_text.push_back("DBLOCK_LOCK=" + x.semaphore);
-      im.env_text.push_back("DBLOCK_PERMIT=" +
-                            std::to_string(dblock::semaphore::permit_slot(guard)));
-    }
+    v.push_back("DBLOCK_LOCK=" + x.semaphore);
+    v.push_back("DBLOCK_PERMIT=" + std::to_string(dblock::semaphore::permit_slot(guard)));
   }
-  for (auto& e : im.env_text)
-    im.envp.push_back(e.data());
-  im.envp.push_back(nullptr);
-  im.args = {"dblock",
-             "__supervise",
-             std::to_string(control_read),
-             std::to_string(kill_after.count()),
-             std::to_string(ignored),
-             "--"};
-  im.args.insert(im.args.end(), x.command.begin(), x.command.end());
-  for (auto& a : im.args)
-    im.argv.push_back(a.data());
-  im.argv.push_back(nullptr);
-  return im;
-}
-
-// Starts the supervisor, which starts the command (supervise.cpp), and passes the signals of
-// forwarded_signals() on to it. dblock becomes a child subreaper too: should the supervisor die
-// alone, the command's processes are re-parented here and end_tree() finds them.
-pid_t start_command(const exec_options& x, const holding& h, milliseconds kill_after) {
-  // The signals ignored when dblock started (nohup's SIGHUP) stay ignored for the command.
-  unsigned long long ignored = 0;
-  std::vector<int> kept = forwarded_signals();
-  kept.insert(kept.end(), {SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU});
-  for (int sig : kept) {
-    struct sigaction old {};
-    if (sig <= 64 && sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN)
-      ignored |= 1ULL << (sig - 1);
-  }
-  struct sigaction sa {};
-  sa.sa_handler = forward_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : forwarded_signals())
-    sigaction(sig, &sa, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);  // a write to a supervisor that is gone fails with EPIPE instead
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-
-  int ctl[2];
-  if (::pipe2(ctl, O_CLOEXEC) != 0)
-    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-  const command_image im = make_image(x, h, ctl[0], kill_after, ignored);
-  pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    // The forked child of a process with threads: async-signal-safe calls only until execve.
-    ::fcntl(ctl[0], F_SETFD, 0);
-    ::execve("/proc/self/exe", im.argv.data(), im.envp.data());
-    const char msg[] = "dblock exec: cannot start the supervisor (/proc/self/exe)\n";
-    (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
-    ::_exit(exit_software);
-  }
-  ::close(ctl[0]);
-  control_fd = ctl[1];
-  return pid;
-}
-
-// Waits for the supervisor; its exit status is the command's (128+N when a signal N ended it).
-// A supervisor killed by a signal leaves the command's processes to dblock, which ends them.
-int wait_command(pid_t pid, milliseconds kill_after) {
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  std::cerr << "dblock exec: the command's supervisor (pid " << pid << ") was killed by signal "
-            << WTERMSIG(status) << "; ending the command's processes\n";
-  end_tree(::getpid(), kill_after, [] {
-    int st = 0;
-    while (::waitpid(-1, &st, WNOHANG) > 0) {
-    }
-  });
-  return exit_software;
+  return v;
 }
 
 // What the command runs under, for messages: the lock, the semaphore, or the set's names.
@@ -303,12 +214,10 @@ int finish(const exec_options& x, holding& guard, bool lost, int code) {
 
 }  // namespace
 
-CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
-  auto* exec =
-      app.add_subcommand("exec", "run a command while holding a lease lock or a semaphore permit");
-  add_common(exec, common);
-  // Exactly one of --lock, --shared and --semaphore (an empty value is refused as a name).
-  auto* what = exec->add_option_group("lock, reader or semaphore")->require_option(1);
+// Exactly one of --lock, --shared, --semaphore and --once (an empty value is refused as a
+// name), and --every with one --lock. Returns --semaphore.
+static CLI::Option* add_exec_what(CLI::App* exec, exec_options& x) {
+  auto* what = exec->add_option_group("lock, reader, semaphore or run")->require_option(1);
   auto* lock = what->add_option("--lock", x.locks,
                                 "lock (resource) name; give --lock more than once to hold a set "
                                 "of locks, taken all or nothing in one global order")
@@ -324,11 +233,28 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
                                   "instead of --lock: hold NAME as one of its readers (many at "
                                   "once; a --lock of NAME waits for them and holds new ones back)")
                      ->each([&x](const std::string&) { x.use_shared = true; });
+  auto* once = what->add_option("--once", x.once,
+                                "instead of --lock: run the command unless a success of KEY is "
+                                "recorded in the database, at most one success ever across every "
+                                "host (docs/run-once.md)");
+  auto* every = exec->add_option("--every", x.every,
+                                 "with one --lock NAME: run the command unless a success of NAME "
+                                 "is recorded in the current slot of the database clock (slot = "
+                                 "floor(time / PERIOD)); at most one success per slot");
+  every->needs(lock);
+  every->excludes(sem);
+  every->excludes(shared);
+  every->excludes(once);
   lock->excludes(sem);
   shared->excludes(lock);
   shared->excludes(sem);
   sem->needs(permits);
   permits->needs(sem);
+  return sem;
+}
+
+// How long, how the command is given, and what ends it.
+static void add_exec_how(CLI::App* exec, exec_options& x, CLI::Option* sem) {
   exec->add_option("--ttl", x.ttl, "lease length, renewed at ttl/3 while the command runs")
       ->capture_default_str();
   exec->add_option("--wait", x.wait,
@@ -353,6 +279,13 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
   shell->excludes(command);
   command->excludes(shell);
   exec->positionals_at_end();
+}
+
+CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
+  auto* exec =
+      app.add_subcommand("exec", "run a command while holding a lease lock or a semaphore permit");
+  add_common(exec, common);
+  add_exec_how(exec, x, add_exec_what(exec, x));
   exec->footer(
       "The command runs with these variables set (any it inherited by these names are removed):\n"
       "  DBLOCK_LOCK    the lock's name (--lock, --shared or --semaphore)\n"
@@ -362,6 +295,7 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
       "  DBLOCK_SHARED  with --shared: 1\n"
       "With several --lock (a set): DBLOCK_LOCK_COUNT, and DBLOCK_LOCK_i, DBLOCK_FENCE_i and\n"
       "DBLOCK_OWNER_i for i = 0..count-1 in the set's order, instead of the three above.\n"
+      "With --once or --every: DBLOCK_SLOT, the slot (0 for --once).\n"
       "The lease lives with the command's whole process tree: signals are passed on to all of\n"
       "it, processes the command leaves behind are ended before the lease is released, and if\n"
       "dblock itself dies (even by SIGKILL) every process of the tree is sent SIGTERM, then\n"
@@ -371,6 +305,70 @@ CLI::App* add_exec(CLI::App& app, common_options& common, exec_options& x) {
       "SIGTERM, then SIGKILL); 70 when the outcome is unknown (in doubt) or the supervisor died;\n"
       "64 usage; 69 cannot connect; 78 schema missing.");
   return exec;
+}
+
+// --once KEY and --every PERIOD --lock NAME: the run goes through run_once() / run_in_slot(),
+// which record it; the command runs as any exec's, under the supervisor, with DBLOCK_SLOT too.
+static int run_recorded(const common_options& c, const exec_options& x) {
+  const bool once = !x.once.empty();
+  if (!once && x.locks.size() != 1)
+    throw dblock::error(dblock::errc::invalid_argument, "--every takes exactly one --lock NAME");
+  const std::string key = once ? x.once : x.locks.front();
+  const milliseconds period = once ? milliseconds(0) : parse_duration(x.every, "--every");
+  if (!once && period.count() <= 0)
+    throw dblock::error(dblock::errc::invalid_argument, "--every must be above zero");
+  auto db = open_db(c);
+  std::atomic<bool> lost{false};
+  dblock::run_options ro;
+  ro.lease = lease_options_for(x, lost);
+  ro.wait = wait_for(x.wait);
+  const milliseconds kill_after = kill_after_for(x, ro.lease.ttl);
+  leave_time_to_end(ro.lease, kill_after);
+  auto job = [&](dblock::lease_guard& g, std::int64_t slot) {
+    if (c.verbose)
+      std::cerr << "dblock exec: acquired '" << shown(key) << "' fence " << g.fence() << ", slot "
+                << slot << "\n";
+    const pid_t pid =
+        start_command(x.command,
+                      {"DBLOCK_LOCK=" + key, "DBLOCK_FENCE=" + std::to_string(g.fence()),
+                       "DBLOCK_OWNER=" + g.owner_token(), "DBLOCK_SLOT=" + std::to_string(slot)},
+                      kill_after);
+    if (lost) tell_supervisor(0);
+    return wait_command(pid, kill_after);
+  };
+  dblock::run_result r;
+  try {
+    r = once ? dblock::run_once(db, key, job, ro) : dblock::run_in_slot(db, key, period, job, ro);
+  } catch (const dblock::error& e) {
+    if (e.code() != dblock::errc::lease_lost) throw;
+    std::cerr << "dblock exec: the lease on '" << shown(key)
+              << "' was lost while the command ran (its processes were sent SIGTERM, then "
+                 "SIGKILL); the run is not recorded as done: "
+              << shown(e.what()) << "; exit " << exit_lease_lost << "\n";
+    return exit_lease_lost;
+  }
+  switch (r.what) {
+    case dblock::run_result::outcome::busy:
+      std::cerr << "dblock exec: '" << shown(key) << "' is running elsewhere (its lock is held)";
+      if (ro.wait.count() > 0) std::cerr << " and was not freed within " << x.wait;
+      std::cerr << "; not running the command\n";
+      return x.conflict_exit_code;
+    case dblock::run_result::outcome::done_already:
+      if (c.verbose)
+        std::cerr << "dblock exec: '" << shown(key) << "' already succeeded"
+                  << (once ? std::string() : " in slot " + std::to_string(r.slot)) << " (host "
+                  << shown(r.done_by->host) << ", pid " << r.done_by->pid << ", fence "
+                  << r.done_by->fence << "); not running it again\n";
+      return exit_ok;
+    case dblock::run_result::outcome::ran:
+      break;
+  }
+  if (lost) {
+    std::cerr << "dblock exec: the lease on '" << shown(key)
+              << "' was lost while the command ran; exit " << exit_lease_lost << "\n";
+    return exit_lease_lost;
+  }
+  return r.status;
 }
 
 // Why the command does not run: the lock, every permit or a member of the set stayed busy.
@@ -393,17 +391,20 @@ void report_busy(const exec_options& x, milliseconds wait) {
 }
 
 int run_exec(const common_options& c, const exec_options& given) {
+  remember_inherited_fds();
   exec_options x = given;
   if (!x.shell.empty()) x.command = {"/bin/sh", "-c", x.shell};
   if (x.command.empty())
     throw dblock::error(dblock::errc::invalid_argument,
                         "no command: give it after -- (dblock exec --lock NAME -- CMD ARGS...) or "
                         "as a shell command line with -c");
+  if (!x.once.empty() || !x.every.empty()) return run_recorded(c, x);
   auto db = open_db(c);
   std::atomic<bool> lost{false};
   dblock::lease_options lo = lease_options_for(x, lost);
   const milliseconds wait = wait_for(x.wait);
   const milliseconds kill_after = kill_after_for(x, lo.ttl);
+  leave_time_to_end(lo, kill_after);
   holding h = take(db, x, lo, wait);
   if (!h) {
     report_busy(x, wait);
@@ -421,7 +422,7 @@ int run_exec(const common_options& c, const exec_options& given) {
     }
   }
 
-  const pid_t pid = start_command(x, h, kill_after);
+  const pid_t pid = start_command(x.command, lease_variables(x, h), kill_after);
   if (lost) tell_supervisor(0);
   const int code = wait_command(pid, kill_after);
   return finish(x, h, lost, code);

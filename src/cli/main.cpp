@@ -27,6 +27,7 @@ struct subcommands {
   exec_options exec;
   id_options id;
   leader_options leader;
+  runs_options runs;
   CLI::App* migrate_cmd = nullptr;
   CLI::App* reap_cmd = nullptr;
   CLI::App* status_cmd = nullptr;
@@ -35,6 +36,7 @@ struct subcommands {
   CLI::App* exec_cmd = nullptr;
   CLI::App* id_cmd = nullptr;
   CLI::App* leader_cmd = nullptr;
+  CLI::App* runs_cmd = nullptr;
 };
 
 // The subcommands in the order `dblock --help` lists them.
@@ -45,6 +47,7 @@ void add_subcommands(CLI::App& app, common_options& common, subcommands& s) {
   s.release_cmd = add_release(app, common, s.release);
   s.row_mode_cmd = add_row_mode(app, common, s.row_mode);
   s.exec_cmd = add_exec(app, common, s.exec);
+  s.runs_cmd = add_runs(app, common, s.runs);
   s.id_cmd = add_id(app, common, s.id);
   s.leader_cmd = add_leader(app, common, s.leader);
 }
@@ -56,7 +59,8 @@ int report_error(const subcommands& s, const std::string& message, const char* k
   std::cerr << "dblock: " << shown(message) << "\n";
   const bool json =
       (s.migrate_cmd->parsed() && s.migrate.json) || (s.reap_cmd->parsed() && s.reap.json) ||
-      (s.status_cmd->parsed() && s.status.json) || (s.leader_cmd->parsed() && s.leader.json);
+      (s.status_cmd->parsed() && s.status.json) || (s.leader_cmd->parsed() && s.leader.json) ||
+      (s.runs_cmd->parsed() && s.runs.json);
   if (json)
     std::cout << nlohmann::json{{"version", dblock::version()},
                                 {"error",
@@ -77,6 +81,7 @@ int dispatch(const common_options& common, const subcommands& s) {
     if (s.row_mode_cmd->parsed()) return run_row_mode(common, s.row_mode);
     if (s.id_cmd->parsed()) return run_id(common, s.id);
     if (s.leader_cmd->parsed()) return run_leader(common, s.leader);
+    if (s.runs_cmd->parsed()) return run_runs(common, s.runs);
   } catch (const dblock::error& e) {
     return report_error(s, e.what(), dblock::to_string(e.kind()), exit_status_for(e));
   } catch (const std::exception& e) {

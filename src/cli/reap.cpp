@@ -46,6 +46,7 @@ int run_reap(const common_options& c, const reap_options& ro) {
                                 {"batches", r.batches},
                                 {"elapsed_ms", r.elapsed.count() / 1000},
                                 {"complete", r.complete},
+                                {"runs_reaped", r.runs_reaped},
                                 {"retention", retention}}
                      .dump(2)
               << "\n";
@@ -54,7 +55,8 @@ int run_reap(const common_options& c, const reap_options& ro) {
   std::cout << "reaped " << r.rows_reaped << " rows expired more than " << retention << " ago in "
             << r.batches << " batches, " << static_cast<long long>(secs * 1000) << " ms ("
             << (secs > 0 ? static_cast<long long>(r.rows_reaped / secs) : 0) << " rows/s)"
-            << (r.complete ? "" : "; stopped early, rows remain") << "\n";
+            << (r.complete ? "" : "; stopped early, rows remain") << "; " << r.runs_reaped
+            << " runs of periodic jobs\n";
   return exit_ok;
 }
 

@@ -149,123 +149,163 @@ namespace {
 
 }  // namespace
 
+namespace {
+
+using std::chrono::milliseconds;
+
+// The supervisor's state and its steps (supervise_main() runs them).
+class supervisor {
+ public:
+  supervisor(int ctl, milliseconds kill_after)
+      : ctl_(ctl), kill_after_(kill_after), self_(::getpid()), dblock_pid_(::getppid()) {}
+
+  // Subreaper, signals, the terminal and the command (in a group of its own). False when the
+  // command could not be started.
+  bool start(char** cmd, unsigned long long ignored) {
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    // Orders come from dblock over CTL only: the signals it forwards are blocked here (dblock's
+    // forked child blocked them before it became the supervisor, so none is lost or acted on in
+    // between; the command unblocks them, and one sent to it before it did waits for it), and
+    // the children are watched through a signalfd.
+    sigset_t blocked;
+    sigemptyset(&blocked);
+    for (int s : forwarded_signals())
+      sigaddset(&blocked, s);
+    sigaddset(&blocked, SIGCHLD);
+    ::sigprocmask(SIG_BLOCK, &blocked, nullptr);
+    for (int s : {SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU})
+      ::signal(s, SIG_IGN);
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sfd_ = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);  // -1: polls every 20 ms
+    ::fcntl(ctl_, F_SETFD, FD_CLOEXEC);                        // the command must not hold it
+    // The terminal, when dblock has it, goes to the command's group (as a shell does), so that
+    // a command reading it is not stopped and the terminal's Ctrl-C reaches it directly.
+    dblock_group_ = ::getpgrp();
+    foreground_ = ::isatty(STDIN_FILENO) && ::tcgetpgrp(STDIN_FILENO) == dblock_group_;
+    // A group of its own: a signal to dblock's process group (kill -9 -PGID) does not reach
+    // the supervisor, which then ends the tree.
+    ::setpgid(0, 0);
+    command_ = ::fork();
+    if (command_ < 0) {
+      std::cerr << "dblock exec: cannot start the command: fork: " << std::strerror(errno) << "\n";
+      return false;
+    }
+    if (command_ == 0) run_command(cmd, foreground_, ignored);
+    ::setpgid(command_, command_);  // both sides, as shells do; fails harmlessly after its exec
+    if (foreground_) ::tcsetpgrp(STDIN_FILENO, command_);
+    return true;
+  }
+
+  // Until the command and every process of its tree are gone; the command's status.
+  int run() {
+    for (;;) {
+      reap();
+      if (done_ && finished()) break;
+      if (ending_ && steady::now() >= kill_at_) kill_rest();
+      wait_and_read();
+    }
+    if (foreground_) ::tcsetpgrp(STDIN_FILENO, dblock_group_);  // SIGTTOU is ignored here
+    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  }
+
+ private:
+  void reap() {
+    int st = 0;
+    pid_t r;
+    while ((r = ::waitpid(-1, &st, WNOHANG)) > 0)
+      if (r == command_) {
+        done_ = true;
+        status_ = st;
+      }
+  }
+
+  void start_ending() {
+    if (ending_) return;
+    ending_ = true;
+    signal_tree(self_, SIGTERM, true);
+    kill_at_ = steady::now() + kill_after_;
+  }
+
+  // After the command ended: true once nothing of its tree is left (two empty scans in a row:
+  // one may miss a child whose parent exits meanwhile); ends what it left behind.
+  bool finished() {
+    const auto left = live_descendants(self_);
+    if (left.empty()) return ++empty_scans_ >= 2;
+    empty_scans_ = 0;
+    if (!ending_) {
+      std::cerr << "dblock exec: the command ended and left " << left.size()
+                << " process(es) running; sending them SIGTERM (the lease is released only "
+                   "when none is left)\n";
+      start_ending();
+    }
+    return false;
+  }
+
+  void kill_rest() {
+    const std::size_t n = signal_tree(self_, SIGKILL, false);
+    if (n > 0 && !warned_ && steady::now() >= kill_at_ + std::chrono::seconds(5)) {
+      warned_ = true;
+      std::cerr << "dblock exec: warning: " << n
+                << " process(es) of the command still run 5 s after SIGKILL (in uninterruptible "
+                   "sleep, or not ours to signal)\n";
+    }
+  }
+
+  // Waits for a child's end or an order (every 20 ms while ending), and acts on the orders.
+  void wait_and_read() {
+    pollfd fds[2] = {{ctl_, POLLIN, 0}, {sfd_, POLLIN, 0}};
+    const int n = ::poll(fds, 2, ending_ || done_ || sfd_ < 0 ? 20 : -1);
+    if (n < 0 && errno != EINTR) std::this_thread::sleep_for(milliseconds(20));
+    if (n <= 0) return;
+    if (fds[1].revents) {
+      signalfd_siginfo si;
+      while (::read(sfd_, &si, sizeof si) > 0) {
+      }
+    }
+    if (ctl_ < 0 || !fds[0].revents) return;
+    unsigned char order[64];
+    const ssize_t got = ::read(ctl_, order, sizeof order);
+    if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
+      ::close(ctl_);
+      ctl_ = -1;
+      if (!done_) {
+        std::cerr << "dblock exec: dblock (pid " << dblock_pid_
+                  << ") ended while the command ran; nobody renews the lease: sending the "
+                     "command's processes SIGTERM (SIGKILL after "
+                  << kill_after_.count() << " ms)\n";
+        start_ending();
+      }
+    }
+    for (ssize_t i = 0; i < got; ++i) {
+      if (order[i] == 0)
+        start_ending();
+      else
+        signal_tree(self_, order[i], false);
+    }
+  }
+
+  int ctl_;
+  const milliseconds kill_after_;
+  const pid_t self_, dblock_pid_;
+  pid_t command_ = -1, dblock_group_ = 0;
+  int sfd_ = -1;
+  bool foreground_ = false, done_ = false, ending_ = false, warned_ = false;
+  int status_ = 0, empty_scans_ = 0;
+  steady::time_point kill_at_ = steady::time_point::max();
+};
+
+}  // namespace
+
 int supervise_main(int argc, char** argv) {
   if (argc < 7 || std::strcmp(argv[5], "--") != 0) {
     std::cerr << "dblock: __supervise is started by `dblock exec`, not by hand\n";
     return 64;
   }
-  int ctl = std::atoi(argv[2]);
-  const std::chrono::milliseconds kill_after(std::atoll(argv[3]));
-  const unsigned long long ignored = std::strtoull(argv[4], nullptr, 10);
-  char** cmd = argv + 6;
-  const pid_t self = ::getpid();
-  const pid_t dblock_pid = ::getppid();
-
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-  // Orders come from dblock over CTL only: signals sent to the supervisor itself (a terminal's,
-  // or a signal to dblock's process group) are ignored, and the children are watched through a
-  // signalfd.
-  for (int s : forwarded_signals())
-    ::signal(s, SIG_IGN);
-  for (int s : {SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU})
-    ::signal(s, SIG_IGN);
-  sigset_t chld;
-  sigemptyset(&chld);
-  sigaddset(&chld, SIGCHLD);
-  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
-  const int sfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
-  ::fcntl(ctl, F_SETFD, FD_CLOEXEC);  // the command must not hold it open
-
-  // The terminal, when dblock has it, goes to the command's group (as a shell does), so that a
-  // command reading it is not stopped and the terminal's Ctrl-C reaches it directly.
-  const pid_t dblock_group = ::getpgrp();
-  const bool foreground = ::isatty(STDIN_FILENO) && ::tcgetpgrp(STDIN_FILENO) == dblock_group;
-  // A group of its own: a signal to dblock's process group (kill -9 -PGID) does not reach the
-  // supervisor, which then ends the tree.
-  ::setpgid(0, 0);
-
-  const pid_t command = ::fork();
-  if (command < 0) {
-    std::cerr << "dblock exec: cannot start the command: fork: " << std::strerror(errno) << "\n";
-    return 70;
-  }
-  if (command == 0) run_command(cmd, foreground, ignored);
-  ::setpgid(command, command);  // both sides, as shells do; fails harmlessly after its exec
-  if (foreground) ::tcsetpgrp(STDIN_FILENO, command);
-
-  bool done = false;
-  int status = 0;
-  bool ending = false, warned = false;
-  auto kill_at = steady::time_point::max();
-  auto reap = [&] {
-    int st = 0;
-    pid_t r;
-    while ((r = ::waitpid(-1, &st, WNOHANG)) > 0)
-      if (r == command) {
-        done = true;
-        status = st;
-      }
-  };
-  auto start_ending = [&] {
-    if (ending) return;
-    ending = true;
-    signal_tree(self, SIGTERM, true);
-    kill_at = steady::now() + kill_after;
-  };
-  for (;;) {
-    reap();
-    if (done) {
-      const auto left = live_descendants(self);
-      if (left.empty()) break;
-      if (!ending) {
-        std::cerr << "dblock exec: the command ended and left " << left.size()
-                  << " process(es) running; sending them SIGTERM (the lease is released only "
-                     "when none is left)\n";
-        start_ending();
-      }
-    }
-    if (ending && steady::now() >= kill_at) {
-      const std::size_t n = signal_tree(self, SIGKILL, false);
-      if (n > 0 && !warned && steady::now() >= kill_at + std::chrono::seconds(5)) {
-        warned = true;
-        std::cerr << "dblock exec: warning: " << n
-                  << " process(es) of the command still run 5 s after SIGKILL (in uninterruptible "
-                     "sleep, or not ours to signal)\n";
-      }
-    }
-    pollfd fds[2] = {{ctl, POLLIN, 0}, {sfd, POLLIN, 0}};
-    const int n = ::poll(fds, 2, ending || done ? 20 : -1);
-    if (n < 0 && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (n <= 0) continue;
-    if (fds[1].revents) {
-      signalfd_siginfo si;
-      while (::read(sfd, &si, sizeof si) > 0) {
-      }
-    }
-    if (ctl >= 0 && fds[0].revents) {
-      unsigned char order[64];
-      const ssize_t got = ::read(ctl, order, sizeof order);
-      if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
-        ::close(ctl);
-        ctl = -1;
-        if (!done) {
-          std::cerr << "dblock exec: dblock (pid " << dblock_pid
-                    << ") ended while the command ran; nobody renews the lease: sending the "
-                       "command's processes SIGTERM (SIGKILL after "
-                    << kill_after.count() << " ms)\n";
-          start_ending();
-        }
-      }
-      for (ssize_t i = 0; i < got; ++i) {
-        if (order[i] == 0)
-          start_ending();
-        else
-          signal_tree(self, order[i], false);
-      }
-    }
-  }
-  if (foreground) ::tcsetpgrp(STDIN_FILENO, dblock_group);  // SIGTTOU is ignored here
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  supervisor s(std::atoi(argv[2]), milliseconds(std::atoll(argv[3])));
+  if (!s.start(argv + 6, std::strtoull(argv[4], nullptr, 10))) return 70;
+  return s.run();
 }
 
 }  // namespace dblock::cli

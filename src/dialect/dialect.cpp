@@ -189,6 +189,7 @@ table_names make_table_names(const std::string& prefix) {
   t.waiters = prefix + "lock_waiter";
   t.semaphores = prefix + "semaphore";
   t.leaders = prefix + "leader";
+  t.runs = prefix + "job_run";
   validate_identifier(t.floor, "table name");
   validate_identifier(t.migrations, "table name");
   return t;

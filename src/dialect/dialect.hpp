@@ -54,6 +54,7 @@ struct table_names {
   std::string waiters;     // <prefix>lock_waiter
   std::string semaphores;  // <prefix>semaphore
   std::string leaders;     // <prefix>leader
+  std::string runs;        // <prefix>job_run
 };
 
 /// One migration file, as embedded at build time.

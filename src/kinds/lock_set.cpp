@@ -80,7 +80,7 @@ std::int64_t lock_set_guard::fence(const std::string& name) const {
   return lease(name).fence();
 }
 
-const cancellation& lock_set_guard::lost() const {
+cancellation lock_set_guard::lost() const {
   if (leases_.empty()) return detail::cancel_access::fired();
   if (!lost_tied_) {
     for (const auto& g : leases_) {

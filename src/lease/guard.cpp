@@ -294,7 +294,7 @@ int lease_guard::hold_count() const noexcept {
 bool lease_guard::valid() const noexcept {
   return state_ && state_->valid();
 }
-const cancellation& lease_guard::lost() const {
+cancellation lease_guard::lost() const {
   return state_ ? state_->end_signal() : detail::cancel_access::fired();
 }
 
@@ -331,25 +331,39 @@ void lease_guard::fenced(const std::function<void(soci::session&)>& write) {
   if (!state_) throw error(errc::not_owner, "fenced write: the guard holds no lease");
   auto& st = *state_;
   const std::string what = "fenced write under lease '" + st.name + "'";
-  const detail::call_deadline bound(st.call_bound(), st.call_bound_what());
-  if (st.session_mode) return st.pinned_fenced(write, what);
-  // One write transaction: the lock row is locked and checked, the caller's statements run,
-  // and COMMIT lands only while the lease is ours (a lost COMMIT reply is in_doubt).
-  bool lost = false;
+  if (st.session_mode) {
+    const detail::call_deadline bound(st.call_bound(), st.call_bound_what());
+    return st.pinned_fenced(write, what);
+  }
+  // the caller's statements: classified like dblock's (by with_session)
+  st.fenced_write([&](detail::session_scope& s) { write(s.sql()); }, what);
+}
+
+namespace detail {
+
+void lease_state::fenced_write(const std::function<void(session_scope&)>& write,
+                               const std::string& what) {
+  const call_deadline bound(call_bound(), call_bound_what());
+  if (session_mode) return pinned_write(write, what);
+  // One write transaction: the lock row is locked and checked, the statements run, and COMMIT
+  // lands only while the lease is ours (a lost COMMIT reply is in_doubt).
+  bool lost_now = false;
   try {
-    detail::write_transaction(st.db, what, std::nullopt, [&](detail::session_scope& s) {
-      auto fence = detail::lock_table::fenced_check(s, st.name, st.token);
-      if (!fence || *fence != st.fence) {
-        lost = true;
+    write_transaction(db, what, std::nullopt, [&](session_scope& s) {
+      auto f = lock_table::fenced_check(s, name, token);
+      if (!f || *f != fence) {
+        lost_now = true;
         throw error(errc::lease_lost, what + ": the lease is no longer ours; nothing was written");
       }
-      write(s.sql());  // the caller's statements: classified like dblock's (by with_session)
+      write(s);
     });
   } catch (const error& e) {
     // Reported once the transaction is over (the reason is read on another connection).
-    if (lost) st.mark_lost(e, st.read_loss());
+    if (lost_now) mark_lost(e, read_loss());
     throw;
   }
 }
+
+}  // namespace detail
 
 }  // namespace dblock

@@ -79,6 +79,10 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   /// lease_mode::session: gives the session lock back and the connection to the pool (the last
   /// hold); throws lease_lost when the session had ended.
   void pinned_release();
+  /// lease_guard::fenced(), with dblock's own statements: one write transaction that locks and
+  /// checks the lease row (or, in session mode, runs on the holding session), then `write`;
+  /// errc::lease_lost (nothing written, the loss reported) when the lease is no longer ours.
+  void fenced_write(const std::function<void(session_scope&)>& write, const std::string& what);
   /// lease_mode::session: lease_guard::fenced() on the holding session.
   void pinned_fenced(const std::function<void(soci::session&)>& write, const std::string& what);
   /// lease_mode::session: one write transaction on the holding session (pinned_fenced(), with

@@ -124,6 +124,17 @@ std::uint64_t reap_waiters(const std::shared_ptr<detail::database_impl>& db,
   });
 }
 
+// Runs of periodic jobs older than the retention: nothing decides on them any more (a slot is
+// decided by its own runs, all newer). Once-ever runs stay.
+std::uint64_t reap_runs(const std::shared_ptr<detail::database_impl>& db, const reaper_options& o) {
+  return retry(batch_retry_policy(), [&] {
+    return detail::write_transaction(
+        db, "reap old runs of periodic jobs", std::nullopt, [&](detail::session_scope& s) {
+          return static_cast<std::uint64_t>(detail::run_table::reap(s, o.retention));
+        });
+  });
+}
+
 }  // namespace
 
 reap_result reap_once(const database& db, const reaper_options& options) {
@@ -134,6 +145,7 @@ reap_result reap_once(const database& db, const reaper_options& options) {
   if (options.floor_grace.count() > 0) std::this_thread::sleep_for(options.floor_grace);
   delete_all(detail::access::impl(db), options, r, start, nullptr);
   r.waiters_reaped = reap_waiters(detail::access::impl(db), options);
+  r.runs_reaped = reap_runs(detail::access::impl(db), options);
   r.elapsed = std::chrono::duration_cast<microseconds>(clock_type::now() - start);
   return r;
 }
@@ -169,6 +181,7 @@ struct reaper::impl {
         }
         if (!stop_now) {
           r.waiters_reaped = reap_waiters(detail::access::impl(db), options);
+          r.runs_reaped = reap_runs(detail::access::impl(db), options);
           raise_floor(detail::access::impl(db), options.retention);
         }
       } catch (const error& e) {

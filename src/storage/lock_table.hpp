@@ -229,4 +229,37 @@ void announce(session_scope&, const std::string& name, const std::string& identi
 std::optional<announcement> read(session_scope&, const std::string& name);
 
 }  // namespace leader_table
+
+namespace run_table {
+
+/// One row of the runs table (runs.hpp), times in µs on the database clock (0: none).
+struct run_row {
+  std::string key;
+  std::int64_t slot = 0, fence = 0, period_ms = 0, pid = 0;
+  std::string host;
+  std::int64_t started_us = 0, ended_us = 0, forgotten_us = 0;
+  std::optional<int> exit_status;
+  bool succeeded = false;
+  std::string forgotten_by, forget_reason;
+};
+
+/// The database clock now, µs since the epoch.
+std::int64_t now_us(session_scope&);
+/// The success of `key` in `slot` that is not forgotten, if any.
+std::optional<run_row> done(session_scope&, const std::string& key, std::int64_t slot);
+/// A run row for the holder of `fence` (on `host`, process `pid`), started now.
+void start(session_scope&, const std::string& key, std::int64_t slot, std::int64_t fence,
+           std::int64_t period_ms, const std::string& host, std::int64_t pid);
+/// Inside the lease's fenced transaction: the run ends now with `status` (0: success).
+void finish(session_scope&, const std::string& key, std::int64_t slot, std::int64_t fence,
+            int status);
+/// The runs of `key` ("" every key), newest first, at most `limit`.
+std::vector<run_row> list(session_scope&, const std::string& key, std::size_t limit);
+/// Forgets the successes of `key` (a rerun may come); how many.
+long long forget(session_scope&, const std::string& key, const std::string& forgotten_by,
+                 const std::string& reason);
+/// Deletes the periodic runs started more than `retention` ago; how many.
+long long reap(session_scope&, std::chrono::milliseconds retention);
+
+}  // namespace run_table
 }  // namespace dblock::detail

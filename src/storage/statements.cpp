@@ -339,6 +339,43 @@ void leader_statements(lock_statements& s, const vocabulary& v, const table_name
                        {"name"});
 }
 
+void run_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  const std::string now = v.now();
+  s.run_now = make("run_now", "SELECT " + v.epoch_us(now), {});
+  s.run_done = make("run_done",
+                    "SELECT host, pid, fence, " + v.epoch_us("started_at") + ", " +
+                        v.epoch_us("ended_at") + " FROM " + t.runs +
+                        " WHERE run_key = :key AND slot = :slot AND succeeded = 1"
+                        " AND forgotten_at IS NULL ORDER BY fence LIMIT 1",
+                    {"key", "slot"});
+  s.run_start = make("run_start",
+                     "INSERT INTO " + t.runs +
+                         " (run_key, slot, fence, period_ms, host, pid, started_at, succeeded)"
+                         " VALUES (:key, :slot, :fence, :period, :host, :pid, " +
+                         now + ", 0)",
+                     {"key", "slot", "fence", "period", "host", "pid"});
+  s.run_finish = make("run_finish",
+                      "UPDATE " + t.runs + " SET ended_at = " + now +
+                          ", exit_status = :status, succeeded = :ok"
+                          " WHERE run_key = :key AND slot = :slot AND fence = :fence",
+                      {"status", "ok", "key", "slot", "fence"});
+  s.run_forget = make("run_forget",
+                      "UPDATE " + t.runs + " SET forgotten_at = " + now +
+                          ", forgotten_by = :by, forget_reason = :why"
+                          " WHERE run_key = :key AND succeeded = 1 AND forgotten_at IS NULL",
+                      {"by", "why", "key"});
+  // A periodic run goes once its slot ended more than the retention ago (a younger one may
+  // still be what makes its slot done).
+  s.run_reap =
+      make("run_reap",
+           "DELETE FROM " + t.runs + " WHERE period_ms > 0 AND (slot + 1) * period_ms * 1000 < " +
+               v.epoch_us(now) + " + :neg_retention",
+           {"neg_retention"});
+  s.run_list = "SELECT run_key, slot, fence, period_ms, host, pid, " + v.epoch_us("started_at") +
+               ", " + v.epoch_us("ended_at") + ", exit_status, succeeded, " +
+               v.epoch_us("forgotten_at") + ", forgotten_by, forget_reason FROM " + t.runs;
+}
+
 void semaphore_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   s.semaphore_declare =
       make("semaphore_declare",
@@ -403,6 +440,7 @@ lock_statements build_lock_statements(const dialect& d, const table_names& t) {
   id_statements(s, d.sql, t);
   semaphore_statements(s, d.sql, t);
   leader_statements(s, d.sql, t);
+  run_statements(s, d.sql, t);
   reaper_statements(s, d.sql, t);
   migration_statements(s, d.sql, t);
   return s;

@@ -162,6 +162,14 @@ struct lock_statements {
   statement leader_clear;     ///< name; the election's announcement row, whoever wrote it
   statement leader_announce;  ///< name, identity, fence; a new announcement row
   statement leader_read;      ///< name -> identity, fence, announced_at (epoch us)
+  // ---- job runs (runs.hpp) ---------------------------------------------------------------------
+  statement run_now;     ///< -> now (epoch us, the database clock)
+  statement run_done;    ///< key, slot -> the not forgotten success: host, pid, fence, start, end
+  statement run_start;   ///< key, slot, fence, period, host, pid; a run row, started now
+  statement run_finish;  ///< status, ok, key, slot, fence; the run row ends now
+  statement run_forget;  ///< by, why, key; its not forgotten successes are forgotten now
+  statement run_reap;    ///< neg_retention; periodic runs whose slot ended before now - retention
+  std::string run_list;  ///< SELECT ... FROM job_run (then WHERE ..., ORDER BY, LIMIT)
   // ---- migrations -----------------------------------------------------------------------------
   statement migrations_read;    ///< -> version, name, checksum
   statement migration_applied;  ///< v -> count

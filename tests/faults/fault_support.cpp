@@ -47,11 +47,6 @@ long long raw_monotonic_ns() {
   return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
-std::string faketime_lib() {
-  const char* p = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-  return ::access(p, R_OK) == 0 ? p : "";
-}
-
 long long log_lines(const workload& w, int from, int to, const std::string& k) {
   long long n = 0;
   for (int id = from; id < to; ++id) {

@@ -49,9 +49,6 @@ int count(int reduced, int full_count);
 /// CLOCK_MONOTONIC by a raw system call (not intercepted by libfaketime).
 long long raw_monotonic_ns();
 
-/// Path of libfaketime, or "" when it is not installed.
-std::string faketime_lib();
-
 /// What the proxy matches to find the lease acquire (or renew/release) request of `url`'s
 /// backend on the wire: PostgreSQL runs them as prepared statements, so after the first use only
 /// the statement name travels ("dblock_lease_acquire"); MySQL sends the SQL text every time.

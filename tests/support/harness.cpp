@@ -367,6 +367,11 @@ temp_dir::~temp_dir() {
   std::filesystem::remove_all(path, ec);
 }
 
+std::string faketime_lib() {
+  const char* p = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+  return ::access(p, R_OK) == 0 ? p : "";
+}
+
 void write_file_atomic(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp";
   {

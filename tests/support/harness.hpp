@@ -280,6 +280,9 @@ struct temp_dir {
   std::string file(const std::string& name) const { return path + "/" + name; }
 };
 
+/// libfaketime's library (Debian's faketime package), "" when it is not installed.
+std::string faketime_lib();
+
 /// Writes a whole file atomically (the reader never sees it half-written).
 void write_file_atomic(const std::string& path, const std::string& text);
 

@@ -1,0 +1,144 @@
+// Jobs that run once ever or once per slot (runs.hpp): a lease per key, the run's start and end
+// written in fenced transactions of that lease on the `job_run` table.
+#include "dblock/runs.hpp"
+
+#include <unistd.h>
+
+#include <exception>
+
+#include "core/identifier.hpp"
+#include "lease/lock_impl.hpp"
+#include "lease/state.hpp"
+#include "storage/lock_table.hpp"
+#include "storage/write_scope.hpp"
+
+namespace dblock {
+
+using detail::access;
+using detail::session_scope;
+using std::chrono::milliseconds;
+
+namespace {
+
+std::chrono::system_clock::time_point from_us(std::int64_t us) {
+  return std::chrono::system_clock::time_point(std::chrono::microseconds(us));
+}
+
+job_run to_job_run(const detail::run_table::run_row& r) {
+  job_run j;
+  j.key = r.key;
+  j.slot = r.slot;
+  j.fence = r.fence;
+  j.period = milliseconds(r.period_ms);
+  j.host = r.host;
+  j.pid = r.pid;
+  j.started_at = from_us(r.started_us);
+  if (r.ended_us != 0) j.ended_at = from_us(r.ended_us);
+  j.exit_status = r.exit_status;
+  j.succeeded = r.succeeded;
+  if (r.forgotten_us != 0) j.forgotten_at = from_us(r.forgotten_us);
+  j.forgotten_by = r.forgotten_by;
+  j.forget_reason = r.forget_reason;
+  return j;
+}
+
+// run_once() (period 0) and run_in_slot().
+run_result run_job(const database& db, const std::string& key, milliseconds period,
+                   const job_function& job, const run_options& o) {
+  lease_options lo = o.lease;
+  lo.watchdog = true;
+  lease_lock lock(db, key, lo);
+  std::optional<lease_guard> g;
+  run_result r;
+  try {
+    if (o.wait.count() > 0)
+      g.emplace(lock.acquire(o.wait, o.cancel));
+    else
+      g = lock.try_acquire();
+  } catch (const error& e) {
+    if (e.code() != errc::timeout) throw;
+  }
+  if (!g) return r;  // busy
+  auto& st = *detail::lease_access::state(*g);
+  const std::string what = "run of '" + detail::printable(key) + "'";
+  std::optional<detail::run_table::run_row> done;
+  // The slot, the check and the start in one fenced transaction, on the database clock.
+  st.fenced_write(
+      [&](session_scope& s) {
+        const std::int64_t now = detail::run_table::now_us(s);
+        const std::int64_t period_us = period.count() * 1000;
+        r.slot = period_us > 0 ? now / period_us : 0;
+        done = detail::run_table::done(s, key, r.slot);
+        if (!done)
+          detail::run_table::start(s, key, r.slot, st.fence, period.count(), detail::host_name(),
+                                   ::getpid());
+      },
+      "start the " + what);
+  if (done) {
+    r.what = run_result::outcome::done_already;
+    r.done_by = to_job_run(*done);
+    r.done_by->period = period;
+    g->release();
+    return r;
+  }
+  r.fence = g->fence();
+  int status = 1;
+  std::exception_ptr failure;
+  try {
+    status = job(*g, r.slot);
+  } catch (...) {
+    failure = std::current_exception();
+    status = 1;
+  }
+  // The end, under the same lease: a holder that lost it records nothing (lease_lost).
+  st.fenced_write(
+      [&](session_scope& s) { detail::run_table::finish(s, key, r.slot, st.fence, status); },
+      "record the end of the " + what);
+  g->release();
+  if (failure) std::rethrow_exception(failure);
+  r.what = run_result::outcome::ran;
+  r.status = status;
+  return r;
+}
+
+}  // namespace
+
+run_result run_once(const database& db, const std::string& key, const job_function& job,
+                    const run_options& o) {
+  return run_job(db, key, milliseconds(0), job, o);
+}
+
+run_result run_in_slot(const database& db, const std::string& name, milliseconds period,
+                       const job_function& job, const run_options& o) {
+  if (period.count() <= 0)
+    throw error(errc::invalid_argument, "run_in_slot: the period must be above zero");
+  return run_job(db, name, period, job, o);
+}
+
+std::vector<job_run> list_runs(const database& db, const std::string& key, std::size_t limit) {
+  if (limit < 1 || limit > 100000)
+    throw error(errc::invalid_argument, "list_runs: limit must be 1..100000");
+  if (!key.empty()) detail::validate_lease_name(key);
+  return detail::with_session(access::impl(db), "list runs", [&](session_scope& s) {
+    std::vector<job_run> out;
+    for (const auto& r : detail::run_table::list(s, key, limit))
+      out.push_back(to_job_run(r));
+    return out;
+  });
+}
+
+long long forget_runs(const database& db, const std::string& key, const std::string& reason,
+                      const std::string& forgotten_by) {
+  detail::validate_lease_name(key);
+  if (reason.size() > 1000)
+    throw error(errc::invalid_argument, "forget_runs: the reason is over 1000 bytes");
+  if (forgotten_by.size() > 255)
+    throw error(errc::invalid_argument, "forget_runs: forgotten_by is over 255 bytes");
+  detail::validate_text(reason, "forget_runs reason");
+  detail::validate_text(forgotten_by, "forget_runs forgotten_by");
+  return detail::write_transaction(
+      access::impl(db), "forget the runs of '" + detail::printable(key) + "'", std::nullopt,
+      [&](session_scope& s) { return detail::run_table::forget(s, key, forgotten_by, reason); });
+}
+
+}  // namespace dblock
