@@ -6,6 +6,7 @@
 
 #include <exception>
 
+#include "core/audit_text.hpp"
 #include "core/identifier.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
@@ -130,12 +131,7 @@ std::vector<job_run> list_runs(const database& db, const std::string& key, std::
 long long forget_runs(const database& db, const std::string& key, const std::string& reason,
                       const std::string& forgotten_by) {
   detail::validate_lease_name(key);
-  if (reason.size() > 1000)
-    throw error(errc::invalid_argument, "forget_runs: the reason is over 1000 bytes");
-  if (forgotten_by.size() > 255)
-    throw error(errc::invalid_argument, "forget_runs: forgotten_by is over 255 bytes");
-  detail::validate_text(reason, "forget_runs reason");
-  detail::validate_text(forgotten_by, "forget_runs forgotten_by");
+  detail::validate_audit_text(reason, forgotten_by, "forget_runs", "forgotten_by");
   return detail::write_transaction(
       access::impl(db), "forget the runs of '" + detail::printable(key) + "'", std::nullopt,
       [&](session_scope& s) { return detail::run_table::forget(s, key, forgotten_by, reason); });

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "core/audit_text.hpp"
 #include "core/identifier.hpp"
 #include "dblock/election.hpp"
 #include "dblock/semaphore.hpp"
@@ -136,12 +137,7 @@ std::vector<lock_info> list_locks(const database& db, const list_options& o) {
 forced_release force_release(const database& db, const std::string& name, const std::string& reason,
                              const std::string& forced_by) {
   detail::validate_lease_name(name);  // a semaphore permit's lease too
-  if (reason.size() > 1000)
-    throw error(errc::invalid_argument, "force_release: the reason is over 1000 bytes");
-  if (forced_by.size() > 255)
-    throw error(errc::invalid_argument, "force_release: forced_by is over 255 bytes");
-  detail::validate_text(reason, "force_release reason");
-  detail::validate_text(forced_by, "force_release forced_by");
+  detail::validate_audit_text(reason, forced_by, "force_release", "forced_by");
   // One write transaction: the takeover and its audit row commit together. A COMMIT whose reply
   // was lost is in_doubt (never retried here: a retry would bump the fence and audit twice).
   auto f = detail::write_transaction(
