@@ -200,8 +200,7 @@ class connector {
                            std::chrono::milliseconds timeout) const = 0;
 
   /// Begins a write transaction whose lock waits last at most `lock_timeout` (zero: do not
-  /// wait); without a timeout, the session's default applies. `st` is the connection's state,
-  /// `o` the database's options.
+  /// wait; none: the session's default). `st`: the connection's state; `o`: the options.
   virtual void begin(soci::session&, const connection_state& st, const database_options& o,
                      std::optional<std::chrono::milliseconds> lock_timeout) const;
   /// Commits the write transaction begin() began.
@@ -216,8 +215,7 @@ class connector {
   /// Undoes per-transaction session settings after COMMIT or ROLLBACK.
   virtual void end_transaction(soci::session&, const connection_state&,
                                const database_options&) const {}
-  /// Gives the session its default settings back before it is handed to the user
-  /// (database::connect()), where a backend keeps a transaction's settings for the next one.
+  /// Gives the session its default settings back before database::connect() hands it out.
   virtual void to_session_defaults(soci::session&, const connection_state&) const {}
   /// True (once) when the server answered the last COMMIT with success only because the
   /// deadline's cancel ended its wait for a synchronous standby: committed locally, maybe not
@@ -242,6 +240,8 @@ class connector {
   virtual bool session_migration_lock(const connection_state&) const { return true; }
   /// Why session leases cannot work on this server (Galera); nullptr: they can.
   virtual const char* session_lease_refusal(const connection_state&) const { return nullptr; }
+  /// True where a row lock is not certified across nodes (Galera): rows are locked by writes.
+  virtual bool locks_by_writing(const connection_state&) const { return false; }
   /// The migration lock for the open transaction only (released by its COMMIT or ROLLBACK).
   virtual void lock_migrations_in_transaction(soci::session&, const std::string&) const {}
   virtual void unlock_migrations(soci::session&, const std::string& key) const = 0;
@@ -280,6 +280,9 @@ class vocabulary {
   virtual std::string for_update() const { return " FOR UPDATE"; }
   virtual std::string for_update_nowait() const { return " FOR UPDATE NOWAIT"; }
   virtual std::string for_update_skip_locked() const { return " FOR UPDATE SKIP LOCKED"; }
+  /// Where connector::locks_by_writing(): an UPDATE that locks the lock rows matching `where`
+  /// by writing them; their fence comes back in the OK packet's insert id.
+  virtual std::string lock_by_writing(const table_names&, const std::string&) const { return {}; }
   /// After a table name: reach its rows by primary key only. MySQL's FORCE INDEX (PRIMARY):
   /// InnoDB locks every row a locking statement reads, so an UPDATE of a few named rows that
   /// scanned the expiry index would wait for rows other transactions hold.
@@ -322,8 +325,7 @@ class vocabulary {
   /// Fast leases (docs/fast-leases.md): `table` (the lock table's name) -> 1 when it is durable,
   /// 0 when a crash loses its writes (PostgreSQL: UNLOGGED). Empty where it is always durable.
   virtual std::string lock_table_durable() const { return {}; }
-  /// True where the lock table has no expiry index (PostgreSQL, migration 0010: HOT lease
-  /// writes): the reaper walks it in primary-key order.
+  /// True where the lock table has no expiry index (PostgreSQL 0010): reap in key order.
   virtual bool reap_in_key_order() const { return false; }
   /// The DDL making the lock table non-durable (the bool: fast) or durable again; empty where
   /// the backend has no such table (see no_fast_leases()).
@@ -344,8 +346,7 @@ class vocabulary {
    * MySQL: LAST_INSERT_ID() from the OK packet); the reserved IDs are [next_id - n, next_id).
    */
   virtual std::string id_reserve(const table_names&) const = 0;
-  /// Suffix of an INSERT that yields the generated `column` (MySQL: none; its value comes back
-  /// in the OK packet as the insert id).
+  /// Suffix of an INSERT that yields the generated `column` (MySQL: none; the OK packet's id).
   virtual std::string returning(const std::string& column) const { return " RETURNING " + column; }
   /// returning(), for an insert whose commit need not wait for durability (a fair-queue entry:
   /// one lost in a crash is made again by its waiter's next refresh). PostgreSQL: the commit
@@ -402,8 +403,7 @@ class vocabulary {
   /// would (:name, :token, :fence bound), for a head the releasing process could not ring.
   virtual std::string head_notify(const table_names&) const { return {}; }
   virtual std::string bell_ring() const { return {}; }
-  /// The same session id as a query (:name, :token bound), for a release that did not go
-  /// through the lease release statement (a forced release). Empty elsewhere.
+  /// The same session id as a query (:name, :token) for a forced release. Empty elsewhere.
   virtual std::string head_sleeper(const table_names&) const { return {}; }
   /// Every live entry of broadcast queue :name (doorbell.hpp): owner token, bell, and the session
   /// to interrupt for it (MySQL's sleeper; else 0). PostgreSQL notifies each entry right here.

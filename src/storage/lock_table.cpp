@@ -247,6 +247,11 @@ std::optional<lease_row> read(session_scope& s, const std::string& name) {
 
 std::optional<std::int64_t> fenced_check(session_scope& s, const std::string& name,
                                          const std::string& token) {
+  if (s.dia().conn.locks_by_writing(s.state())) {
+    const sql_result r = s.run(s.statements().fenced_check_write, {name, token});
+    if (r.affected == 1 && r.insert_id > 0) return r.insert_id;
+    return std::nullopt;
+  }
   const sql_result r = s.run(s.statements().fenced_check, {name, token});
   if (r.empty() || r.is_null(0, 0)) return std::nullopt;
   return r.integer(0, 0);
@@ -266,7 +271,11 @@ bool lock_row(session_scope& s, const std::string& name, lock_wait mode) {
   const bool wait = mode == lock_wait::wait;
   const statement& select = wait ? s.statements().lock_wait : s.statements().lock_skip_locked;
   for (int round = 0; round < 2; ++round) {
-    if (!s.run(select, {name}).empty()) return true;
+    if (!s.run(select, {name}).empty()) {
+      // Ours; where a lock is not certified across nodes (Galera), it is taken by a write too.
+      if (s.dia().conn.locks_by_writing(s.state())) s.run(s.statements().lock_write, {name});
+      return true;
+    }
     if (!wait && s.run(s.statements().exists, {name}).integer(0, 0) > 0) return false;
     // Removed (by a reaper) since it was created: create it inside the transaction.
     s.run(s.statements().insert_free, {name});

@@ -20,6 +20,19 @@ const char* const ours_and_held =
     " WHERE resource_name = :name AND owner_token = :token AND fence = :fence"
     " AND hold_count > 0 AND expires_at > ";
 
+// The fenced-write check: the caller's unexpired grant, its row locked (by a write where a lock
+// alone is not certified across nodes: connector::locks_by_writing()).
+void fenced_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
+  const std::string ours =
+      "resource_name = :name AND owner_token = :token AND hold_count > 0"
+      " AND expires_at > " +
+      v.now();
+  s.fenced_check =
+      make("fenced_check", "SELECT fence FROM " + t.lock + " WHERE " + ours + v.for_update(),
+           {"name", "token"});
+  s.fenced_check_write = make("fenced_check_write", v.lock_by_writing(t, ours), {"name", "token"});
+}
+
 void lease_statements(lock_statements& s, const vocabulary& v, const table_names& t) {
   const std::string now = v.now();
   s.acquire = routine("lease_acquire", v.lease_acquire(t, false),
@@ -61,12 +74,7 @@ void lease_statements(lock_statements& s, const vocabulary& v, const table_names
                     v.epoch_us(now) + ", holder_host, holder_pid, holder_thread FROM " + t.lock +
                     " WHERE resource_name = :name",
                 {"name"});
-  s.fenced_check = make("fenced_check",
-                        "SELECT fence FROM " + t.lock +
-                            " WHERE resource_name = :name AND owner_token = :token AND"
-                            " hold_count > 0 AND expires_at > " +
-                            now + v.for_update(),
-                        {"name", "token"});
+  fenced_statements(s, v, t);
   const std::string held_now = " WHERE hold_count > 0 AND expires_at > " + now;
   s.renew_batch_select = "SELECT resource_name, owner_token, fence FROM " + t.lock +
                          v.by_primary_key() + held_now + " AND resource_name IN (";
@@ -190,6 +198,7 @@ void row_statements(lock_statements& s, const vocabulary& v, const table_names& 
   const std::string select = "SELECT 1 FROM " + t.lock + " WHERE resource_name = :name";
   s.lock_wait = make("lock_wait", select + v.for_update(), {"name"});
   s.lock_skip_locked = make("lock_skip_locked", select + v.for_update_skip_locked(), {"name"});
+  s.lock_write = make("lock_write", v.lock_by_writing(t, "resource_name = :name"), {"name"});
 }
 
 void session_statements(lock_statements& s, const vocabulary& v, const table_names& t) {

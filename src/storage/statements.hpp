@@ -42,6 +42,8 @@ struct lock_statements {
   statement read;  ///< name -> the row and the database clock
   /// name, token -> fence, locking the row (inside a write transaction): the fenced-write check
   statement fenced_check;
+  /// fenced_check by a write (connector::locks_by_writing()): the fence in the OK packet
+  statement fenced_check_write;
   /// table -> 1 when the lock table is durable, 0 when a crash may lose its writes (PostgreSQL:
   /// UNLOGGED). Empty text where it is always durable.
   statement lock_durable;
@@ -122,6 +124,7 @@ struct lock_statements {
   statement exists;            ///< name -> count (a plain read, takes no lock)
   statement insert_free;       ///< name; a free row above the floor unless it exists
   statement lock_wait;         ///< name -> 1, FOR UPDATE
+  statement lock_write;        ///< name: locked by a write (connector::locks_by_writing())
   statement lock_skip_locked;  ///< name -> 1, FOR UPDATE SKIP LOCKED
   // ---- administration -------------------------------------------------------------------------
   statement force_read;    ///< name -> owner, fence, holds, host, pid, expires, now (locking)

@@ -54,6 +54,9 @@ class connector final : public detail::connector {
                        const std::string& key) const override;
   void unlock_migrations(soci::session&, const std::string& key) const override;
   const char* session_lease_refusal(const connection_state& st) const override;
+  bool locks_by_writing(const connection_state& st) const override {
+    return static_cast<const state&>(st).galera;
+  }
 };
 
 /// Wake-ups through a sleeping connection that the releasing process interrupts (doorbell.cpp).
@@ -82,6 +85,7 @@ class vocabulary final : public detail::vocabulary {
     return c;
   }
   fence_check check_fence_native(const table_names& t) const override;
+  std::string lock_by_writing(const table_names& t, const std::string& where) const override;
   session_texts session_leases(const table_names& t) const override;
   std::string no_fast_leases() const override {
     return "MySQL and MariaDB flush the log at commit for the whole server "

@@ -87,6 +87,18 @@ std::string vocabulary::queue_ring_all(const table_names& t) const {
          " w WHERE w.resource_name = :name AND w.expires_at > " + now();
 }
 
+std::string vocabulary::lock_by_writing(const table_names& t, const std::string& where) const {
+  // On Galera, a write, not a locking read: Galera certifies the rows a transaction wrote, not
+  // the ones it locked (migration 0019). With FOR UPDATE alone, a fenced transaction on one node
+  // whose COMMIT was certified before that node applied another node's takeover of the lease
+  // committed (5 of 300 tries on the test cluster; 0 of 2,000 with the write), and two row locks
+  // of one name on two nodes both committed (100 of 100). `touches` changes on every lock, so
+  // the row is in the write set; the fence comes back through LAST_INSERT_ID(expr). Not on one
+  // server, where FOR UPDATE holds: the write costs 90 us more per fenced transaction there.
+  return "UPDATE " + t.lock + " SET touches = touches + 1, fence = LAST_INSERT_ID(fence) WHERE " +
+         where;
+}
+
 vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) const {
   return {"CALL " + t.prefix + "dblock_check_fence(?, ?)", false};
 }
