@@ -29,7 +29,8 @@ struct two_nodes {
     dblock::migrate(db1);  // tables and routines, replicated to every node
     rows = ctx.prefix + "cert_rows";
     dblock::transaction t(db1);
-    t.session() << "CREATE TABLE IF NOT EXISTS " + rows + " (id INT PRIMARY KEY, node INT NOT NULL)";
+    t.session() << "CREATE TABLE IF NOT EXISTS " + rows +
+                       " (id INT PRIMARY KEY, node INT NOT NULL)";
     t.commit();
   }
   static dblock::database_options options(const dblock::test::context& ctx) {
@@ -112,8 +113,8 @@ DBLOCK_TEST_ONLY("mysql",
     make.commit();
   }
   n.count(n.db3, 0);  // node 3 has applied the row
-  const std::string lock = "SELECT 1 FROM " + ctx.prefix +
-                           "resource_lock WHERE resource_name = '" + name + "' FOR UPDATE";
+  const std::string lock = "SELECT 1 FROM " + ctx.prefix + "resource_lock WHERE resource_name = '" +
+                           name + "' FOR UPDATE";
   int both = 0;
   for (int i = 0; i < 3; ++i) {
     dblock::transaction t1(n.db1);
