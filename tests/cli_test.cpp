@@ -1095,28 +1095,40 @@ DBLOCK_TEST("cli exec --once: a failed first run is retried by exactly one waite
 }
 
 // The runner is killed (kill -9 of dblock): its tree ends, its run has no end, and the next
-// waiter runs the command once the lease expired, after the killed run's last beat.
-DBLOCK_TEST("cli exec --once: a killed runner's run is retried, never at the same time",
+// waiter runs the command once the lease expired, after the killed run's last beat. For --once
+// and for --every (a slot of 87600 h, ten years: the test never straddles its end).
+DBLOCK_TEST("cli exec --once / --every: a killed runner's run is retried, never at the same time",
             "[cli][runs]") {
-  dblock::test::temp_dir dir("exec-once-kill");
-  const std::string key = "once-" + dblock::test::random_suffix();
-  cli_process first(
-      exec_args(ctx, {"--once", key, "--ttl", "3s", "--", "sh", "-c", tree_command(dir)}));
-  REQUIRE(wait_pids(dir.file("pids"), 2).size() == 2);
-  REQUIRE(dblock::test::wait_for_file(dir.file("beats"), std::chrono::seconds(30)));
-  ::kill(first.pid(), SIGKILL);
-  auto second = run_cli(exec_args(ctx, {"--once", key, "--wait", "120s", "--", "sh", "-c",
-                                        "date +%s%N > " + dir.file("second")}),
-                        std::chrono::seconds(150));
-  INFO(second.output);
-  REQUIRE(second.status == 0);
-  CHECK(last_beat(dir) < std::stoll(dblock::test::read_file(dir.file("second"))));
-  const auto recorded = dblock::list_runs(ctx.db, key);
-  REQUIRE(recorded.size() == 2);
-  CHECK(recorded[0].succeeded);
-  CHECK_FALSE(recorded[1].ended_at.has_value());  // the killed run recorded no end
-  // Done now: a third exits 0 without running.
-  CHECK(run_cli(exec_args(ctx, {"--once", key, "--", "false"})).status == 0);
+  for (const bool every : {false, true}) {
+    INFO((every ? "--every" : "--once"));
+    dblock::test::temp_dir dir("exec-run-kill");
+    const std::string key = "run-" + dblock::test::random_suffix();
+    const std::vector<std::string> run =
+        every ? std::vector<std::string>{"--every", "87600h", "--lock", key}
+              : std::vector<std::string>{"--once", key};
+    auto with = [&](std::vector<std::string> rest) {
+      std::vector<std::string> a = run;
+      a.insert(a.end(), rest.begin(), rest.end());
+      return exec_args(ctx, a);
+    };
+    cli_process first(with({"--ttl", "3s", "--", "sh", "-c", tree_command(dir)}));
+    REQUIRE(wait_pids(dir.file("pids"), 2).size() == 2);
+    REQUIRE(dblock::test::wait_for_file(dir.file("beats"), std::chrono::seconds(30)));
+    ::kill(first.pid(), SIGKILL);
+    auto second =
+        run_cli(with({"--wait", "120s", "--", "sh", "-c", "date +%s%N > " + dir.file("second")}),
+                std::chrono::seconds(150));
+    INFO(second.output);
+    REQUIRE(second.status == 0);
+    CHECK(last_beat(dir) < std::stoll(dblock::test::read_file(dir.file("second"))));
+    const auto recorded = dblock::list_runs(ctx.db, key);
+    REQUIRE(recorded.size() == 2);
+    CHECK(recorded[0].succeeded);
+    CHECK(recorded[0].slot == recorded[1].slot);    // retried in the same slot
+    CHECK_FALSE(recorded[1].ended_at.has_value());  // the killed run recorded no end
+    // Done now: a third exits 0 without running.
+    CHECK(run_cli(with({"--", "false"})).status == 0);
+  }
 }
 
 // `dblock runs` lists them; --forget lets the key run again (audited: who, when, why).

@@ -2,13 +2,16 @@
 
 /// @file
 /// @brief Jobs that run once ever or once per slot of the database clock, across every process
-/// that calls them: run_once(), run_in_slot(), and their record, list_runs() and forget_runs()
-/// (docs/run-once.md; `dblock exec --once` / `--every` from the shell).
+/// that calls them: run_once(), run_in_slot(), periodic_runner (a replica's own schedule),
+/// complete_run(), and their record, list_runs() and forget_runs() (docs/run-once.md;
+/// `dblock exec --once` / `--every` from the shell).
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,6 +103,85 @@ run_result run_once(const database& db, const std::string& key, const job_functi
 run_result run_in_slot(const database& db, const std::string& name,
                        std::chrono::milliseconds period, const job_function& job,
                        const run_options& o = {});
+
+/**
+ * @brief Inside a job of run_once(), run_in_slot() or a periodic_runner: runs `write` and
+ * records the run's success in one fenced transaction of its lease, so that the job's last write
+ * and its completion commit together or not at all.
+ *
+ * Without it, a job that made its last fenced write and then lost its lease (or its process)
+ * before the end was recorded leaves the run not done, and the next caller runs the job again
+ * after the write had landed. With it, the run is done exactly when the write landed. Call it
+ * at most once, as the job's last step; the status the job returns afterwards is ignored (the
+ * run succeeded), and an exception the job throws afterwards is rethrown without changing the
+ * record. `lease` is the guard the job was given.
+ * @throws dblock::error errc::not_owner when `lease` is not the lease of a job running on this
+ *         thread, or the run was completed already; as lease_guard::fenced() otherwise
+ *         (errc::lease_lost: nothing was written, the run is not done).
+ */
+void complete_run(lease_guard& lease, const std::function<void(soci::session&)>& write);
+
+/// How a periodic_runner runs its job.
+struct periodic_options {
+  /// The lease of each run and how long a replica waits while another one runs the slot's job
+  /// (run.wait; 0: it tries again after `retry_after` and then finds the slot done). run.cancel
+  /// is the runner's own: set it to stop the runner from outside as stop() does.
+  run_options run;
+  /// How long after a failed try (a database error before the job ran, or another replica
+  /// running it past run.wait) the runner tries the same slot again.
+  std::chrono::milliseconds retry_after{1000};
+  /// Called on the runner's thread with what a try threw: a database error (the slot is tried
+  /// again after retry_after) or the job's own exception (the run failed; recorded as status 1).
+  /// Must not throw. Without it, errors are only counted (periodic_stats::errors).
+  std::function<void(std::exception_ptr)> on_error;
+};
+
+/// What a periodic_runner did so far.
+struct periodic_stats {
+  std::uint64_t ran = 0;             ///< runs of the job in this runner, whatever their status
+  std::uint64_t succeeded = 0;       ///< of those, the ones recorded as successes
+  std::uint64_t done_elsewhere = 0;  ///< slots this runner found done by another replica
+  std::uint64_t busy = 0;            ///< tries that found another replica running the job
+  std::uint64_t errors = 0;          ///< tries that threw (on_error saw each)
+  std::int64_t last_slot = -1;       ///< the slot of the last try that reached the database
+};
+
+/**
+ * @brief Runs `job` once per slot of `period` across every replica that runs a periodic_runner
+ * of the same name: a thread that wakes at the start of each slot of the database clock and
+ * calls run_in_slot() (docs/run-once.md). Start one in every replica of a service; one replica
+ * runs each slot, the others find it done.
+ *
+ * A slot in which every replica was stopped or unreachable is not made up later. A run whose job
+ * failed is not tried again by the same runner in that slot (another replica's runner, arriving
+ * later in the slot, does run it). The job runs on the runner's thread with the guard of the
+ * slot's lease; stopping() tells it that the runner is being stopped.
+ * Thread-safety: stop() and stats() may be called from any thread.
+ */
+class periodic_runner {
+ public:
+  /// Starts the runner's thread. @throws dblock::error errc::invalid_argument when `period` is
+  /// not above zero or `name` is not a valid lease name; std::system_error when no thread starts.
+  periodic_runner(const database& db, std::string name, std::chrono::milliseconds period,
+                  job_function job, periodic_options o = {});
+  /// stop().
+  ~periodic_runner();
+  periodic_runner(const periodic_runner&) = delete;
+  periodic_runner& operator=(const periodic_runner&) = delete;
+
+  /// Stops the runner: its waits end at once, a job in progress runs to its end (it may watch
+  /// stopping()), and the thread is joined. Idempotent. Throws nothing. Called from the job
+  /// itself, it only requests the stop (the runner must then outlive the job's return).
+  void stop() noexcept;
+  /// Fires when stop() is called, for the job to end early.
+  const cancellation& stopping() const noexcept;
+  /// Counts so far. Throws nothing.
+  periodic_stats stats() const noexcept;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
 
 /**
  * @brief The recorded runs of `key` ("" for every key), newest first, at most `limit`.

@@ -43,6 +43,27 @@ job_run to_job_run(const detail::run_table::run_row& r) {
   return j;
 }
 
+// The run of the job running on this thread, for complete_run().
+struct current_run {
+  const detail::lease_state* lease = nullptr;
+  std::string key;
+  std::int64_t slot = 0;
+  bool completed = false;
+};
+thread_local current_run* this_thread_run = nullptr;
+
+// Sets this_thread_run for the job's call, and restores the outer one (a job may run another).
+class run_scope {
+ public:
+  explicit run_scope(current_run& r) : outer_(this_thread_run) { this_thread_run = &r; }
+  ~run_scope() { this_thread_run = outer_; }
+  run_scope(const run_scope&) = delete;
+  run_scope& operator=(const run_scope&) = delete;
+
+ private:
+  current_run* outer_;
+};
+
 // run_once() (period 0) and run_in_slot().
 run_result run_job(const database& db, const std::string& key, milliseconds period,
                    const job_function& job, const run_options& o) {
@@ -69,7 +90,7 @@ run_result run_job(const database& db, const std::string& key, milliseconds peri
         const std::int64_t now = detail::run_table::now_us(s);
         const std::int64_t period_us = period.count() * 1000;
         r.slot = period_us > 0 ? now / period_us : 0;
-        done = detail::run_table::done(s, key, r.slot);
+        done = detail::run_table::done(s, key, r.slot, period.count());
         if (!done)
           detail::run_table::start(s, key, r.slot, st.fence, period.count(), detail::host_name(),
                                    ::getpid());
@@ -78,23 +99,28 @@ run_result run_job(const database& db, const std::string& key, milliseconds peri
   if (done) {
     r.what = run_result::outcome::done_already;
     r.done_by = to_job_run(*done);
-    r.done_by->period = period;
     g->release();
     return r;
   }
   r.fence = g->fence();
   int status = 1;
   std::exception_ptr failure;
+  current_run run{&st, key, r.slot, false};
   try {
+    const run_scope scope(run);
     status = job(*g, r.slot);
   } catch (...) {
     failure = std::current_exception();
     status = 1;
   }
-  // The end, under the same lease: a holder that lost it records nothing (lease_lost).
-  st.fenced_write(
-      [&](session_scope& s) { detail::run_table::finish(s, key, r.slot, st.fence, status); },
-      "record the end of the " + what);
+  if (run.completed) {
+    status = 0;  // complete_run() recorded the success with the job's last write
+  } else {
+    // The end, under the same lease: a holder that lost it records nothing (lease_lost).
+    st.fenced_write(
+        [&](session_scope& s) { detail::run_table::finish(s, key, r.slot, st.fence, status); },
+        "record the end of the " + what);
+  }
   g->release();
   if (failure) std::rethrow_exception(failure);
   r.what = run_result::outcome::ran;
@@ -103,6 +129,22 @@ run_result run_job(const database& db, const std::string& key, milliseconds peri
 }
 
 }  // namespace
+
+void complete_run(lease_guard& lease, const std::function<void(soci::session&)>& write) {
+  current_run* run = this_thread_run;
+  detail::lease_state* st = detail::lease_access::state(lease).get();
+  if (!run || !st || run->lease != st)
+    throw error(errc::not_owner,
+                "complete_run: the guard is not the lease of a job running on this thread");
+  if (run->completed) throw error(errc::not_owner, "complete_run: the run is completed already");
+  st->fenced_write(
+      [&](session_scope& s) {
+        write(s.sql());
+        detail::run_table::finish(s, run->key, run->slot, st->fence, 0);
+      },
+      "complete the run of '" + detail::printable(run->key) + "'");
+  run->completed = true;
+}
 
 run_result run_once(const database& db, const std::string& key, const job_function& job,
                     const run_options& o) {

@@ -245,8 +245,9 @@ struct run_row {
 
 /// The database clock now, µs since the epoch.
 std::int64_t now_us(session_scope&);
-/// The success of `key` in `slot` that is not forgotten, if any.
-std::optional<run_row> done(session_scope&, const std::string& key, std::int64_t slot);
+/// The success of `key` in `slot` of `period_ms` (0: once ever) that is not forgotten, if any.
+std::optional<run_row> done(session_scope&, const std::string& key, std::int64_t slot,
+                            std::int64_t period_ms);
 /// A run row for the holder of `fence` (on `host`, process `pid`), started now.
 void start(session_scope&, const std::string& key, std::int64_t slot, std::int64_t fence,
            std::int64_t period_ms, const std::string& host, std::int64_t pid);

@@ -15,12 +15,15 @@ std::int64_t now_us(session_scope& s) {
   return r.integer(0, 0);
 }
 
-std::optional<run_row> done(session_scope& s, const std::string& key, std::int64_t slot) {
-  const sql_result r = s.run(s.statements().run_done, {key, static_cast<long long>(slot)});
+std::optional<run_row> done(session_scope& s, const std::string& key, std::int64_t slot,
+                            std::int64_t period_ms) {
+  const sql_result r = s.run(s.statements().run_done, {key, static_cast<long long>(slot),
+                                                       static_cast<long long>(period_ms)});
   if (r.empty()) return std::nullopt;
   run_row row;
   row.key = key;
   row.slot = slot;
+  row.period_ms = period_ms;
   row.host = r.text(0, 0);
   row.pid = r.integer(0, 1);
   row.fence = r.integer(0, 2);

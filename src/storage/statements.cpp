@@ -354,9 +354,9 @@ void run_statements(lock_statements& s, const vocabulary& v, const table_names& 
   s.run_done = make("run_done",
                     "SELECT host, pid, fence, " + v.epoch_us("started_at") + ", " +
                         v.epoch_us("ended_at") + " FROM " + t.runs +
-                        " WHERE run_key = :key AND slot = :slot AND succeeded = 1"
-                        " AND forgotten_at IS NULL ORDER BY fence LIMIT 1",
-                    {"key", "slot"});
+                        " WHERE run_key = :key AND slot = :slot AND period_ms = :period AND"
+                        " succeeded = 1 AND forgotten_at IS NULL ORDER BY fence LIMIT 1",
+                    {"key", "slot", "period"});
   s.run_start = make("run_start",
                      "INSERT INTO " + t.runs +
                          " (run_key, slot, fence, period_ms, host, pid, started_at, succeeded)"
