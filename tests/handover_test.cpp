@@ -10,6 +10,7 @@
 // on at once; a head that died holds it until its TTL runs out, then the queue moves on.
 #include <soci/soci.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -148,8 +149,10 @@ struct queued_holder {
     const bool pooled = ctx.url.find("pooler=transaction") != std::string::npos;  // no rings
     h.start(ctx.db, name, waiting(fair, milliseconds(pooled ? 100 : 20000)), milliseconds(30000));
     REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+    const long long cap = std::max(5000LL, 2 * scaled_bound_ms(ctx.db, 2000));
     x->release();
-    REQUIRE(h.await(milliseconds(5000)));
+    INFO("H given up on after " << cap << " ms");
+    REQUIRE(h.await(milliseconds(cap)));
   }
 };
 
@@ -168,18 +171,21 @@ void hand_over_case(const dblock::test::context& ctx, bool fair, bool own_handle
   w.start(own_handle ? ctx.open(ctx.options()) : ctx.db, name,
           waiting(head_fair, milliseconds(pooled ? 100 : 20000)), milliseconds(30000));
   REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+  const long long bound = scaled_bound_ms(ctx.db, 2000);
   // Past W's re-check after joining (PostgreSQL reads again within 10 ms): a read that lands
   // between the handover's commit and its ring finds the lease W's and takes it with W's own
   // acquire (correct, and the lost-ring test's path), which names W's thread.
   std::this_thread::sleep_for(milliseconds(200));
   const long long released = monotonic_ns();
   q.h.release.store(true);
-  const bool got = w.await(milliseconds(5000));
+  const bool got = w.await(milliseconds(std::max(5000LL, 2 * bound)));
   q.h.finish();
-  INFO("H: " << q.h.error << "; W: " << w.error);
+  INFO("H: " << q.h.error << "; W: " << w.error << "; W got it "
+             << (w.at_ns.load() - released) / ns_per_ms << " ms after the release; bound " << bound
+             << " ms");
   REQUIRE(got);
   if (!pooled)  // rung (poll_max 20 s)
-    CHECK((w.at_ns.load() - released) / ns_per_ms < scaled_bound_ms(ctx.db, 2000));
+    CHECK((w.at_ns.load() - released) / ns_per_ms < bound);
   const lock_row r = read_row(ctx, name);
   CHECK(r.owner == w.token);
   CHECK(r.fence == q.h.fence + 1);
@@ -233,6 +239,7 @@ DBLOCK_TEST("a fair reentrant holder's inner release hands nothing over; its las
   waiter w;
   w.start(ctx.open(ctx.options()), name, waiting(true, poll_max), milliseconds(30000));
   REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+  const long long bound = scaled_bound_ms(ctx.db, 2000);
   std::this_thread::sleep_for(milliseconds(200));  // past W's re-check after joining
   inner->release();
   std::this_thread::sleep_for(milliseconds(500));  // W would have been rung and have taken it
@@ -244,11 +251,12 @@ DBLOCK_TEST("a fair reentrant holder's inner release hands nothing over; its las
   const std::int64_t fence = outer.fence();
   const long long released = monotonic_ns();
   outer.release();
-  const bool got = w.await(milliseconds(5000));
-  INFO("W: " << w.error);
+  const bool got = w.await(milliseconds(std::max(5000LL, 2 * bound)));
+  INFO("W: " << w.error << "; got it " << (w.at_ns.load() - released) / ns_per_ms
+             << " ms after the release; bound " << bound << " ms");
   REQUIRE(got);
   if (!pooled)  // rung
-    CHECK((w.at_ns.load() - released) / ns_per_ms < scaled_bound_ms(ctx.db, 2000));
+    CHECK((w.at_ns.load() - released) / ns_per_ms < bound);
   const lock_row r = read_row(ctx, name);
   CHECK(r.owner == w.token);
   CHECK(r.fence == fence + 1);
@@ -271,6 +279,8 @@ DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
   waiter w;
   w.start(ctx.open(ctx.options()), name, waiting(true, milliseconds(1500)), milliseconds(30000));
   REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(10000)));
+  // W's next poll (1.5 s) with a slack at the machine's pace, twice over.
+  const long long cap = std::max(5000LL, 2 * scaled_bound_ms(ctx.db, 2000));
   std::string entry_token;  // W's queue entry's
   {
     auto c = ctx.db.connect();
@@ -284,9 +294,9 @@ DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
   // Handed over by the release (the row W's, no thread named) before W's next poll finds it.
   const lock_row handed = read_row(ctx, name);
   const bool early = !w.got.load();
-  const bool got = w.await(milliseconds(5000));
+  const bool got = w.await(milliseconds(cap));
   q.h.finish();
-  INFO("W: " << w.error);
+  INFO("W: " << w.error << "; given up on after " << cap << " ms");
   REQUIRE(got);
   const lock_row r = read_row(ctx, name);
   CHECK(r.owner == w.token);
@@ -374,7 +384,9 @@ DBLOCK_TEST_ON_TWO("postgresql", "sqlite",
       soci::use(name), soci::into(dead_bell);
   c.session() << "UPDATE " << lock << " SET hold_count = 0 WHERE resource_name = :n",
       soci::use(name);
-  REQUIRE(h.await(milliseconds(5000)));  // H came through the queue: fence 8
+  const long long cap = std::max(5000LL, 2 * scaled_bound_ms(ctx.db, 2000));
+  INFO("H given up on after " << cap << " ms");
+  REQUIRE(h.await(milliseconds(cap)));  // H came through the queue: fence 8
   c.session() << "INSERT INTO " << queue
               << " (resource_name, owner_token, enqueued_at, expires_at, holder_host, holder_pid,"
                  " bell, grant_ttl_us) VALUES (:n, 'eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee', "

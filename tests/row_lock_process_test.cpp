@@ -237,9 +237,11 @@ void killed_holder(dblock::test::context& ctx, const std::string& mode) {
   // succeed after the kill).
   auto probe =
       std::async(std::launch::async, [f = try_mode(ctx.db, mode, target)] { return timed(f); });
-  bool probe_in_time = probe.wait_for(std::chrono::seconds(1)) == std::future_status::ready;
+  bool probe_in_time = probe.wait_for(milliseconds(no_wait_ms)) == std::future_status::ready;
   std::optional<outcome> before;
   if (probe_in_time) before = probe.get();
+  INFO("the try while the holder lives " << (probe_in_time ? "ended" : "did not end") << " within "
+                                         << no_wait_ms << " ms");
   CHECK(probe_in_time);
   if (before) {
     INFO("try while the holder lives: " << describe(*before));

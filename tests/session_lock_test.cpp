@@ -236,12 +236,16 @@ DBLOCK_TEST_SERVERS(
   auto g = holder.try_acquire();
   REQUIRE(g);
   dblock::lease_lock waiter(ctx.db, name, session_mode());
+  const long long timeout_bound = scaled_bound_ms(ctx.db, 1400);
+  const long long cancel_bound = scaled_bound_ms(ctx.db, 3000);
   auto t0 = std::chrono::steady_clock::now();
   CHECK(dblock::test::code_of([&] { (void)waiter.acquire(std::chrono::milliseconds(400)); }) ==
         dblock::errc::timeout);
   auto took = std::chrono::steady_clock::now() - t0;
+  INFO("timed out after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                          << " ms; bound " << timeout_bound << " ms");
   CHECK(took >= std::chrono::milliseconds(350));
-  CHECK(took < std::chrono::milliseconds(1400));
+  CHECK(took < std::chrono::milliseconds(timeout_bound));
 
   dblock::cancellation cancel;
   std::thread canceller([&] {
@@ -255,7 +259,9 @@ DBLOCK_TEST_SERVERS(
         }) == dblock::errc::cancelled);
   took = std::chrono::steady_clock::now() - t0;
   canceller.join();
-  CHECK(took < std::chrono::seconds(3));
+  INFO("cancelled after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                          << " ms; bound " << cancel_bound << " ms");
+  CHECK(took < std::chrono::milliseconds(cancel_bound));
   // Neither wait left a waiter behind, nor a lock once the holder has released it.
   CHECK(eventually([&] { return session_waiters(ctx, name) == 0; }, std::chrono::seconds(5)));
   CHECK(session_holders(ctx, name) == 1);
@@ -369,10 +375,13 @@ DBLOCK_TEST_SERVERS(
   const long long stale = std::stoll(read_file(report));
   dblock::lease_lock lock(ctx.db, name, session_mode());
   CHECK_FALSE(lock.try_acquire());  // the control: held while the paused holder's session lives
+  const long long bound = scaled_bound_ms(ctx.db, 2000);
   const auto t0 = std::chrono::steady_clock::now();
   auto g = lock.acquire(std::chrono::seconds(10));  // free once the server ends the idle session
   const auto took = std::chrono::steady_clock::now() - t0;
-  CHECK(took < std::chrono::seconds(2));  // within the TTL (1 s) + 1 s
+  INFO("taken after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms; bound " << bound << " ms");
+  CHECK(took < std::chrono::milliseconds(bound));  // within the TTL (1 s) + 1 s, scaled
   CHECK(g.fence() > stale);
   write_file_atomic(go, "go\n");
   REQUIRE(::kill(pid, SIGCONT) == 0);

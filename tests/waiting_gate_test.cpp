@@ -90,6 +90,7 @@ DBLOCK_TEST("local gate: a holder whose lease ran out keeps no local waiter out"
   ho.ttl = milliseconds(400);
   ho.watchdog = false;
   dblock::lease_lock holder(ctx.db, name, ho);
+  const long long bound = scaled_bound_ms(ctx.db, 2500);
   const long long taken = monotonic_ns();
   auto h = holder.acquire(std::chrono::seconds(5));  // through the gate, which it keeps
   long long granted = 0;
@@ -110,9 +111,9 @@ DBLOCK_TEST("local gate: a holder whose lease ran out keeps no local waiter out"
   INFO("waiter: " << err);
   REQUIRE(err.empty());
   const long long after_ms = (granted - taken) / ns_per_ms;
-  INFO("granted " << after_ms << " ms after the holder's acquire");
-  CHECK(after_ms >= 300);   // not before the holder's lease could have run out
-  CHECK(after_ms <= 2500);  // at its expiry, not at the holder's release
+  INFO("granted " << after_ms << " ms after the holder's acquire; bound " << bound << " ms");
+  CHECK(after_ms >= 300);    // not before the holder's lease could have run out
+  CHECK(after_ms <= bound);  // at its expiry, not at the holder's release
   CHECK_FALSE(h.valid());
   // Its lease was taken over: the release reports it (a release that returns fails this), and
   // leaves the successor untouched.
@@ -137,22 +138,29 @@ DBLOCK_TEST("local gate: waits there end on their timeout or cancellation; reent
     const std::optional<errc> code = code_of(f);
     return std::make_pair(code, (monotonic_ns() - t0) / ns_per_ms);
   };
+  const long long bound = scaled_bound_ms(ctx.db, 3000);
+  const long long at_once_bound = scaled_bound_ms(ctx.db, 1000);
+  INFO("bounds: " << bound << " ms for a timeout or cancellation, " << at_once_bound
+                  << " ms at once");
   dblock::lease_lock other(ctx.db, name, lo);
   const auto [c1, ms1] = timed([&] { auto g = other.acquire(milliseconds(150)); });
+  INFO("timed out after " << ms1 << " ms");
   CHECK(c1 == errc::timeout);
   CHECK(ms1 >= 140);
-  CHECK(ms1 < 3000);
+  CHECK(ms1 < bound);
   dblock::cancellation cancel;
   std::thread canceller = run_after(milliseconds(100), [&] { cancel.cancel(); });
   const auto [c2, ms2] = timed([&] { auto g = other.acquire(std::chrono::seconds(30), cancel); });
   canceller.join();
+  INFO("cancelled after " << ms2 << " ms");
   CHECK(c2 == errc::cancelled);
-  CHECK(ms2 < 3000);
+  CHECK(ms2 < bound);
   // The abandoned waits left the gate to the holder: its release lets the next one in at once.
   h.release();
   const auto [c3, ms3] = timed([&] { other.acquire(std::chrono::seconds(5)).release(); });
+  INFO("let in after " << ms3 << " ms");
   CHECK_FALSE(c3.has_value());  // nothing thrown
-  CHECK(ms3 < 1000);
+  CHECK(ms3 < at_once_bound);
 }
 
 // One cancellation shared by every wait (a service's shutdown flag): each waiter still sleeps on a
@@ -169,6 +177,8 @@ DBLOCK_TEST("one cancellation shared by many waits: a release grants one, cancel
   auto other = ctx.open(o);
   dblock::lease_lock holder(ctx.db, name, lo);
   auto h = holder.acquire(std::chrono::seconds(5));
+  const long long bound = scaled_bound_ms(ctx.db, 3000);
+  const long long cap_ns = std::max(5000LL, 2 * bound) * ns_per_ms;  // polls give up after this
   dblock::cancellation shutdown;
   const int threads = 6;
   std::atomic<int> granted{0}, cancelled{0}, other_errors{0};
@@ -192,22 +202,22 @@ DBLOCK_TEST("one cancellation shared by many waits: a release grants one, cancel
   CHECK(granted.load() == 0);
   h.release();
   const long long t0 = monotonic_ns();
-  while (granted.load() == 0 && monotonic_ns() - t0 < 5000 * ns_per_ms)
+  while (granted.load() == 0 && monotonic_ns() - t0 < cap_ns)
     std::this_thread::sleep_for(milliseconds(2));
   std::this_thread::sleep_for(milliseconds(300));
   CHECK(granted.load() == 1);  // exactly one got the lease; the rest still wait
   CHECK(cancelled.load() == 0);
   const long long t1 = monotonic_ns();
   shutdown.cancel();
-  while (cancelled.load() < threads - 1 && monotonic_ns() - t1 < 5000 * ns_per_ms)
+  while (cancelled.load() < threads - 1 && monotonic_ns() - t1 < cap_ns)
     std::this_thread::sleep_for(milliseconds(2));
   const long long cancel_ms = (monotonic_ns() - t1) / ns_per_ms;
   release_granted.store(true);
   for (auto& t : ts)
     t.join();
-  INFO("every other wait cancelled within " << cancel_ms << " ms");
+  INFO("every other wait cancelled within " << cancel_ms << " ms; bound " << bound << " ms");
   CHECK(cancelled.load() == threads - 1);
   CHECK(other_errors.load() == 0);
-  CHECK(cancel_ms < scaled_bound_ms(ctx.db, 3000));
+  CHECK(cancel_ms < bound);
   CHECK(count_waiters(ctx, name) == 0);  // the cancelled waits left the queue
 }

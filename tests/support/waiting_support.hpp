@@ -25,9 +25,10 @@ namespace dblock::test {
 /// Checks the three ends of a wait behind a holder, `wait(timeout)` and `wait(timeout, c)` (an
 /// acquire() or campaign()): 300 ms time out (errc::timeout, not before 290 ms), a cancellation
 /// 200 ms in ends a 20 s wait (errc::cancelled), and `release()` 200 ms into a 20 s wait lets it
-/// in, after 195 ms to 5 s. Returns what that last wait got (valid), still held.
+/// in, after 195 ms to 5 s (scaled_bound_ms at the pace of `db`). Returns what that last wait got
+/// (valid), still held.
 template <class Wait, class Release>
-auto check_wait_ends(Wait&& wait, Release&& release) {
+auto check_wait_ends(const dblock::database& db, Wait&& wait, Release&& release) {
   const long long t0 = monotonic_ns();
   CHECK(code_of([&] { (void)wait(milliseconds(300)); }) == errc::timeout);
   CHECK((monotonic_ns() - t0) / ns_per_ms >= 290);
@@ -35,11 +36,13 @@ auto check_wait_ends(Wait&& wait, Release&& release) {
           (void)wait(std::chrono::seconds(20), c);
         }) == errc::cancelled);
   std::optional<decltype(wait(std::chrono::seconds(20)))> got;
+  const long long bound = scaled_bound_ms(db, 5000);
   const long long waited_ms = ms_until_ended(milliseconds(200), release,
                                              [&] { got.emplace(wait(std::chrono::seconds(20))); });
   CHECK(got->valid());
+  INFO("waited " << waited_ms << " ms (released 200 ms in); bound " << bound << " ms");
   CHECK(waited_ms >= 195);
-  CHECK(waited_ms < 5000);
+  CHECK(waited_ms < bound);
   return std::move(*got);
 }
 
