@@ -21,4 +21,13 @@ out=$(
 printf '%s\n' "$out"
 if [ -n "${DBLOCK_FAILURE_LOG:-}" ]; then
     printf '%s\n' "$out" >>"$DBLOCK_FAILURE_LOG"
+    # The brief list (scripts/stages.sh): each failed ctest entry with its outcome (an entry that
+    # crashed or timed out has no failed test case of its own) and each sanitizer report's
+    # headline. The failed test cases themselves come from the binary's failed-*.txt.
+    {
+        sed -n '/The following tests FAILED:/,/^Errors while running CTest/p' "$log" |
+            grep -E '^[[:space:]]*[0-9]+ - ' | sed -E "s/^[[:space:]]*[0-9]+ - /[${stage:-tests}] ctest entry /"
+        grep -E 'ERROR: AddressSanitizer|runtime error:|WARNING: ThreadSanitizer|ERROR: LeakSanitizer|^SUMMARY: ' "$log" |
+            head -n 6 | sed "s/^/[${stage:-tests}] /"
+    } | awk '!seen[$0]++' | cut -c1-300 >>"$DBLOCK_FAILURE_LOG.brief" || true
 fi

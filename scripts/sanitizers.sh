@@ -80,14 +80,17 @@ run_asan_suite() {
     # fault scenario and the hostile-input tests run here. The topology entries (the suite once
     # more through PgBouncer, the Galera and failover scenarios) are about the deployment, not
     # memory safety, and run in the plain build only.
-    local log status=0
+    local log status=0 summary
     log=$(mktemp "${TMPDIR:-/tmp}/dblock-asan.XXXXXX")
-    "$REPO_ROOT/scripts/test-servers.sh" run -- \
+    # The failed test cases, a line each, for the end of the CI log (tests/support/main.cpp).
+    summary=$(mktemp -d "${TMPDIR:-/tmp}/dblock-asan-summary.XXXXXX")
+    DBLOCK_TEST_SUMMARY_DIR=$summary "$REPO_ROOT/scripts/test-servers.sh" run -- \
         ctest --test-dir "$ASAN_BUILD_DIR" --output-on-failure -j3 --timeout 1800 \
         -E '^(consumer.*|faults_serial_.*|pgbouncer|topology_.*)$' 2>&1 | tee "$log" ||
         status=${PIPESTATUS[0]}
     "$REPO_ROOT/scripts/repeat-failures.sh" "$log" "ASan+UBSan suite"
-    rm -f "$log"
+    brief_failed_tests "$summary" "ASan+UBSan suite"
+    rm -rf "$log" "$summary"
     [ "$status" -eq 0 ] || return "$status"
     msg "ASan+UBSan: suite passed in $((SECONDS - t))s"
 }
@@ -113,9 +116,15 @@ run_tsan_tests() {
     # The threaded tests use the plain servers only: no Galera cluster or PgBouncer. Two
     # processes side by side, PostgreSQL's tests in one and the rest in the other (the tests
     # spend much of their time waiting on the database and on TTLs, which TSan does not slow).
-    DBLOCK_TEST_TOPOLOGIES=0 "$REPO_ROOT/scripts/test-servers.sh" run -- \
+    local summary status=0
+    summary=$(mktemp -d "${TMPDIR:-/tmp}/dblock-tsan-summary.XXXXXX")
+    DBLOCK_TEST_SUMMARY_DIR=$summary DBLOCK_TEST_TOPOLOGIES=0 \
+        "$REPO_ROOT/scripts/test-servers.sh" run -- \
         bash "$REPO_ROOT/scripts/sanitizers.sh" tsan-run "$TSAN_BUILD_DIR/tests/dblock_tests" ||
-        return
+        status=$?
+    brief_failed_tests "$summary" "TSan threaded tests"
+    rm -rf "$summary"
+    [ "$status" -eq 0 ] || return "$status"
     msg "TSan: threaded tests passed in $((SECONDS - t))s"
 }
 
@@ -151,6 +160,7 @@ run_tsan_split() {
             "$REPO_ROOT/scripts/repeat-failures.sh" "$TSAN_LOG_DIR/tsan-${f%%:*}.log" \
                 "TSan, ${f%%:*} tests" >/dev/null
             note_failure "TSan, ${f%%:*} tests: exit ${f#*:} (its log is above in this run)"
+            note_brief "[TSan, ${f%%:*} tests] exit ${f#*:}"
             status=1
         else
             tail -n 3 "$TSAN_LOG_DIR/tsan-${f%%:*}.log" >&2

@@ -22,6 +22,25 @@ note_failure() {
     printf '%s\n' "$@" >>"$DBLOCK_FAILURE_LOG"
 }
 
+# note_brief TEXT...: adds lines to the brief failure list, a line per failed check, printed
+# last before the stage table: a run's record may keep only the last few dozen lines of its log.
+note_brief() {
+    [ -n "${DBLOCK_FAILURE_LOG:-}" ] || return 0
+    printf '%s\n' "$@" >>"$DBLOCK_FAILURE_LOG.brief"
+}
+
+# brief_failed_tests DIR STAGE: the failed test cases the test binary recorded in DIR
+# (tests/support/main.cpp writes "backend<TAB>name<TAB>file:line: first failed check" per failed
+# test case to failed-*.txt where DBLOCK_TEST_SUMMARY_DIR points) into the brief list.
+brief_failed_tests() {
+    local dir=$1 stage=$2 backend name where
+    while IFS=$'\t' read -r backend name where; do
+        [ -n "$name" ] || continue
+        note_brief "[$stage] <$backend> $name" \
+            "    ${where:-(no failed assertion: an exception or a crash?)}"
+    done < <(find "$dir" -type f -name 'failed-*.txt' -print0 2>/dev/null | sort -z | xargs -0 -r cat)
+}
+
 # stage_report: the failures, whole, then one line per stage (seconds, outcome) and the total.
 stage_report() {
     local name secs status total=0 failed=0
@@ -29,6 +48,13 @@ stage_report() {
         printf '\n==================== failed checks of this run ====================\n'
         cat "$DBLOCK_FAILURE_LOG"
         printf '==================== end of the failed checks ====================\n'
+    fi
+    if [ -s "${DBLOCK_FAILURE_LOG:-/nonexistent}.brief" ]; then
+        printf '\nfailed checks, in brief ([stage] <backend> test case, then where and what):\n'
+        head -n 24 "$DBLOCK_FAILURE_LOG.brief"
+        local more
+        more=$(($(wc -l <"$DBLOCK_FAILURE_LOG.brief") - 24))
+        [ "$more" -le 0 ] || printf '... and %d more lines (the failed checks above)\n' "$more"
     fi
     [ -s "${DBLOCK_STAGE_LOG:-/nonexistent}" ] || return 0
     printf '\n%-44s %8s  %s\n' stage elapsed outcome

@@ -208,6 +208,11 @@ summarize() {
     if [ "$fail" -ne 0 ]; then
         banner "TESTS FAILED" "${problems[@]}"
         note_failure "main suite:" "${problems[@]}"
+        brief_failed_tests "$dir" "main suite"
+        if [ "${#gaps[@]}" -gt 0 ] && is_ci; then
+            local gap
+            for gap in "${gaps[@]}"; do note_brief "[main suite] $gap"; done
+        fi
         return 1
     fi
     printf '\nAll tests passed.\n'
@@ -245,7 +250,7 @@ on_exit() {
     rm -rf "$DBLOCK_TEST_SUMMARY_DIR"
     if [ "${own_stage_log:-0}" = 1 ]; then
         stage_report
-        rm -f "$DBLOCK_STAGE_LOG" "$DBLOCK_STAGE_LOG.count" "$DBLOCK_FAILURE_LOG"
+        rm -f "$DBLOCK_STAGE_LOG" "$DBLOCK_STAGE_LOG.count" "$DBLOCK_FAILURE_LOG" "$DBLOCK_FAILURE_LOG.brief"
     fi
     return "$st"
 }
