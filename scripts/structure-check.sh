@@ -46,6 +46,11 @@
 #       nothing includes cli/. Headers under include/dblock/ are the public API, open to all.
 #       One named exception: src/core/database.cpp, the public handle's constructor, which wires
 #       a handle's layers together (its storage and its wake-up hub).
+#   (h) MySQL 8: no MariaDB-only SQL (SEQUENCE, RETURNING, CREATE OR REPLACE, IF [NOT] EXISTS on
+#       ALTER TABLE, indexes or routines, SET STATEMENT, WAIT n, MariaDB's own functions and
+#       catalog tables) in the migrations of the MySQL 8 flavor or in the string literals of the
+#       sources whose statements run there (scripts/mysql-lint.py, which lists the rules); its
+#       control runs first: one injected construct per rule must be reported.
 #
 # For (c), (d) and (e) the sources are read by a small tokenizer (perl, below), not a compiler: it
 # knows "..." literals with escapes (any prefix: L, u8, ...), raw literals R"d(...)d" (also over
@@ -426,6 +431,22 @@ check_include_layers() {
     fi
 }
 
+check_mysql_lint() {
+    local out control
+    if ! control=$(python3 "$REPO_ROOT/scripts/mysql-lint.py" --self-test); then
+        echo "(h) the MySQL 8 lint's control failed (a rule does not report its construct):"
+        printf '%s\n' "$control" | sed 's/^/    /'
+        failed+=(h)
+        return
+    fi
+    if out=$(python3 "$REPO_ROOT/scripts/mysql-lint.py" "$REPO_ROOT"); then
+        echo "(h) $out (control: each rule reports its injected construct)"
+    else
+        echo "(h) $out"
+        failed+=(h)
+    fi
+}
+
 check_file_size
 check_function_size
 if [ "$ONLY_SIZE" -eq 0 ]; then
@@ -433,6 +454,7 @@ if [ "$ONLY_SIZE" -eq 0 ]; then
     check_backend_tests
     check_layer_folders
     check_include_layers
+    check_mysql_lint
 fi
 
 if [ "${#failed[@]}" -gt 0 ]; then

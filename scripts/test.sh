@@ -31,12 +31,16 @@ BACKENDS=(postgresql mysql sqlite)
 # The deployment topologies (docs/deployment.md) the suite must cover under CI=true; their ctest
 # entries report under "<topology>:<backend>".
 TOPOLOGIES=(pgbouncer:postgresql galera:mysql pgpair:postgresql)
+# The server flavors run by a switch (docs/mysql.md: the MySQL 8 flavor on MariaDB), required
+# the same way; their entries report under "<flavor>:<backend>".
+FLAVORS=(mysql8:mysql)
 # The least number of tests each ctest entry must pass under CI=true (its filter matching fewer,
 # by a mistake in a tag or a filter, fails the run; `-w NoTests` catches a filter matching none).
 # About 90% of what each entry runs today: raise them as the suite grows.
 MIN_TESTS=(unit:24 postgresql:215 mysql:200 sqlite:190 pgbouncer:190 faults_unit:3
     faults_postgresql:26 faults_mysql:25 faults_sqlite:15 faults_serial_postgresql:9
-    faults_serial_mysql:5 faults_serial_sqlite:2 topology_galera:4 topology_pgpair:4)
+    faults_serial_mysql:5 faults_serial_sqlite:2 topology_galera:4 topology_pgpair:4
+    mysql_flavor:38 faults_mysql_flavor:6 faults_serial_mysql_flavor:5)
 T0=$SECONDS
 # shellcheck source=scripts/stages.sh
 . "$REPO_ROOT/scripts/stages.sh"
@@ -193,6 +197,14 @@ summarize() {
         fi
         if [ "${S[$backend]:-0}" -gt 0 ]; then
             gaps+=("topology $backend: ${S[$backend]} test(s) SKIPPED")
+        fi
+    done
+    for backend in "${FLAVORS[@]}"; do
+        if [ "${P[$backend]:-0}" -eq 0 ]; then
+            gaps+=("flavor $backend: no test passed (its entries did not run?)")
+        fi
+        if [ "${S[$backend]:-0}" -gt 0 ]; then
+            gaps+=("flavor $backend: ${S[$backend]} test(s) SKIPPED")
         fi
     done
     if [ "${#gaps[@]}" -gt 0 ]; then

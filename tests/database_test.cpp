@@ -47,6 +47,29 @@ DBLOCK_TEST("a database handle connects lazily and pings", "[database]") {
   CHECK(two == 2);
 }
 
+DBLOCK_TEST("database::server names the server and its version as the server reports them",
+            "[database]") {
+  dblock::database db(ctx.url);
+  const dblock::server_info info = db.server();
+  std::string reported;
+  auto c = db.connect();
+  if (ctx.backend == "postgresql") {
+    CHECK(info.product == "PostgreSQL");
+    c.session() << "SHOW server_version", soci::into(reported);
+  } else if (ctx.backend == "mysql") {
+    // The test servers are MariaDB's (Debian 12 ships no MySQL 8 server); the MySQL 8 flavor
+    // run keeps the server's own name.
+    CHECK(info.product == "MariaDB");
+    c.session() << "SELECT @@version", soci::into(reported);
+  } else {
+    CHECK(info.product == "SQLite");
+    c.session() << "SELECT sqlite_version()", soci::into(reported);
+  }
+  INFO("reported " << reported << ", kept " << info.version);
+  CHECK(!info.version.empty());
+  CHECK(info.version == reported);
+}
+
 DBLOCK_TEST("the pool hands out at most pool_size connections", "[database]") {
   dblock::database_options o;
   o.pool_size = 2;

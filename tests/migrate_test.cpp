@@ -111,3 +111,49 @@ DBLOCK_TEST("8 processes migrating one empty database apply each file once", "[m
   CHECK(count_rows(db, prefix + "dblock_schema_migrations") == static_cast<int>(files));
   CHECK(count_rows(db, prefix + "resource_lock_fence_floor") == 1);
 }
+
+// MySQL 8 and MariaDB: the server's flavor picks a version's migration file where the two differ,
+// and session leases, refused on MySQL 8. The suite runs this once per flavor: in the mysql entry
+// (MariaDB's) and in mysql_flavor (DBLOCK_TEST_MYSQL_FLAVOR=mysql: MySQL 8's, on MariaDB).
+DBLOCK_TEST_ONLY("mysql", "the server's flavor picks the migration files and allows session leases",
+                 "[migrate]") {
+  const bool mysql8 = dblock::test::mysql8_flavor(ctx.db);
+  INFO("flavor: " << (mysql8 ? "MySQL 8 (DBLOCK_TEST_MYSQL_FLAVOR=mysql)" : "MariaDB"));
+  std::string name;
+  {
+    auto c = ctx.db.connect();
+    c.session() << "SELECT name FROM " << ctx.prefix
+                << "dblock_schema_migrations WHERE version = 14",
+        soci::into(name);
+  }
+  CHECK(name == (mysql8 ? "0014_session_fences.mysql.sql" : "0014_session_fences.sql"));
+  // MariaDB's file creates the sequence of the session fences; MySQL 8's creates nothing.
+  int sequences = -1;
+  {
+    auto c = ctx.db.connect();
+    const std::string sequence = ctx.prefix + "session_fence";  // bound: must outlive the run
+    c.session() << "SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = "
+                   "DATABASE() AND TABLE_NAME = :t",
+        soci::use(sequence), soci::into(sequences);
+  }
+  CHECK(sequences == (mysql8 ? 0 : 1));
+  // The whole script of the server's flavor says which it is.
+  const std::string script = dblock::migration_sql(ctx.db);
+  CHECK(script.find(mysql8 ? " (MySQL 8)" : " (MariaDB)") != std::string::npos);
+  dblock::lease_options so;
+  so.mode = dblock::lease_mode::session;
+  dblock::lease_lock lock(ctx.db, dblock::test::unique_name("flavor"), so);
+  if (mysql8) {
+    try {
+      (void)lock.try_acquire();
+      FAIL("a session lease was granted in the MySQL 8 flavor");
+    } catch (const dblock::error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      CHECK(std::string(e.what()).find("not available on MySQL 8") != std::string::npos);
+    }
+  } else {
+    auto g = lock.try_acquire();
+    REQUIRE(g);
+    CHECK(g->fence() > 0);
+  }
+}

@@ -279,8 +279,8 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
          }});
   if (pg && b.db.options().pooler != dblock::pooler_mode::transaction) {
     ops.push_back(pg_advisory_fenced(keys));
-    ops.push_back(lease_session_row(keys, "pg.advisory"));
-    ops.push_back(raw_session_row(keys, "pg.advisory"));
+    if (b.session_leases) ops.push_back(lease_session_row(keys, "pg.advisory"));
+    if (b.session_leases) ops.push_back(raw_session_row(keys, "pg.advisory"));
     ops.push_back(pgbench_row("pgbench.advisory", "pg.advisory",
                               "pgbench -M prepared running pg.advisory's cycle (the best "
                               "client's figure for the anchor)",
@@ -291,8 +291,8 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
                               pg_fenced_lock(b) + ";\nSELECT pg_advisory_unlock(:k);\n", o));
   }
   if (my) ops.push_back(mysql_get_lock_fenced(b, keys));
-  if (my) ops.push_back(lease_session_row(keys, "mysql.get_lock"));
-  if (my) ops.push_back(raw_session_row(keys, "mysql.get_lock"));
+  if (my && b.session_leases) ops.push_back(lease_session_row(keys, "mysql.get_lock"));
+  if (my && b.session_leases) ops.push_back(raw_session_row(keys, "mysql.get_lock"));
   if (my)
     ops.push_back({"mysql.get_lock", "alternative", "",
                    "GET_LOCK(name, 0) + RELEASE_LOCK, distinct names (no fencing, no lease)",

@@ -31,6 +31,11 @@ std::unique_ptr<backend_ctx> open_backend(const std::string& url, const options&
   b->for_update = impl->dia->sql.for_update();
   b->begin_write = impl->dia->sql.begin_write();
   b->version = connect_raw(url)->server_version();
+  b->session_leases = impl->statements.can.session_leases &&
+                      db.options().pooler != dblock::pooler_mode::transaction &&
+                      detail::with_session(impl, "bench", [](detail::session_scope& s) {
+                        return s.dia().conn.session_lease_refusal(s.state()) == nullptr;
+                      });
   if (o.poll_max_ms > 0) b->wait_options.poll_max = std::chrono::milliseconds(o.poll_max_ms);
   if (b->backend == "postgresql" && db.options().pooler != dblock::pooler_mode::transaction &&
       (selected(o.only, "raw.lease_fast") || selected(o.only, "dblock.lease_fast") ||

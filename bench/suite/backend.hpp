@@ -40,6 +40,9 @@ struct backend_ctx {
   /// PostgreSQL's fast lease mode: the same set-up on tables of their own (prefix + "fast_")
   /// whose lease table is UNLOGGED (set_lease_durability); made when an operation needs it.
   std::unique_ptr<backend_ctx> fast;
+  /// The server takes session leases (docs/session-leases.md): not behind a transaction-mode
+  /// pooler, nor on SQLite, nor in the MySQL 8 flavor.
+  bool session_leases = false;
 };
 
 /// Migrates `url` and creates the business tables (dropped again by drop_business_tables()).

@@ -359,8 +359,7 @@ std::vector<row> handoff_rows(backend_ctx& b, const options& o) {
         }));
   // Session leases (docs/session-leases.md): the waiters queue in the server's own lock queue,
   // which hands the lock over at the release. A session lock needs a session of its own.
-  if ((b.backend == "postgresql" || b.backend == "mysql") &&
-      b.db.options().pooler != dblock::pooler_mode::transaction)
+  if (b.session_leases)
     ops.push_back(make_row(
         "dblock.handoff_session", "handoff", "dblock.handoff",
         "lease_mode::session: waiters in the server's lock queue (FIFO); one database handle per "

@@ -106,6 +106,16 @@ struct database_options {
   std::shared_ptr<listener> events;
 };
 
+/// The database server behind a handle (database::server()).
+struct server_info {
+  /// "PostgreSQL", "MariaDB", "MySQL" (Oracle's MySQL 8.0 / 8.4 and servers derived from it) or
+  /// "SQLite" (the library linked in).
+  std::string product;
+  /// The version the server reports, e.g. "16.4", "10.11.6-MariaDB-0+deb12u1", "8.4.3",
+  /// "3.40.1"; behind PgBouncer, what the pooler reports.
+  std::string version;
+};
+
 /// What a database handle knows of its cluster's failure detection (database::failover()).
 /// Thread-safety: a plain value.
 struct failover_info {
@@ -204,6 +214,15 @@ class database {
    * @throws dblock::error as ping().
    */
   failover_info failover() const;
+
+  /**
+   * @brief The database server behind this handle, as it named itself when a connection opened.
+   *
+   * Opens a pooled connection when none is open (as ping()); costs no round trip otherwise.
+   * `dblock status` prints it.
+   * @throws dblock::error as ping().
+   */
+  server_info server() const;
 
   /**
    * @brief A pooled connection, returned to the pool on destruction.

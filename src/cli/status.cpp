@@ -33,10 +33,11 @@ std::string display_name(const std::string& name) {
 
 void print_status_json(const dblock::database& db, const std::vector<dblock::lock_info>& locks,
                        const std::vector<dblock::forced_release>& forced,
-                       const dblock::failover_info& fo) {
+                       const dblock::failover_info& fo, const dblock::server_info& server) {
   nlohmann::json j;
   j["version"] = dblock::version();
   j["database"] = db.redacted_url();
+  j["server"] = {{"product", server.product}, {"version", server.version}};
   j["failover"] = {
       {"window_ms", fo.window.count()}, {"min_ttl_ms", fo.min_ttl.count()}, {"source", fo.source}};
   j["locks"] = nlohmann::json::array();
@@ -81,7 +82,7 @@ void print_status_json(const dblock::database& db, const std::vector<dblock::loc
 void print_status_table(const dblock::database& db, const std::vector<dblock::lock_info>& locks,
                         const std::vector<dblock::forced_release>& forced,
                         std::chrono::system_clock::time_point now, const status_options& s,
-                        const dblock::failover_info& fo) {
+                        const dblock::failover_info& fo, const dblock::server_info& server) {
   std::size_t w = 4;
   for (const auto& l : locks)
     w = std::max(w, std::min<std::size_t>(display_name(l.name).size(), 60));
@@ -110,7 +111,7 @@ void print_status_table(const dblock::database& db, const std::vector<dblock::lo
   }
   std::cout << locks.size() << (s.all ? " lock row(s)" : " held lock(s)")
             << (s.pattern.empty() ? "" : " matching '" + shown(s.pattern) + "'") << " in "
-            << db.redacted_url() << "\n";
+            << db.redacted_url() << " (" << server.product << " " << shown(server.version) << ")\n";
   if (fo.window.count() > 0)
     std::cout << "failover window " << human(fo.window) << " (" << fo.source
               << "): a lease survives the loss of its holder's node with a TTL of at least "
@@ -152,11 +153,12 @@ int run_status(const common_options& c, const status_options& s) {
   auto locks = dblock::list_locks(db, lo);
   auto forced = dblock::recent_forced_releases(db, 5);
   const auto fo = db.failover();
+  const auto server = db.server();
   const auto now = std::chrono::system_clock::now();
   if (s.json)
-    print_status_json(db, locks, forced, fo);
+    print_status_json(db, locks, forced, fo, server);
   else
-    print_status_table(db, locks, forced, now, s, fo);
+    print_status_table(db, locks, forced, now, s, fo, server);
   return exit_ok;
 }
 

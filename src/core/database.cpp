@@ -78,6 +78,15 @@ failover_info database::failover() const {
   return impl_->failover();
 }
 
+server_info database::server() const {
+  server_info out;
+  detail::with_session(impl_, "server", [&out](detail::session_scope& s) {
+    out.product = s.state().product;
+    out.version = s.state().version;
+  });
+  return out;
+}
+
 std::chrono::milliseconds min_surviving_ttl(std::chrono::milliseconds window,
                                             std::chrono::milliseconds safety_margin) noexcept {
   using std::chrono::milliseconds;

@@ -5,6 +5,14 @@
 
 namespace dblock::detail {
 
+/// Which server of its dialect's family a connection reached, read when it opens
+/// (connection_state::dialect_flavor). Where two servers of one dialect differ, the dialect asks
+/// this, never a version string.
+enum class flavor {
+  standard,  ///< the server the dialect is written for: PostgreSQL, SQLite, MariaDB
+  mysql,     ///< the MySQL dialect on Oracle's MySQL 8.0 / 8.4 (no SEQUENCE, no RETURNING)
+};
+
 /// How a release reaches the head of the freed lease's queue.
 enum class release_ring {
   doorbell,   ///< the releasing process rings the head's doorbell (SQLite: a directory)

@@ -271,16 +271,35 @@ std::vector<migration_file> load_migrations(const std::string& backend) {
     if (backend != f.backend || name.size() < 6 ||
         !std::isdigit(static_cast<unsigned char>(name[0])))
       continue;
-    out.push_back({std::stoi(name.substr(0, 4)), name, f.text});
+    const std::string mysql_tag = ".mysql.sql";
+    std::optional<flavor> only;
+    if (name.size() > mysql_tag.size() &&
+        name.compare(name.size() - mysql_tag.size(), mysql_tag.size(), mysql_tag) == 0)
+      only = flavor::mysql;
+    out.push_back({std::stoi(name.substr(0, 4)), name, f.text, only});
   }
-  std::sort(out.begin(), out.end(),
-            [](const migration_file& a, const migration_file& b) { return a.version < b.version; });
+  std::stable_sort(out.begin(), out.end(), [](const migration_file& a, const migration_file& b) {
+    return a.version < b.version;
+  });
+  return out;
+}
+
+std::vector<migration_file> migrations_for(const std::vector<migration_file>& all, flavor f) {
+  std::vector<migration_file> out;
+  for (const auto& m : all) {
+    if (m.only && *m.only != f) continue;
+    const bool replaced = !m.only && std::any_of(all.begin(), all.end(), [&](const auto& o) {
+      return o.version == m.version && o.only == f;
+    });
+    if (!replaced) out.push_back(m);
+  }
   return out;
 }
 
 migration_file load_bootstrap(const std::string& backend) {
   for (const auto& f : embedded_migrations())
-    if (backend == f.backend && std::string(f.name) == "bootstrap.sql") return {0, f.name, f.text};
+    if (backend == f.backend && std::string(f.name) == "bootstrap.sql")
+      return {0, f.name, f.text, std::nullopt};
   throw error(errc::backend_error,
               "dblock was built without migrations/" + backend + "/bootstrap.sql");
 }

@@ -26,9 +26,9 @@
 #include "dblock/listener.hpp"
 #include "dblock/value.hpp"
 #include "dialect/capabilities.hpp"
+#include "dialect/connection_state.hpp"
 #include "dialect/doorbell.hpp"
 #include "dialect/interrupter.hpp"
-#include "dialect/session_state.hpp"
 
 #include <soci/soci-backend.h>  // soci::data_type
 
@@ -62,41 +62,9 @@ struct migration_file {
   int version;
   std::string name;  // file name, e.g. "0001_resource_lock.sql"
   std::string text;  // raw file text (checksummed before substitution)
-};
-
-/// A server session, as recorded when its connection was opened.
-struct session_ref {
-  std::int64_t id = 0;  ///< 0: no server session (SQLite)
-  std::string tag;      ///< tells it apart from a later session reusing the id
-};
-
-/// State dblock keeps beside one pooled connection for the life of that connection (prepared
-/// statements, the server session). Owned by the pool slot; destroyed before the connection
-/// closes or reconnects. Each backend derives its own.
-struct connection_state {
-  virtual ~connection_state() = default;
-  session_ref server;
-  /// Behind a transaction-mode pooler: nothing on the server outlives a transaction.
-  bool transaction_pooler = false;
-  /// The least fence a lease acquire on this connection grants (lock_table::fence_floor()),
-  /// once known; session: what session leases keep here.
-  std::optional<std::int64_t> fence_floor;
-  session_lease_state session;
-  /// The time the server's cluster takes to drop a lost node and go on, when the server says
-  /// (a Galera node: evs.suspect_timeout plus the view change), and whence it comes; zero: it
-  /// does not say (database_options::failover_window, database::failover()).
-  std::chrono::milliseconds failure_detection{0};
-  std::string failure_detection_source;
-  /// The deadline of the call using the connection now (storage/deadline.hpp), when dblock's
-  /// own: a dialect may hand it to the server as well (PostgreSQL: statement_timeout with BEGIN).
-  std::optional<std::chrono::steady_clock::time_point> call_deadline;
-  /// Row-returning caller statements (values.hpp fetch_rows()) by text: their columns' names
-  /// and types as SOCI described them on their first run here, at most caller_statement_cache.
-  struct caller_shape {
-    std::vector<std::string> names;
-    std::vector<soci::data_type> types;
-  };
-  std::map<std::string, caller_shape> caller_shapes;
+  /// Named NNNN_x.mysql.sql: the MySQL flavor's file of that version, in place of the shared
+  /// NNNN_x.sql (which then is the other flavor's); see migrations_for().
+  std::optional<flavor> only;
 };
 
 // ---- statements ---------------------------------------------------------------------------
@@ -340,6 +308,9 @@ class vocabulary {
         fence_next, fence_set, report, unreport, forget;
   };
   virtual session_texts session_leases(const table_names&) const { return {}; }
+  /// The server a flavor stands for where the dialect has several ("MariaDB", "MySQL 8");
+  /// empty where it has one.
+  virtual std::string flavor_name(flavor) const { return {}; }
   /**
    * Reserves IDs of a generator: `next_id = max(next_id, (now_ms - :epoch_ms) * :per_ms) + :n`
    * on the database clock, for the row `generator = :name`. Yields the new next_id (RETURNING;
@@ -464,6 +435,9 @@ struct dialect {
 
 /// Embedded migration files of one backend directory ("postgresql", "mysql", "sqlite").
 std::vector<migration_file> load_migrations(const std::string& backend);
+/// The files a server of flavor `f` applies, one per version, in version order: a version's
+/// file for `f` where it has one, else its shared file.
+std::vector<migration_file> migrations_for(const std::vector<migration_file>& all, flavor f);
 /// The embedded bootstrap file (the migrations bookkeeping table) of one backend.
 migration_file load_bootstrap(const std::string& backend);
 

@@ -74,8 +74,8 @@ void compare_applied(migrate_result& result,
 }
 
 // Applies the missing files, each in its own write transaction.
-void apply_missing(session_scope& s, migration_lock& lock, migrate_result& result) {
-  const auto& files = s.dia().migrations;
+void apply_missing(session_scope& s, migration_lock& lock, migrate_result& result,
+                   const std::vector<detail::migration_file>& files) {
   for (auto& f : result.files) {
     if (f.applied) continue;
     const auto& file = *std::find_if(files.begin(), files.end(),
@@ -95,7 +95,9 @@ migrate_result migrate(const database& db, migrate_options options) {
   const auto& impl = detail::access::impl(db);
   return detail::with_session(impl, "migrate", [&](session_scope& s) {
     migrate_result result;
-    for (const auto& f : s.dia().migrations)
+    // The server's flavor picks a version's file where the flavors differ (MySQL 8, MariaDB).
+    const auto files = detail::migrations_for(s.dia().migrations, s.state().dialect_flavor);
+    for (const auto& f : files)
       result.files.push_back({f.version, f.name, checksum_of(f.text), false});
     migration_lock lock(s, "dblock_migrate_" + s.tables().prefix);
     if (!options.dry_run && lock.per_transaction) {
@@ -108,14 +110,21 @@ migrate_result migrate(const database& db, migrate_options options) {
     }
     compare_applied(result, detail::lock_table::applied(s));
     if (options.dry_run) return result;
-    apply_missing(s, lock, result);
+    apply_missing(s, lock, result, files);
     return result;
   });
 }
 
 std::string migration_sql(const database& db, bool all) {
   const auto& impl = *detail::access::impl(db);
-  std::vector<bool> applied(impl.dia->migrations.size(), false);
+  // With `all` nothing is read: the files of the dialect's standard flavor (MariaDB's on the
+  // MySQL backend; the script says so). Otherwise those of the server's flavor.
+  auto fl = detail::flavor::standard;
+  if (!all)
+    fl = detail::with_session(detail::access::impl(db), "migration script",
+                              [](session_scope& s) { return s.state().dialect_flavor; });
+  const auto files = detail::migrations_for(impl.dia->migrations, fl);
+  std::vector<bool> applied(files.size(), false);
   if (!all) {
     const auto r = migrate(db, migrate_options{true});
     for (std::size_t i = 0; i < r.files.size() && i < applied.size(); ++i)
@@ -130,9 +139,9 @@ std::string migration_sql(const database& db, bool all) {
   };
   std::size_t count = 0;
   std::string body;
-  for (std::size_t i = 0; i < impl.dia->migrations.size(); ++i) {
+  for (std::size_t i = 0; i < files.size(); ++i) {
     if (applied[i]) continue;
-    const auto& f = impl.dia->migrations[i];
+    const auto& f = files[i];
     const std::string sum = checksum_of(f.text);
     // Each file with its record in one transaction where DDL is transactional, as migrate()
     // runs it: a file that fails half-way leaves nothing behind.
@@ -142,9 +151,12 @@ std::string migration_sql(const database& db, bool all) {
             impl.dia->sql.script_commit();
     ++count;
   }
-  std::string out = "-- dblock " + std::string(version()) + ": " + std::to_string(count) +
-                    (all ? " migration(s), all" : " pending migration(s)") + " for " +
-                    impl.backend + ", table prefix '" + prefix + "'.\n";
+  std::string out =
+      "-- dblock " + std::string(version()) + ": " + std::to_string(count) +
+      (all ? " migration(s), all" : " pending migration(s)") + " for " + impl.backend +
+      (impl.dia->sql.flavor_name(fl).empty() ? std::string()
+                                             : " (" + impl.dia->sql.flavor_name(fl) + ")") +
+      ", table prefix '" + prefix + "'.\n";
   out +=
       "-- Run in order as the tables' owner, stopping at the first error; afterwards\n"
       "-- `dblock migrate --dry-run` reports the schema up to date.\n";

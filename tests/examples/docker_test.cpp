@@ -165,7 +165,7 @@ TEST_CASE("docker/compose.yaml: PostgreSQL, MySQL and MariaDB preconfigured for 
   const expected all[] = {
       {"postgres", "postgres:16", 55432, 5432, "POSTGRES_DB", "POSTGRES_USER", "POSTGRES_PASSWORD",
        "pg_isready"},
-      {"mysql", "mysql:8.0", 53306, 3306, "MYSQL_DATABASE", "MYSQL_USER", "MYSQL_PASSWORD",
+      {"mysql", "mysql:8.4", 53306, 3306, "MYSQL_DATABASE", "MYSQL_USER", "MYSQL_PASSWORD",
        "mysqladmin ping"},
       {"mariadb", "mariadb:10.11", 53307, 3306, "MARIADB_DATABASE", "MARIADB_USER",
        "MARIADB_PASSWORD", "healthcheck.sh"},
@@ -202,6 +202,23 @@ TEST_CASE("docker/compose.yaml: PostgreSQL, MySQL and MariaDB preconfigured for 
                             "@127.0.0.1:" + std::to_string(p[0].published) + "/" + env[x.db_key];
     INFO("url " << url);
     CHECK(readme.find(url) != std::string::npos);
+  }
+  // MySQL 8.4's test user signs in with the native plugin (the server's default plugin needs TLS
+  // from Debian's client library): the server turns it on, the init script mounted for the image
+  // gives it to the user.
+  {
+    const YAML::Node my = services["mysql"];
+    std::string command;
+    for (const auto& c : my["command"])
+      command += c.as<std::string>() + " ";
+    CHECK(command.find("--mysql-native-password=ON") != std::string::npos);
+    bool mounted = false;
+    for (const auto& v : my["volumes"])
+      if (v.as<std::string>() == "./mysql-init:/docker-entrypoint-initdb.d:ro") mounted = true;
+    CHECK(mounted);
+    const std::string init = slurp(docker_dir + "/mysql-init/native-password.sql");
+    CHECK(init.find("ALTER USER 'dblock'@'%' IDENTIFIED WITH mysql_native_password BY "
+                    "'dblock-secret'") != std::string::npos);
   }
   // MySQL and MariaDB also need a root password (or an explicit random/empty one).
   for (const char* name : {"mysql", "mariadb"}) {

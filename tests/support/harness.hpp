@@ -47,6 +47,14 @@ struct context {
   std::string table(const std::string& stem) const { return prefix + stem; }
 };
 
+/// Whether `db`'s connections take the MySQL 8 flavor (docs/mysql.md): a MySQL server, or the
+/// suite's flavor run on MariaDB (DBLOCK_TEST_MYSQL_FLAVOR=mysql, tests/CMakeLists.txt).
+inline bool mysql8_flavor(const database& db) {
+  if (db.backend() != "mysql") return false;
+  const char* f = std::getenv("DBLOCK_TEST_MYSQL_FLAVOR");
+  return (f && std::string(f) == "mysql") || db.server().product == "MySQL";
+}
+
 /// Database options with a table prefix.
 inline database_options with_prefix(const std::string& prefix) {
   database_options o;

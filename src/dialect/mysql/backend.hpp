@@ -87,6 +87,9 @@ class vocabulary final : public detail::vocabulary {
   fence_check check_fence_native(const table_names& t) const override;
   std::string lock_by_writing(const table_names& t, const std::string& where) const override;
   session_texts session_leases(const table_names& t) const override;
+  std::string flavor_name(flavor f) const override {
+    return f == flavor::mysql ? "MySQL 8" : "MariaDB";
+  }
   std::string no_fast_leases() const override {
     return "MySQL and MariaDB flush the log at commit for the whole server "
            "(innodb_flush_log_at_trx_commit is a global setting), so one lock table cannot skip "

@@ -1,6 +1,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -119,24 +120,72 @@ void read_galera_detection(soci::session& sql, connection_state& st) {
       "Galera evs.suspect_timeout " + value.substr(0, 32) + " + 1 s for the view change";
 }
 
+// A global variable or status value of the server (`what`: "VARIABLES" or "STATUS"); nullopt
+// when the server has none of that name. SHOW answers on MariaDB and MySQL 8 alike (MySQL 8
+// removed information_schema's GLOBAL_VARIABLES and GLOBAL_STATUS). `pattern` is ours, a LIKE
+// pattern with '_' escaped.
+std::optional<std::string> show_global(soci::session& sql, const char* what, const char* pattern) {
+  std::string name, value;
+  soci::indicator name_ind = soci::i_ok, value_ind = soci::i_ok;
+  sql << "SHOW GLOBAL " << what << " LIKE '" << pattern << "'", soci::into(name, name_ind),
+      soci::into(value, value_ind);
+  if (!sql.got_data() || value_ind != soci::i_ok) return std::nullopt;
+  return value;
+}
+
+// Test builds only (DBLOCK_TEST_HOOKS): DBLOCK_TEST_MYSQL_FLAVOR=mysql makes a MariaDB server's
+// connections take the MySQL 8 flavor, so that the suite runs that flavor's statements, migrations
+// and routines on MariaDB (docs/testing.md).
+bool test_wants_mysql_flavor() {
+#ifdef DBLOCK_TEST_HOOKS
+  const char* f = std::getenv("DBLOCK_TEST_MYSQL_FLAVOR");
+  return f && std::string(f) == "mysql";
+#else
+  return false;
+#endif
+}
+
+// MariaDB names itself in its version ("10.11.6-MariaDB-0+deb12u1"); MySQL 8 and its
+// derivatives do not ("8.4.3", "8.0.39-30" for Percona Server). MySQL before 8.0 lacks what
+// dblock uses (SKIP LOCKED, NOWAIT, recursive CTEs of the admin views): refused.
+void read_product(const std::string& version, state& st, const std::string& node) {
+  st.version = version;
+  if (version.find("MariaDB") != std::string::npos) {
+    st.product = "MariaDB";
+    st.dialect_flavor = test_wants_mysql_flavor() ? flavor::mysql : flavor::standard;
+    return;
+  }
+  st.product = "MySQL";
+  st.dialect_flavor = flavor::mysql;
+  int major = 0;
+  try {
+    major = std::stoi(version);
+  } catch (...) {
+  }
+  if (major < 8)
+    throw error(
+        errc::connection_failed,
+        "MySQL server " + node + " is version " + version + ": dblock needs MySQL 8.0 or later",
+        "mysql", "", 0);
+}
+
 }  // namespace
 
 std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
                                                         const database_options&) const {
   auto st = std::make_unique<state>();
   long long id = 0;
-  std::string host, node, wsrep_on, wsrep_ready;
-  soci::indicator on_ind = soci::i_ok, ready_ind = soci::i_ok;
-  // The server session (id and this client's "address:port"), the node it runs on, and
-  // whether that node is a Galera node that is part of the cluster's primary component.
-  sql << "SELECT p.ID, p.HOST, CONCAT(@@hostname, ':', @@port), (SELECT VARIABLE_VALUE FROM "
-         "information_schema.GLOBAL_VARIABLES WHERE VARIABLE_NAME = 'WSREP_ON'), (SELECT "
-         "VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = "
-         "'WSREP_READY') FROM information_schema.PROCESSLIST p WHERE p.ID = CONNECTION_ID()",
-      soci::into(id), soci::into(host), soci::into(node), soci::into(wsrep_on, on_ind),
-      soci::into(wsrep_ready, ready_ind);
-  st->galera = on_ind == soci::i_ok && wsrep_on == "ON";
-  if (st->galera && (ready_ind != soci::i_ok || wsrep_ready != "ON"))
+  std::string host, node, version;
+  // The server session (id and this client's "address:port"), the node it runs on, and the
+  // server's version (its product and dblock's flavor for it).
+  sql << "SELECT p.ID, p.HOST, CONCAT(@@hostname, ':', @@port), @@version FROM "
+         "information_schema.PROCESSLIST p WHERE p.ID = CONNECTION_ID()",
+      soci::into(id), soci::into(host), soci::into(node), soci::into(version);
+  read_product(version, *st, node);
+  // Whether that node is a Galera node that is part of the cluster's primary component.
+  const auto wsrep_on = show_global(sql, "VARIABLES", "wsrep\\_on");
+  st->galera = wsrep_on && *wsrep_on == "ON";
+  if (st->galera && show_global(sql, "STATUS", "wsrep\\_ready").value_or("") != "ON")
     throw error(errc::connection_failed,
                 "Galera node " + node +
                     " is not ready (wsrep_ready is not ON): it is not part of the cluster's "
@@ -156,6 +205,9 @@ std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
 }
 
 const char* connector::session_lease_refusal(const connection_state& st) const {
+  if (st.dialect_flavor == flavor::mysql)
+    return "is not available on MySQL 8 (a session lease's fences come from a SEQUENCE, which "
+           "MySQL has not; see docs/mysql.md); use the durable mode, the default";
   if (!static_cast<const state&>(st).galera) return nullptr;
   return "cannot work on Galera (GET_LOCK is local to one node: another node's session would get "
          "the same lock); use the durable mode";

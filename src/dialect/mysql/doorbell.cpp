@@ -140,11 +140,10 @@ class channel final : public bell_channel {
   /// when the check fails.
   bool on_galera(MYSQL* m) {
     std::vector<std::pair<std::string, std::string>> rows;
-    return !query(m,
-                  "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE "
-                  "VARIABLE_NAME = 'WSREP_ON'",
-                  rows) ||
-           (!rows.empty() && rows[0].first == "ON");
+    // SHOW answers on MariaDB and MySQL 8 alike (MySQL 8 has no information_schema table of
+    // the global variables); no row: the server has no wsrep_on, it is no Galera node.
+    return !query(m, "SHOW GLOBAL VARIABLES LIKE 'wsrep\\_on'", rows) ||
+           (!rows.empty() && rows[0].second == "ON");
   }
   /// Ends the session that holds the bell's lock, when that is not this connection: an
   /// earlier connection of this channel (its marks are random and its own) whose network died

@@ -104,6 +104,8 @@ vocabulary::fence_check vocabulary::check_fence_native(const table_names& t) con
 }
 
 // ---- session leases -----------------------------------------------------------------------------
+// MariaDB flavor only (begin): session leases are refused on MySQL 8 (connector.cpp,
+// session_lease_refusal()), whose server has no SEQUENCE and no PROCESSLIST.TIME_MS.
 // GET_LOCK names are server-wide and at most 64 characters: the key is the SHA-256 (64 hex
 // digits) of the database's name and the text the caller binds (prefix, U+FFFF, name). A fence
 // is the marker's plus the sequence's next value (session_lock.cpp: each connection moves the
@@ -169,5 +171,6 @@ vocabulary::session_texts vocabulary::session_leases(const table_names& t) const
   x.idle_reset = "SET SESSION wait_timeout = DEFAULT";
   return x;
 }
+// MariaDB flavor only (end)
 
 }  // namespace dblock::detail::my

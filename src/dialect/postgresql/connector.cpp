@@ -104,6 +104,11 @@ std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
         if (code && std::string(code) == "01000") static_cast<state*>(arg)->warned = true;
       },
       st.get());
+  // The server's version as it reported it at the start-up (no round trip; behind PgBouncer,
+  // the pooler's server_version setting).
+  st->product = "PostgreSQL";
+  const char* version = PQparameterStatus(raw(sql), "server_version");
+  st->version = version ? version : "";
   // Behind a transaction-mode pooler the next statement may run on another server session:
   // there is no session of ours to identify (and end_session() is never asked to end one).
   if (o.pooler == pooler_mode::transaction) {

@@ -109,6 +109,8 @@ std::unique_ptr<connection_state> connector::on_connect(soci::session& sql,
   sql << "PRAGMA journal_mode=WAL", soci::into(mode);
   sql << "PRAGMA synchronous", soci::into(st->synchronous);
   st->wal = mode == "wal";
+  st->product = "SQLite";
+  st->version = sqlite3_libversion();  // the library linked in: it is the database engine
   return st;
 }
 
