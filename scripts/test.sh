@@ -191,20 +191,16 @@ summarize() {
             gaps+=("ctest entry $name: ${EP[$name]:-0} test(s) passed, at least $least expected (filter or tags wrong?)")
         fi
     done
-    for backend in "${TOPOLOGIES[@]}"; do
+    local kind
+    for backend in "${TOPOLOGIES[@]}" "${FLAVORS[@]}"; do
+        kind=topology
+        case " ${FLAVORS[*]} " in *" $backend "*) kind=flavor ;; esac
         if [ "${P[$backend]:-0}" -eq 0 ]; then
-            gaps+=("topology $backend: no test passed (not started? DBLOCK_TEST_TOPOLOGIES=0?)")
+            gaps+=("$kind $backend: no test passed ($([ "$kind" = topology ] &&
+                echo 'not started? DBLOCK_TEST_TOPOLOGIES=0?' || echo 'its entries did not run?'))")
         fi
         if [ "${S[$backend]:-0}" -gt 0 ]; then
-            gaps+=("topology $backend: ${S[$backend]} test(s) SKIPPED")
-        fi
-    done
-    for backend in "${FLAVORS[@]}"; do
-        if [ "${P[$backend]:-0}" -eq 0 ]; then
-            gaps+=("flavor $backend: no test passed (its entries did not run?)")
-        fi
-        if [ "${S[$backend]:-0}" -gt 0 ]; then
-            gaps+=("flavor $backend: ${S[$backend]} test(s) SKIPPED")
+            gaps+=("$kind $backend: ${S[$backend]} test(s) SKIPPED")
         fi
     done
     if [ "${#gaps[@]}" -gt 0 ]; then

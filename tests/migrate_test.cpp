@@ -120,22 +120,19 @@ DBLOCK_TEST_ONLY("mysql", "the server's flavor picks the migration files and all
   const bool mysql8 = dblock::test::mysql8_flavor(ctx.db);
   INFO("flavor: " << (mysql8 ? "MySQL 8 (DBLOCK_TEST_MYSQL_FLAVOR=mysql)" : "MariaDB"));
   std::string name;
+  int sequences = -1;
   {
     auto c = ctx.db.connect();
     c.session() << "SELECT name FROM " << ctx.prefix
                 << "dblock_schema_migrations WHERE version = 14",
         soci::into(name);
-  }
-  CHECK(name == (mysql8 ? "0014_session_fences.mysql.sql" : "0014_session_fences.sql"));
-  // MariaDB's file creates the sequence of the session fences; MySQL 8's creates nothing.
-  int sequences = -1;
-  {
-    auto c = ctx.db.connect();
+    // MariaDB's file creates the sequence of the session fences; MySQL 8's creates nothing.
     const std::string sequence = ctx.prefix + "session_fence";  // bound: must outlive the run
     c.session() << "SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = "
                    "DATABASE() AND TABLE_NAME = :t",
         soci::use(sequence), soci::into(sequences);
   }
+  CHECK(name == (mysql8 ? "0014_session_fences.mysql.sql" : "0014_session_fences.sql"));
   CHECK(sequences == (mysql8 ? 0 : 1));
   // The whole script of the server's flavor says which it is.
   const std::string script = dblock::migration_sql(ctx.db);
