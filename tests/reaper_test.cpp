@@ -223,8 +223,8 @@ DBLOCK_TEST("a reaper racing acquirers and renewers never removes a live lease",
   auto db = ctx.open();
   dblock::reaper reaper(db, o);
   std::atomic<int> lost{0}, renewals{0}, cycles{0};
+  std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&, i] {
       dblock::database_options opts = ctx.options();
@@ -233,7 +233,7 @@ DBLOCK_TEST("a reaper racing acquirers and renewers never removes a live lease",
       dblock::lease_options lo;
       lo.ttl = milliseconds(2000);
       int round = 0;
-      while (std::chrono::steady_clock::now() < until) {
+      while (!stop) {
         // Alternate short-lived names (released at once, reapable) with a held, renewed one.
         dblock::lease_lock held(mine, "race/held/" + std::to_string(i), lo);
         auto g = held.acquire(std::chrono::seconds(10));
@@ -267,6 +267,14 @@ DBLOCK_TEST("a reaper racing acquirers and renewers never removes a live lease",
       }
     });
   }
+  // Three seconds of it, and then on until the workload has done enough to mean something (a
+  // loaded machine does less in three seconds): the amounts below are progress, not speed.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const auto cap = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < cap &&
+         (renewals <= 100 || cycles <= 100 || reaper.metrics().rows_reaped == 0))
+    std::this_thread::sleep_for(milliseconds(100));
+  stop = true;
   for (auto& t : threads)
     t.join();
   reaper.stop();
@@ -365,7 +373,11 @@ DBLOCK_TEST("the background reaper stops promptly and reports errors, then retri
   };
   {
     dblock::reaper r(broken, o);
-    std::this_thread::sleep_for(milliseconds(300));
+    // Every 30 ms a run fails; three of them within a generous bound (how many fit in a fixed
+    // time is the machine's pace, not the reaper's).
+    const auto cap = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while ((r.metrics().failed_runs < 3 || errors < 3) && std::chrono::steady_clock::now() < cap)
+      std::this_thread::sleep_for(milliseconds(10));
     auto m = r.metrics();
     CHECK(m.failed_runs >= 3);
     CHECK(m.runs == m.failed_runs);
