@@ -4,6 +4,14 @@
 #
 # Usage: scripts/test.sh [CTEST_ARGS...]      e.g. scripts/test.sh -R sqlite
 #
+# Against a MySQL or MariaDB server of your own instead (a MySQL 8.4 from docker/compose.yaml,
+# say): DBLOCK_TEST_EXTERNAL_MYSQL_URL=mysql://user:password@host:port/db scripts/test.sh
+# builds, then runs there the MySQL tests of the main and the fault suite, without session
+# leases when the server is MySQL 8 (which refuses them), and with no throwaway servers: tests
+# that need to stop, restart or administer the server skip, and are counted as skipped
+# (DBLOCK_TEST_MYSQL_ADMIN_URL, a root URL of that server, runs those that only administer it).
+# Not with CI=true, which requires every backend.
+#
 # After the suite passes, the Debian packages are built, installed, used and removed
 # (scripts/package-test.sh, as root), the fuzzers run for a fixed number of inputs (scripts/fuzz.sh) and
 # the suite runs again under ASan+UBSan and its threaded tests under TSan
@@ -42,6 +50,10 @@ MIN_TESTS=(unit:24 postgresql:215 mysql:200 sqlite:190 pgbouncer:190 faults_unit
     faults_serial_mysql:5 faults_serial_sqlite:2 topology_galera:4 topology_pgpair:4
     mysql_flavor:38 faults_mysql_flavor:6 faults_serial_mysql_flavor:5)
 T0=$SECONDS
+if [ -n "${DBLOCK_TEST_EXTERNAL_MYSQL_URL:-}" ] && [ "${CI:-}" = true ]; then
+    echo "test.sh: CI=true tests every backend on throwaway servers: unset DBLOCK_TEST_EXTERNAL_MYSQL_URL" >&2
+    exit 2
+fi
 # shellcheck source=scripts/stages.sh
 . "$REPO_ROOT/scripts/stages.sh"
 # Run alone (not from .ci/run, which prints them at the very end of its log), this script prints
@@ -249,6 +261,43 @@ build_plain() {
 stage "build (plain)" build_plain
 BUILD_TIME=$(wall_time)
 
+# The product a MySQL URL's server names itself by: "MySQL" or "MariaDB" (its @@version_comment
+# and @@version, read with the mariadb client).
+mysql_product() {
+    python3 - "$1" <<'PY'
+import os, subprocess, sys, urllib.parse
+u = urllib.parse.urlsplit(sys.argv[1])
+if u.scheme not in ("mysql", "mariadb") or not u.hostname:
+    sys.exit("not a mysql://user:password@host:port/database URL: " + sys.argv[1])
+env = dict(os.environ, MYSQL_PWD=urllib.parse.unquote(u.password or ""))
+cmd = ["mariadb", "--batch", "--skip-column-names", "--connect-timeout=10",
+       "-h", u.hostname, "-P", str(u.port or 3306), "-u", urllib.parse.unquote(u.username or ""),
+       "-e", "SELECT CONCAT(@@version, ' ', @@version_comment)"]
+r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+if r.returncode != 0:
+    sys.exit("cannot reach " + u.hostname + ":" + str(u.port or 3306) + ": " + r.stderr.strip())
+print("MariaDB" if "mariadb" in r.stdout.lower() else "MySQL")
+PY
+}
+
+# The MySQL tests against DBLOCK_TEST_EXTERNAL_MYSQL_URL (see the top of this file).
+external_mysql_suite() {
+    local url=$DBLOCK_TEST_EXTERNAL_MYSQL_URL product tail="" status=0
+    product=$(mysql_product "$url") || return 1
+    # The MySQL 8 flavor (a MySQL 8 server, or MariaDB under the test-only flavor switch)
+    # refuses session leases: their tests are left out, as in CI's flavor entries.
+    if [ "$product" = MySQL ] || [ "${DBLOCK_TEST_MYSQL_FLAVOR:-}" = mysql ]; then
+        tail="~[session_lease]"
+    fi
+    msg "the MySQL tests against a $product server of your own${tail:+ (no session leases: MySQL 8 flavor)}"
+    DBLOCK_TEST_MYSQL_URL=$url DBLOCK_TEST_ENTRY=mysql \
+        "$BUILD_DIR/tests/dblock_tests" "[mysql]$tail" || status=$?
+    DBLOCK_TEST_MYSQL_URL=$url DBLOCK_TEST_ENTRY=faults_mysql \
+        "$BUILD_DIR/tests/faults/dblock_fault_tests" "[faults][mysql]~[topology]$tail" || status=$?
+    return "$status"
+}
+
+
 # Each test process drops its per-backend counts here (see tests/support).
 # Fresh per run so that results of earlier runs cannot be counted.
 DBLOCK_TEST_SUMMARY_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dblock-summary.XXXXXX")
@@ -271,6 +320,15 @@ trap on_exit EXIT
 skip_entries=()
 if [ "$(id -u)" = 0 ] && [ "${DBLOCK_QUICK:-}" != 1 ] && [ "$#" -eq 0 ]; then
     skip_entries=(-E '^consumer_shared$')
+fi
+
+if [ -n "${DBLOCK_TEST_EXTERNAL_MYSQL_URL:-}" ]; then
+    ext_status=0
+    stage "MySQL tests against your server" external_mysql_suite || ext_status=$?
+    # Only the mysql row is required here; the minimum counts are CI's.
+    BACKENDS=(mysql) TOPOLOGIES=() FLAVORS=() MIN_TESTS=()
+    summarize "$DBLOCK_TEST_SUMMARY_DIR" "$ext_status"
+    exit
 fi
 
 msg "running tests against throwaway servers"

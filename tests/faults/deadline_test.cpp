@@ -155,14 +155,9 @@ void warm(database& db, int n) {
 
 // The server's processes (the postmaster or mariadbd, and their children).
 std::vector<pid_t> server_pids(const std::string& backend) {
-  std::string pid_file;
-  if (backend == "postgresql") {
-    const char* data = std::getenv("DBLOCK_TEST_PG_DATA");
-    if (data) pid_file = std::string(data) + "/postmaster.pid";
-  } else {
-    const char* f = std::getenv("DBLOCK_TEST_MYSQL_PID_FILE");
-    if (f) pid_file = f;
-  }
+  const std::string pid_file = backend == "postgresql"
+                                   ? env_or_fail("DBLOCK_TEST_PG_DATA") + "/postmaster.pid"
+                                   : env_or_fail("DBLOCK_TEST_MYSQL_PID_FILE");
   std::vector<pid_t> out;
   std::ifstream in(pid_file);
   long long pid = 0;

@@ -150,8 +150,10 @@ analysis analyze(const database& db, const context& ctx, const workload& w, bool
 void report(const std::string& scenario, const std::string& backend, long long trials,
             long long faults, long long violations, const std::string& extra = "");
 
-/// The value of the environment variable `name`; fails the test when it is unset or empty (the
-/// topologies' variables, which scripts/test-servers.sh exports).
+/// The value of the environment variable `name`, which scripts/test-servers.sh exports to give
+/// the tests control of its servers (a command that restarts one, an admin URL, a pid file, the
+/// topologies). Unset or empty: the test is skipped (skip_test), for a run against servers of
+/// one's own (scripts/test.sh with DBLOCK_TEST_EXTERNAL_MYSQL_URL); under CI=true a failure.
 std::string env_or_fail(const char* name);
 
 /// Which server process runs now, through a connection of its own (retried for 20 s while the
@@ -159,7 +161,8 @@ std::string env_or_fail(const char* name);
 /// file (the test servers run on this host). A different answer proves a restart in between.
 std::string server_instance(const context& ctx);
 
-/// Runs a shell command (from an environment variable) with an argument; true on status 0.
+/// Runs a shell command (from an environment variable) with an argument; true on status 0. The
+/// variable unset: skipped as env_or_fail says.
 bool run_env_cmd(const char* var, const std::string& arg);
 
 /// Random integer in [lo, hi].

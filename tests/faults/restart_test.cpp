@@ -40,6 +40,7 @@ struct restart_run {
 // connections died with the server).
 restart_run run_with_restarts(context& ctx, const workload& w, const char* cmd_var,
                               const std::string& arg, int restarts) {
+  (void)env_or_fail(cmd_var);  // before any worker runs
   process_set ps;
   for (int i = 0; i < 8; ++i)
     spawn_counter_worker(ps, w, i);
@@ -90,8 +91,7 @@ void check_restart_run(const restart_run& run, int restarts) {
 const char* restart_cmd_var(const context& ctx) {
   const char* var =
       ctx.backend == "postgresql" ? "DBLOCK_TEST_PG_RESTART_CMD" : "DBLOCK_TEST_MYSQL_RESTART_CMD";
-  if (!std::getenv(var))
-    FAIL(std::string(var) + " is not set: start the servers with scripts/test-servers.sh");
+  (void)env_or_fail(var);
   return var;
 }
 
@@ -346,8 +346,7 @@ DBLOCK_TEST("negative controls: each detector of the fault analysis fails on its
 // without the epoch (floor 0) grants a fence at or below one acknowledged before the crash.
 DBLOCK_TEST_ONLY("postgresql", "fast lease mode: kill -9 of the server under 8 fenced processes",
                  "[faults][restart][serial][fast]") {
-  if (!std::getenv("DBLOCK_TEST_PG_RESTART_CMD"))
-    FAIL("DBLOCK_TEST_PG_RESTART_CMD is not set: start the servers with scripts/test-servers.sh");
+  (void)env_or_fail("DBLOCK_TEST_PG_RESTART_CMD");
   const int ttl_ms = 1000;
   const int crashes = count(2, 5);
   create_workload_tables(ctx);

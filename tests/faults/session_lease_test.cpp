@@ -64,8 +64,7 @@ DBLOCK_TEST_SERVERS("session leases: kill -9 of the server, fences never go back
   const bool pg = ctx.backend == "postgresql";
   const char* restart = pg ? "DBLOCK_TEST_PG_RESTART_CMD" : "DBLOCK_TEST_MYSQL_RESTART_CMD";
   const char* kill9 = pg ? "kill9" : "KILL";
-  if (!std::getenv(restart))
-    FAIL(restart << " is not set: start the servers with scripts/test-servers.sh");
+  (void)env_or_fail(restart);
   const std::string items = ctx.table("session_items");
   ctx.exec("CREATE TABLE " + items + " (name VARCHAR(64) NOT NULL, fence BIGINT NOT NULL)");
   const std::vector<std::string> names = {"session-crash/a", "session-crash/b", "session-crash/c"};
@@ -164,7 +163,7 @@ DBLOCK_TEST_SERVERS(
     "[faults][restart][serial][session_lease]") {
   const bool pg = ctx.backend == "postgresql";
   const char* restart = pg ? "DBLOCK_TEST_PG_RESTART_CMD" : "DBLOCK_TEST_MYSQL_RESTART_CMD";
-  if (!std::getenv(restart)) FAIL(restart << " is not set: start the servers with test-servers.sh");
+  (void)env_or_fail(restart);
   const std::string admin_url =
       env_or_fail(pg ? "DBLOCK_TEST_POSTGRESQL_ADMIN_URL" : "DBLOCK_TEST_MYSQL_ADMIN_URL");
   const std::string name = "session-epoch-" + random_suffix();

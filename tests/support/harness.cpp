@@ -149,7 +149,11 @@ void run_on(const std::string& backend, const std::function<void(context&)>& bod
       }
     }
   } clean{ctx};
-  body(ctx);
+  try {
+    body(ctx);
+  } catch (const test_skipped&) {
+    // skip_test() marked it skipped and said why.
+  }
 }
 
 bool& skipped_test() {
@@ -161,6 +165,11 @@ void skip(const std::string& why) {
   if (in_ci()) FAIL("SKIPPED: " << why << " -- a skipped test fails the run under CI=true");
   WARN("**************** SKIPPED: " << why << " ****************");
   skipped_test() = true;
+}
+
+void skip_test(const std::string& why) {
+  skip(why);
+  throw test_skipped{};
 }
 
 worker_registration::worker_registration(const char* name, worker_fn fn) {
