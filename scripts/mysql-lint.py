@@ -46,6 +46,12 @@ RULES = [
     ("mariadb-catalog", "information_schema tables MySQL 8 removed",
      r"\binformation_schema\s*\.\s*(?:GLOBAL|SESSION)_(?:VARIABLES|STATUS)\b",
      "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES"),
+    # Not MariaDB-only syntax, but what MySQL 8's default binary log refuses a user without SUPER
+    # (error 1419, unless log_bin_trust_function_creators=1): dblock's routines there are
+    # procedures.
+    ("stored-function", "CREATE FUNCTION or TRIGGER (SUPER needed where the binary log is on)",
+     r"\bCREATE\s+(?:DEFINER\s*=\s*\S+\s+)?(?:AGGREGATE\s+)?(?:FUNCTION|TRIGGER)\s+[\w{}`]",
+     "CREATE FUNCTION f() RETURNS INT NO SQL RETURN 1"),
 ]
 COMPILED = [(n, w, re.compile(p, re.IGNORECASE | re.MULTILINE), x) for n, w, p, x in RULES]
 

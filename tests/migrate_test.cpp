@@ -119,8 +119,8 @@ DBLOCK_TEST_ONLY("mysql", "the server's flavor picks the migration files and all
                  "[migrate]") {
   const bool mysql8 = dblock::test::mysql8_flavor(ctx.db);
   INFO("flavor: " << (mysql8 ? "MySQL 8 (DBLOCK_TEST_MYSQL_FLAVOR=mysql)" : "MariaDB"));
-  std::string name;
-  int sequences = -1;
+  std::string name, name17;
+  int sequences = -1, functions = -1;
   {
     auto c = ctx.db.connect();
     c.session() << "SELECT name FROM " << ctx.prefix
@@ -131,9 +131,20 @@ DBLOCK_TEST_ONLY("mysql", "the server's flavor picks the migration files and all
     c.session() << "SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = "
                    "DATABASE() AND TABLE_NAME = :t",
         soci::use(sequence), soci::into(sequences);
+    // MariaDB's 0017 creates the marker read, a stored function; MySQL 8's creates none (a
+    // stored function needs SUPER where the binary log is on, as it is by default there).
+    c.session() << "SELECT name FROM " << ctx.prefix
+                << "dblock_schema_migrations WHERE version = 17",
+        soci::into(name17);
+    const std::string function = ctx.prefix + "dblock_session_marker";
+    c.session() << "SELECT count(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = "
+                   "DATABASE() AND ROUTINE_TYPE = 'FUNCTION' AND ROUTINE_NAME = :f",
+        soci::use(function), soci::into(functions);
   }
   CHECK(name == (mysql8 ? "0014_session_fences.mysql.sql" : "0014_session_fences.sql"));
   CHECK(sequences == (mysql8 ? 0 : 1));
+  CHECK(name17 == (mysql8 ? "0017_session_marker_read.mysql.sql" : "0017_session_marker_read.sql"));
+  CHECK(functions == (mysql8 ? 0 : 1));
   // The whole script of the server's flavor says which it is.
   const std::string script = dblock::migration_sql(ctx.db);
   CHECK(script.find(mysql8 ? " (MySQL 8)" : " (MariaDB)") != std::string::npos);
