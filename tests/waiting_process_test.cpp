@@ -319,10 +319,18 @@ overtaking_check overtaking(const loop_run& r) {
     ++out.checked;
     const long long mine = ticket_of(*last, g.proc);
     for (const auto& [ticket, q] : last->entries) {
-      const bool served = std::any_of(r.grants.begin(), r.grants.end(), [&](const grant& h) {
-        return h.proc == q && h.enter_ns > last->start_ns && h.enter_ns < g.enter_ns;
+      if (q == g.proc || ticket >= mine) continue;
+      // Only a worker that waited through the whole read can be overtaken by its entry: where
+      // the queue exit is deferred (MySQL/MariaDB), a holder's entry stays until its release,
+      // and such an entry waits for nothing (the acquire leaves the owner's own entries out).
+      // A worker that waited through the read had no other live entry (its last release made
+      // sure the previous one was gone), and this wait's grant must come before g's.
+      const auto wait = std::find_if(r.grants.begin(), r.grants.end(), [&](const grant& h) {
+        return h.proc == q && h.request_ns <= last->start_ns && h.enter_ns >= last->end_ns;
       });
-      if (q != g.proc && ticket < mine && !served && out.problem.empty())
+      if (wait == r.grants.end()) continue;
+      const bool served = wait->enter_ns < g.enter_ns;
+      if (!served && out.problem.empty())
         out.problem = "fence " + std::to_string(g.fence) + " went to worker " +
                       std::to_string(g.proc) + " (ticket " + std::to_string(mine) +
                       ") ahead of worker " + std::to_string(q) + " (ticket " +
@@ -331,6 +339,31 @@ overtaking_check overtaking(const loop_run& r) {
   }
   return out;
 }
+
+}  // namespace
+
+// The overtaking check on runs made up for it: a waiter overtaken is found, and a holder's entry
+// left in the queue until its release (MySQL/MariaDB defer the queue exit) is not taken for a
+// waiter (the soak of 2026-12-07 failed on that: "fence 41 went to worker 3 (ticket 40) ahead
+// of worker 1 (ticket 39)", worker 1 holding fence 40 at the read).
+TEST_CASE("overtaking check: a waiter passed is found, a holder's deferred entry is not",
+          "[unit][waiting]") {
+  auto run = [](long long q_enter) {
+    loop_run r;
+    // Worker 0 asks at 0 and gets fence 1 at q_enter; worker 1 asks at 5 and gets fence 2 at 20.
+    grant q{0, 1, 0, q_enter, q_enter + 3}, g{1, 2, 5, 20, 23};
+    r.grants = q_enter < 20 ? std::vector<grant>{q, g} : std::vector<grant>{g, q};
+    // Read between 11 and 12, during worker 1's wait: both entries, worker 0's ahead.
+    r.snapshots.push_back({11, 12, {{1, 0}, {2, 1}}});
+    return overtaking(r);
+  };
+  const auto passed = run(30);  // worker 0 waited through the read and got its grant after 20
+  CHECK_FALSE(passed.problem.empty());
+  CHECK(run(15).problem.empty());  // worker 0 served after the read, before worker 1
+  CHECK(run(10).problem.empty());  // worker 0 held at the read: its entry waited for nothing
+}
+
+namespace {
 
 // The steady state [from, to): after two rounds and, with `all_started`, once every worker has
 // had its first grant (a worker process that started late, on a loaded or instrumented build,
