@@ -194,6 +194,35 @@ row mysql_get_lock_fenced(const backend_ctx& on, int keys) {
   return r;
 }
 
+// GET_LOCK with a fence from a counter row per name, as MySQL 8 (no SEQUENCE) would have to
+// give one: an autocommit upsert that bumps the name's counter and hands the value back through
+// LAST_INSERT_ID(expr) in the OK packet (a durable write per grant), then RELEASE_LOCK. The floor
+// of a session lease on MySQL 8, to set beside dblock.lease (row mode: two durable writes per
+// cycle) when deciding whether session mode pays there (docs/mysql.md).
+row mysql_get_lock_counter(int keys) {
+  row r{"mysql.get_lock_counter", "alternative", "mysql.get_lock",
+        "GET_LOCK(name, 0), an upsert bumping the name's counter row with LAST_INSERT_ID(v + 1) "
+        "(autocommit, durable), RELEASE_LOCK: the floor of a session lease on MySQL 8"};
+  r.setup = [keys](backend_ctx& b, int t) {
+    auto c = std::shared_ptr<raw_client>(connect_raw(b.url));
+    const std::string bump = "INSERT INTO " + b.prefix +
+                             "bench_fence_counter (name, v) VALUES (:k, LAST_INSERT_ID(1)) ON "
+                             "DUPLICATE KEY UPDATE v = LAST_INSERT_ID(v + 1)";
+    return cycle_fn([c, t, keys, bump] {
+      const std::string k = key_name(t, keys);
+      if (c->run("gl", "SELECT GET_LOCK(:k, 0)", {{"k", k}}).value != 1) return false;
+      const bool fenced = c->run("bump", bump, {{"k", k}}).insert_id > 0;
+      return c->run("rl", "SELECT RELEASE_LOCK(:k)", {{"k", k}}).value == 1 && fenced;
+    });
+  };
+  r.prepare = [](backend_ctx& b, std::ostream&) {
+    b.db.connect().session() << "CREATE TABLE IF NOT EXISTS " + b.prefix +
+                                    "bench_fence_counter (name VARCHAR(190) PRIMARY KEY, v BIGINT "
+                                    "NOT NULL) ENGINE=InnoDB";
+  };
+  return r;
+}
+
 // `keys` names `prefix` + k, each marked for session mode: a name's first session-mode acquire
 // marks it (one durable write, once per name), done at set-up, outside the measurement, which is
 // about the steady state.
@@ -291,6 +320,7 @@ std::vector<row> alternative_rows(backend_ctx& b, const options& o) {
                               pg_fenced_lock(b) + ";\nSELECT pg_advisory_unlock(:k);\n", o));
   }
   if (my) ops.push_back(mysql_get_lock_fenced(b, keys));
+  if (my) ops.push_back(mysql_get_lock_counter(keys));
   if (my && b.session_leases) ops.push_back(lease_session_row(keys, "mysql.get_lock"));
   if (my && b.session_leases) ops.push_back(raw_session_row(keys, "mysql.get_lock"));
   if (my)
