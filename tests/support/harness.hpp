@@ -307,6 +307,22 @@ std::string read_file(const std::string& path);
 /// Waits until a file exists; false after `timeout`.
 bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout);
 
+/// A rendezvous of `parties` threads or processes through files in `dir` (a negative control
+/// forcing the overlap it needs): party `me` (0 .. parties-1) writes "<dir>/<tag>.<me>", then
+/// waits until the files of every party exist. False after `timeout` (a party that never came).
+inline bool file_rendezvous(const std::string& dir, const std::string& tag, int me, int parties,
+                            std::chrono::milliseconds timeout) {
+  write_file_atomic(dir + "/" + tag + "." + std::to_string(me), "here\n");
+  const long long deadline = monotonic_ns() + timeout.count() * ns_per_ms;
+  for (int p = 0; p < parties; ++p) {
+    const long long left_ms = (deadline - monotonic_ns()) / ns_per_ms;
+    if (left_ms < 0 || !wait_for_file(dir + "/" + tag + "." + std::to_string(p),
+                                      std::chrono::milliseconds(left_ms)))
+      return false;
+  }
+  return true;
+}
+
 /// A database on `url` with table prefix `prefix` and `pool` pooled connections.
 database open_db(const std::string& url, const std::string& prefix, std::size_t pool);
 
