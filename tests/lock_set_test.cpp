@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -189,15 +190,20 @@ std::vector<std::string> random_names(std::mt19937_64& rng, const std::vector<st
 }  // namespace
 
 // args: url prefix name_prefix pool_size iterations start_ns counter_table out_file seed mode
+//       index workers dir
 // mode "set": lock_set.acquire, hold, a read-sleep-write increment per name (the writes fenced);
 // log "name fence enter exit"; an acquire that times out is logged as "T" and ends the worker.
-// mode "one-by-one" (negative control): each name's lease_lock in the random order, holding the
-// earlier ones; the first timeout is logged as "T" and ends the worker.
+// mode "one-by-one" (negative control): worker `index` of `workers` takes the names `index` and
+// `index` + 1 (mod `workers`) one by one, each with its own lease_lock, holding the first; the
+// workers meet (files in `dir`) once each holds its first name, so the second names close a
+// cycle of holders every time; the first timeout is logged as "T" and ends the worker.
 DBLOCK_WORKER(lock_set_worker) {
   const std::string name_prefix = args.at(2);
   const int pool_size = std::stoi(args.at(3)), iterations = std::stoi(args.at(4));
   const long long start_ns = std::stoll(args.at(5));
   const std::string table = args.at(6), mode = args.at(9);
+  const int index = std::stoi(args.at(10)), workers = std::stoi(args.at(11));
+  const std::string dir = args.at(12);
   std::mt19937_64 rng(std::stoull(args.at(8)));
   auto db = open_db(args.at(0), args.at(1), 3);
   db.ping();
@@ -219,10 +225,18 @@ DBLOCK_WORKER(lock_set_worker) {
   for (int i = 0; i < iterations; ++i) {
     const auto names = random_names(rng, pool);
     if (mode == "one-by-one") {
+      // (workers <= pool_size)
+      const std::vector<std::string> mine = {
+          pool.at(static_cast<std::size_t>(index)),
+          pool.at(static_cast<std::size_t>((index + 1) % workers))};
       std::vector<lease_guard> held;
       try {
-        for (const auto& n : names)
+        for (const auto& n : mine) {
           held.push_back(dblock::lease_lock(db, n, lo).acquire(wait));
+          if (held.size() == 1 && !file_rendezvous(dir, "first" + std::to_string(i), index, workers,
+                                                   std::chrono::seconds(60)))
+            throw std::runtime_error("the other workers did not take their first name in 60 s");
+        }
       } catch (const dblock::error& e) {
         if (e.code() != errc::timeout) throw;
         out << "T\n";
@@ -291,10 +305,11 @@ set_run run_set_workers(const dblock::test::context& ctx, const std::string& mod
   const long long start_ns = monotonic_ns() + 800 * ns_per_ms;
   std::random_device rd;
   for (int i = 0; i < procs; ++i)
-    ps.spawn("lock_set_worker",
-             {ctx.url, ctx.prefix, name_prefix, std::to_string(pool_size),
-              std::to_string(iterations), std::to_string(start_ns), ctx.table("counter"),
-              dir.file("w" + std::to_string(i) + ".log"), std::to_string(rd()), mode});
+    ps.spawn(
+        "lock_set_worker",
+        {ctx.url, ctx.prefix, name_prefix, std::to_string(pool_size), std::to_string(iterations),
+         std::to_string(start_ns), ctx.table("counter"), dir.file("w" + std::to_string(i) + ".log"),
+         std::to_string(rd()), mode, std::to_string(i), std::to_string(procs), dir.path});
   const auto st = ps.wait_all(std::chrono::seconds(240));
   for (std::size_t i = 0; i < st.size(); ++i) {
     INFO("lock set worker " << i << " exit status " << st[i]
@@ -392,9 +407,13 @@ DBLOCK_TEST("lock set: processes taking random overlapping sets in random order 
   CHECK(r.overlapping_sets);          // disjoint sets really ran at the same time
 }
 
+// The cycle is forced, not hoped for from random orders: three workers take two names each in
+// their own order (0 then 1, 1 then 2, 2 then 0) and meet once each holds its first, so every
+// second name is held by the next worker of the cycle, at any speed. No one can go on before
+// someone's wait runs out (the watchdog keeps every lease), so at least one times out.
 DBLOCK_TEST("negative control: the same names taken one by one in the callers' order deadlock",
             "[lock_set][processes][control]") {
-  auto r = run_set_workers(ctx, "one-by-one", 8, 60);
+  auto r = run_set_workers(ctx, "one-by-one", 3, 1);
   INFO("workers that waited 2 s in a cycle of holders: " << r.timeouts);
   CHECK(r.timeouts > 0);
 }
