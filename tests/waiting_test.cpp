@@ -402,7 +402,10 @@ DBLOCK_TEST("a waiter that gives up deletes its queue entry after a failed try",
 // release (PostgreSQL and MySQL: the handle's local ring, which names no head, wakes its
 // lowest ticket; SQLite: polling), tries at once, and its acquire statement refuses while the
 // earlier entry lives. Once that entry is gone it takes the lease. Negative control: a waiter
-// that is not fair takes the freed lease past the same entry.
+// that is not fair takes the freed lease past the same entry. The entry lives until the test
+// removes it, after the look: the fair waiter is watched for a window that grows with the
+// machine's pace (not taking it is the safety property), the unfair one until it has taken the
+// lease (20 s at most), so that it overtakes every time, however slow its poll or ring.
 DBLOCK_TEST("a fair waiter woken out of turn does not take the lease past an earlier entry",
             "[waiting]") {
   const std::string name = "order-" + dblock::test::random_suffix();
@@ -433,8 +436,9 @@ DBLOCK_TEST("a fair waiter woken out of turn does not take the lease past an ear
       }
     });
     const bool queued = wait_for_waiters(ctx, name, 2, milliseconds(20000));
+    const long long window_ms = fair ? scaled_bound_ms(ctx.db, 800) : 20000;
     h.release();
-    const long long until = monotonic_ns() + 800 * ns_per_ms;
+    const long long until = monotonic_ns() + window_ms * ns_per_ms;
     while (!acquired.load() && monotonic_ns() < until)
       std::this_thread::sleep_for(milliseconds(5));
     const bool overtook = acquired.load();
@@ -443,6 +447,7 @@ DBLOCK_TEST("a fair waiter woken out of turn does not take the lease past an ear
     REQUIRE(queued);
     INFO("waiter: " << failure);
     REQUIRE(got);
+    INFO("watched for " << window_ms << " ms after the release");
     CHECK(overtook == !fair);
     got->release();
   }
