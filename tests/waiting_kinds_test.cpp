@@ -70,7 +70,9 @@ struct waiter_thread {
 // A wait of another handle (`wait`, on its own thread) queued in `queue` and then freed by
 // `free_it`: how long after the freeing it was granted (ms), whether a ring reached it, and the
 // rows list_locks() showed for `queue` with one waiter while it waited. Fails the test when the
-// waiter never queued or failed, or was not rung.
+// waiter never queued or failed, or was not rung. The handle listens before the waiter comes (a
+// probe keeps it listening), so the waiter is confirmed as it enlists and sleeps relying on
+// rings from its first read; the freeing waits until it is queued and confirmed (ring_probe).
 struct rung_wait {
   long long after_ms = -1;
   bool woken = false;
@@ -79,15 +81,18 @@ struct rung_wait {
 rung_wait wait_rung(const context& ctx, const std::string& queue, counted_handle& h,
                     const std::function<lease_guard()>& wait,
                     const std::function<void()>& free_it) {
+  ring_probe early(h.db);
+  const bool listening = early.wait_reached(milliseconds(20000));
   waiter_thread waiter(wait);
-  const bool queued = wait_for_waiters(ctx, queue, 1, milliseconds(20000));
-  std::this_thread::sleep_for(milliseconds(500));  // subscribed, asleep in its wait
+  const bool queued = wait_for_waiters(ctx, queue, 1, milliseconds(20000)) &&
+                      wait_rings_reach(h.db, milliseconds(20000));
   rung_wait r;
   for (const auto& l : dblock::list_locks(ctx.db))
     if (l.name == queue && l.waiters == 1) ++r.listed;
   const long long freed = monotonic_ns();
   free_it();
   waiter.join();
+  REQUIRE(listening);
   REQUIRE(queued);
   INFO("waiter: " << waiter.error);
   REQUIRE(waiter.error.empty());

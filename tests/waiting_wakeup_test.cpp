@@ -73,6 +73,10 @@ handoff_result handoff(const dblock::test::context& ctx, const dblock::database&
                        const std::function<void()>& before_release = {}) {
   auto h = hold_long(ctx, name);
   handoff_result r;
+  // The handle listens before the waiter comes (a probe keeps it listening), so the waiter is
+  // confirmed as it enlists and sleeps relying on rings from its first read.
+  ring_probe early(wdb);
+  const bool listening = early.wait_reached(milliseconds(20000));
   std::atomic<long long> granted{0};
   std::thread t([&] {
     try {
@@ -87,14 +91,17 @@ handoff_result handoff(const dblock::test::context& ctx, const dblock::database&
       r.error = e.what();
     }
   });
-  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
-  std::this_thread::sleep_for(milliseconds(500));  // LISTEN confirmed, doorbell watched
+  // Queued and confirmed by the handle's listener (LISTEN in place, sleep in flight, doorbell
+  // watched).
+  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000)) &&
+                      wait_rings_reach(wdb, milliseconds(20000));
   std::string cut_error;
   if (cut) r.cut = cut_channel(ctx, tag, cut_error);
   if (before_release) before_release();
   const long long released = monotonic_ns();
   h.release();
   t.join();
+  REQUIRE(listening);
   REQUIRE(queued);
   INFO(cut_error);
   REQUIRE(r.cut >= 0);
@@ -237,14 +244,27 @@ struct bell_thief {
       }
       const std::string lock = "dblock-bell-" + bell;
       auto thief = ctx.db.connect();
+      long long thief_id = 0;
+      thief.session() << "SELECT CONNECTION_ID()", soci::into(thief_id);
+      std::atomic<bool> returned{false};
       std::thread queue_up([&] {
         try {
           thief.session() << "SELECT GET_LOCK(:l, 10)", soci::use(lock), soci::into(taken);
         } catch (const std::exception& e) {
           failure = e.what();
         }
+        returned = true;
       });
-      std::this_thread::sleep_for(milliseconds(300));  // queued behind the sleeping connection
+      // Queued behind the sleeping connection: the server shows the thief's session waiting
+      // for the user-level lock (or its GET_LOCK has returned already, which the checks see).
+      const long long until = monotonic_ns() + 20000 * ns_per_ms;
+      for (long long waiting = 0; waiting == 0 && !returned.load() && monotonic_ns() < until;) {
+        auto c = ctx.db.connect();
+        c.session() << "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = :i AND "
+                       "COMMAND = 'Query' AND STATE = 'User lock'",
+            soci::use(thief_id), soci::into(waiting);
+        if (waiting == 0) std::this_thread::sleep_for(milliseconds(5));
+      }
       std::string cut_error;
       const int cut = cut_channel(ctx, tag, cut_error);
       queue_up.join();
@@ -364,11 +384,20 @@ DBLOCK_TEST("an idle handle stops listening for wake-ups and listens again for i
     // Still listening at once (the second of grace), not listening once idle.
     if (ctx.backend == "postgresql") CHECK(just_after.rfind("LISTEN \"dblock_w_", 0) == 0);
     if (round == 2) break;
-    std::this_thread::sleep_for(milliseconds(ctx.backend == "mysql" ? 2600 : 1600));
-    const std::string idle = listener_state(ctx, tag);
+    // Idle: PostgreSQL unlistens after its second of grace, MySQL's last sleep ends within 2 s;
+    // watched on the server until then (30 s at most). SQLite, which shows nothing, pauses.
+    const std::string idle_state = ctx.backend == "postgresql" ? "UNLISTEN *"
+                                   : ctx.backend == "mysql"    ? "0 sleeps"
+                                                               : "";
+    if (idle_state.empty()) std::this_thread::sleep_for(milliseconds(1600));
+    const long long until = monotonic_ns() + 30000 * ns_per_ms;
+    std::string idle = listener_state(ctx, tag);
+    while (idle != idle_state && monotonic_ns() < until) {
+      std::this_thread::sleep_for(milliseconds(20));
+      idle = listener_state(ctx, tag);
+    }
     INFO("listener when idle: " << idle);
-    if (ctx.backend == "postgresql") CHECK(idle == "UNLISTEN *");
-    if (ctx.backend == "mysql") CHECK(idle == "0 sleeps");
+    CHECK(idle == idle_state);
   }
 }
 
@@ -419,6 +448,8 @@ DBLOCK_TEST("a forced release wakes a waiter of another handle at once", "[waiti
   const std::string name = "forced-" + dblock::test::random_suffix();
   auto h = hold_long(ctx, name);
   auto wdb = ctx.open();
+  ring_probe early(wdb);  // listening before the waiter comes (see handoff())
+  const bool listening = early.wait_reached(milliseconds(20000));
   long long granted = 0;
   std::string err;
   std::thread t([&] {
@@ -434,12 +465,13 @@ DBLOCK_TEST("a forced release wakes a waiter of another handle at once", "[waiti
       err = e.what();
     }
   });
-  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
-  std::this_thread::sleep_for(milliseconds(500));  // subscribed, asleep in its wait
+  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000)) &&
+                      wait_rings_reach(wdb, milliseconds(20000));  // subscribed
   auto admin = ctx.open();
   const long long forced = monotonic_ns();
   const auto f = dblock::force_release(admin, name, "test: holder stuck", "waiting_test");
   t.join();
+  REQUIRE(listening);
   REQUIRE(queued);
   INFO("waiter: " << err);
   REQUIRE(err.empty());

@@ -152,6 +152,14 @@ round_result hand_around(const dblock::test::context& ctx, int n, bool share) {
     events.push_back(std::make_shared<counting_listener>());
     dbs.push_back(waiting_handle(ctx, tag, share, events.back()));
   }
+  // Each handle listens before its waiter comes (a probe keeps it listening meanwhile), so that
+  // the waiter is confirmed as it enlists and sleeps relying on rings from its first read.
+  std::vector<std::unique_ptr<ring_probe>> early;
+  bool listening = true;
+  for (auto& d : dbs) {
+    early.push_back(std::make_unique<ring_probe>(d));
+    listening = listening && early.back()->wait_reached(milliseconds(20000));
+  }
   round_result r;
   std::mutex mu;
   std::atomic<long long> released{0}, last{0};
@@ -175,13 +183,17 @@ round_result hand_around(const dblock::test::context& ctx, int n, bool share) {
         r.errors += std::string(e.what()) + "\n";
       }
     });
-  const bool queued = wait_for_waiters(ctx, name, n, milliseconds(20000));
-  std::this_thread::sleep_for(milliseconds(500));  // listeners confirmed
+  bool queued = wait_for_waiters(ctx, name, n, milliseconds(20000));
+  // Every waiter confirmed by its handle's listener (PostgreSQL: the LISTEN connections are in
+  // place, as the count below needs).
+  for (auto& d : dbs)
+    queued = queued && wait_rings_reach(d, milliseconds(20000));
   if (ctx.backend == "postgresql") r.listening = listeners(ctx, tag);
   released.store(monotonic_ns());
   h.release();
   for (auto& t : ts)
     t.join();
+  REQUIRE(listening);
   REQUIRE(queued);
   r.last_grant_ms = (last.load() - released.load()) / ns_per_ms;
   for (const auto& e : events)

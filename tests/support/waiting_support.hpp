@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -19,8 +20,49 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "internals.hpp"
+#include "wake/hub.hpp"
 
 namespace dblock::test {
+
+/// A test's look at whether rings from other processes and handles reach the waiters of one
+/// database handle: a probe waiter enlisted in the handle's wake hub (under a name of its own,
+/// which no release rings, so it never takes a ring from a real waiter) and asked what the hub
+/// answers each waiter before it decides to sleep relying on rings (wake_hub::live()). The
+/// handle's listener confirms its waiters together, in the order they came (PostgreSQL: the
+/// LISTEN in place; MySQL: a sleep in flight after they came; SQLite: the watch armed), so once
+/// the probe is confirmed, every waiter that enlisted before it is too. Leaves on destruction.
+class ring_probe {
+ public:
+  explicit ring_probe(const dblock::database& db)
+      : hub_(detail::access::impl(db)->hub),
+        w_(hub_->enlist("dblock-test-probe/" + random_suffix(12), random_suffix(32),
+                        dblock::cancellation())) {}
+  ~ring_probe() { hub_->leave(w_, false); }
+  ring_probe(const ring_probe&) = delete;
+  ring_probe& operator=(const ring_probe&) = delete;
+  /// Polls until rings reach the probe (and so every waiter enlisted before it); false after
+  /// `timeout`, or at once where no ring from another handle can reach this one.
+  bool wait_reached(std::chrono::milliseconds timeout) const {
+    if (!hub_->rings_across()) return false;
+    const long long deadline = monotonic_ns() + timeout.count() * 1000000LL;
+    while (!hub_->live(*w_)) {
+      if (monotonic_ns() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return true;
+  }
+
+ private:
+  std::shared_ptr<detail::wake_hub> hub_;
+  std::shared_ptr<detail::wake_waiter> w_;
+};
+
+/// Waits until the waiters of `db`'s handle that have enlisted so far are reached by rings from
+/// other handles and processes (ring_probe); false after `timeout`.
+inline bool wait_rings_reach(const dblock::database& db, std::chrono::milliseconds timeout) {
+  return ring_probe(db).wait_reached(timeout);
+}
 
 /// Checks the three ends of a wait behind a holder, `wait(timeout)` and `wait(timeout, c)` (an
 /// acquire() or campaign()): 300 ms time out (errc::timeout, not before 290 ms), a cancellation
