@@ -16,6 +16,7 @@
 #include <future>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -420,16 +421,33 @@ DBLOCK_WORKER(resigning_leader) {
   return 0;
 }
 
+// args: url prefix name identity hold_ms ttl_ms resign|crash out_file min_left_ms
 // A candidate in another process with a lease of `ttl_ms`: wins within 10 s, holds `hold_ms`,
-// then resigns ("resign") or dies without a word ("crash": its lease runs out at its TTL).
+// then resigns ("resign") or dies without a word ("crash": its lease runs out at its TTL). A
+// crash waits first until the leadership has at least `min_left_ms` left (remaining(), a
+// conservative count: the lease lives at least that long after it was asked). Writes
+// "<won> <end> <left_ms>" to `out_file` just before it ends (CLOCK_MONOTONIC ns: when the
+// campaign returned, when it resigned or crashed, and remaining() asked at `end`; 0 for a
+// resignation).
 DBLOCK_WORKER(short_leader) {
   auto db = open_db(args.at(0), args.at(1), 2);
   dblock::lease_options o;
   o.ttl = milliseconds(std::stoll(args.at(5)));
   election e(db, args.at(2), args.at(3), o);
   auto l = e.campaign(std::chrono::seconds(10));
+  const long long won = monotonic_ns();
   std::this_thread::sleep_for(milliseconds(std::stoll(args.at(4))));
-  if (args.at(6) == "crash") std::_Exit(0);
+  const bool crash = args.at(6) == "crash";
+  const long long give_up = monotonic_ns() + 60000 * ns_per_ms;
+  while (crash && l.remaining() < milliseconds(std::stoll(args.at(8)))) {
+    if (monotonic_ns() > give_up) return 5;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  const long long end = monotonic_ns();
+  const long long left_ms = crash ? l.remaining().count() : 0;
+  write_file_atomic(args.at(7), std::to_string(won) + " " + std::to_string(end) + " " +
+                                    std::to_string(left_ms) + "\n");
+  if (crash) std::_Exit(0);
   l.resign();
   return 0;
 }
@@ -535,8 +553,13 @@ DBLOCK_TEST("election: watch follows a leader of another process: none, won, res
 
 // The cross-process wake-up of followers: with a poll of an hour, a leader of another process
 // that wins and resigns is seen at once, each change by its ring (the follower's safety-net
-// reads come at the leader's expiry, 20 s here, and at its entry's refresh, 10 s). The control:
-// a leader that dies rings nobody, and the follower sees the end only at the lease's expiry.
+// reads come at the leader's expiry, 20 s here, and at its entry's refresh, 10 s): the end
+// within `rung` of the resignation (a liveness bound, scaled to the machine's pace). The
+// control: a leader that dies rings nobody, and the follower sees the end only at the lease's
+// expiry. It dies with at least `rung` of its lease left (it waits for that, its TTL three times
+// `rung`), so the end is seen no sooner than that after the crash (never before the TTL) and the
+// resignation's check fails on it at any speed. The followers start before the leader, once
+// their queue entries are in and their handle's listener has confirmed them (ring_probe).
 // Behind a transaction pooler no ring can reach the follower (no LISTEN): it reads every poll.
 DBLOCK_TEST(
     "election: a follower is rung by a leader of another process, and a dead one is seen "
@@ -547,19 +570,20 @@ DBLOCK_TEST(
   for (const std::string mode : {"resign", "crash"}) {
     INFO(mode);
     const std::string name = unique_name("rung");
-    const std::string ttl = mode == "resign" ? "20000" : "3000";
+    const long long rung = scaled_bound_ms(ctx.db, 1200);
+    const std::string ttl = mode == "resign" ? "20000" : std::to_string(std::max(3000LL, 3 * rung));
     std::mutex mu;
     std::condition_variable cv;
     // Two followers on one handle: its wake-up channel carries both entries (MySQL: the
     // interrupted sleeper reads which to wake, rather than waking its only one).
-    std::vector<std::pair<std::string, steady::time_point>> seen, seen2;
-    auto follow = [&](std::vector<std::pair<std::string, steady::time_point>>& out) {
+    std::vector<std::pair<std::string, long long>> seen, seen2;  // (leader, monotonic ns)
+    auto follow = [&](std::vector<std::pair<std::string, long long>>& out) {
       return election::watch(
           ctx.db, name,
           [&](const std::optional<leader_info>& l) {
             if (l && l->identity.empty()) return;  // won, not announced yet: a moment
             std::lock_guard<std::mutex> g(mu);
-            out.emplace_back(l ? l->identity : std::string("none"), steady::now());
+            out.emplace_back(l ? l->identity : std::string("none"), monotonic_ns());
             cv.notify_all();
           },
           poll);
@@ -571,27 +595,40 @@ DBLOCK_TEST(
       return cv.wait_for(g, limit, [&] { return seen.size() >= n && seen2.size() >= n; });
     };
     REQUIRE(wait_for(1, std::chrono::seconds(15)));  // the state at the start
-    // Past the follower's joining of the queue (a first read, then its entry and its LISTEN).
-    std::this_thread::sleep_for(milliseconds(500));
+    if (!pooled) {  // both followers in the queue, reached by rings
+      REQUIRE(wait_for_waiters(ctx, name + "\xEF\xBF\xBFW", 2, milliseconds(20000)));
+      REQUIRE(wait_rings_reach(ctx.db, milliseconds(20000)));
+    }
+    temp_dir dir("rung");
     process_set ps;
-    const int pid = ps.spawn("short_leader", {ctx.url, ctx.prefix, name, "far", "300", ttl, mode});
-    CHECK(wait_for(3, std::chrono::seconds(9)));  // the win seen by its ring, within the 10 s
-    CHECK(ps.wait(pid, std::chrono::seconds(20)) == 0);
+    const int pid = ps.spawn("short_leader", {ctx.url, ctx.prefix, name, "far", "300", ttl, mode,
+                                              dir.file("leader"), std::to_string(rung)});
+    CHECK(wait_for(3, std::chrono::seconds(31 + std::stoll(ttl) / 1000)));
+    CHECK(ps.wait(pid, std::chrono::seconds(90)) == 0);
     w.stop();
     w2.stop();
+    long long won = 0, end = 0, left_ms = -1;
+    std::istringstream(read_file(dir.file("leader"))) >> won >> end >> left_ms;
+    REQUIRE(end > 0);
     std::lock_guard<std::mutex> g(mu);
     for (const auto* s : {&seen, &seen2}) {
       REQUIRE(s->size() == 3);
       CHECK((*s)[0].first == "none");
       CHECK((*s)[1].first == "far");
       CHECK((*s)[2].first == "none");
-      const auto held = std::chrono::duration_cast<milliseconds>((*s)[2].second - (*s)[1].second);
-      INFO("the leadership was seen for " << held.count() << " ms (held 300 ms, TTL " << ttl
-                                          << " ms)");
-      if (mode == "resign")
-        CHECK(held < milliseconds(1500));  // rung at the resignation, not at the expiry (20 s)
-      else
-        CHECK(held >= milliseconds(2000));  // nothing rang: seen at the expiry (3 s after the win)
+      const long long win_seen_ms = ((*s)[1].second - won) / ns_per_ms;
+      const long long end_seen_ms = ((*s)[2].second - end) / ns_per_ms;
+      INFO("the win was seen " << win_seen_ms << " ms after it, the end " << end_seen_ms
+                               << " ms after the " << mode << " (TTL " << ttl << " ms, " << left_ms
+                               << " ms of it left at a crash; rung within " << rung << " ms)");
+      CHECK(win_seen_ms < 9000);  // by its ring, not at the follower's refresh read (10 s)
+      if (mode == "resign") {
+        CHECK(end_seen_ms < rung);  // rung at the resignation, not at the expiry (20 s)
+      } else {
+        CHECK(left_ms >= rung);
+        CHECK(end_seen_ms >= left_ms);    // nothing rang: seen at the expiry, never before
+        CHECK_FALSE(end_seen_ms < rung);  // so the resignation's check fails on it
+      }
     }
   }
 }
