@@ -95,6 +95,7 @@ handoff_result handoff(const dblock::test::context& ctx, const dblock::database&
   // watched).
   const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000)) &&
                       wait_rings_reach(wdb, milliseconds(20000));
+  let_confirmation_look_end(wdb);
   std::string cut_error;
   if (cut) r.cut = cut_channel(ctx, tag, cut_error);
   if (before_release) before_release();
@@ -467,6 +468,7 @@ DBLOCK_TEST("a forced release wakes a waiter of another handle at once", "[waiti
   });
   const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000)) &&
                       wait_rings_reach(wdb, milliseconds(20000));  // subscribed
+  let_confirmation_look_end(wdb);
   auto admin = ctx.open();
   const long long forced = monotonic_ns();
   const auto f = dblock::force_release(admin, name, "test: holder stuck", "waiting_test");

@@ -188,6 +188,7 @@ round_result hand_around(const dblock::test::context& ctx, int n, bool share) {
   // place, as the count below needs).
   for (auto& d : dbs)
     queued = queued && wait_rings_reach(d, milliseconds(20000));
+  let_confirmation_look_end(ctx.db);
   if (ctx.backend == "postgresql") r.listening = listeners(ctx, tag);
   released.store(monotonic_ns());
   h.release();

@@ -64,6 +64,19 @@ inline bool wait_rings_reach(const dblock::database& db, std::chrono::millisecon
   return ring_probe(db).wait_reached(timeout);
 }
 
+/// After wait_rings_reach(): lets the one look end that a waiter confirmed after its last read
+/// takes at its confirmation (it reads the lock once more, then sleeps relying on rings). A
+/// release during that look can be found by the look, not rung, and nothing shows the look from
+/// outside the waiter, so it gets a liveness bound of its own: max(500 ms, 200 round trips at the
+/// pace of `db`). A probe that started the handle's listener before the waiter came makes the
+/// look rare (the waiter is confirmed as it enlists); SQLite's doorbell is watched from the
+/// waiter's enlisting on, so its waiters never take one.
+inline void let_confirmation_look_end(const dblock::database& db) {
+  if (db.backend() == "sqlite") return;
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(liveness_bound_ms(0, median_round_trip_us(db))));
+}
+
 /// Checks the three ends of a wait behind a holder, `wait(timeout)` and `wait(timeout, c)` (an
 /// acquire() or campaign()): 300 ms time out (errc::timeout, not before 290 ms), a cancellation
 /// 200 ms in ends a 20 s wait (errc::cancelled), and `release()` 200 ms into a 20 s wait lets it
