@@ -260,20 +260,24 @@ DBLOCK_TEST_ONLY("postgresql",
   // B, in this process, follows.
   std::atomic<long long> granted{0};
   std::string error;
+  auto bdb = waiting_handle(ctx, tag, true);
+  ring_probe early(bdb);  // B's handle confirms its waiter as it enlists (see waiting_support)
   std::thread b([&] {
     try {
       dblock::lease_options lo;
       lo.ttl = std::chrono::seconds(30);       // its queue entry is refreshed every 10 s only
       lo.poll_max = std::chrono::seconds(30);  // so only a ring makes it quick
-      dblock::lease_lock lk(waiting_handle(ctx, tag, true), name, lo);
+      dblock::lease_lock lk(bdb, name, lo);
       auto g = lk.acquire(std::chrono::seconds(120));
       granted.store(monotonic_ns());
     } catch (const std::exception& e) {
       error = e.what();
     }
   });
-  const bool queued = wait_for_waiters(ctx, name, 2, milliseconds(20000));
-  std::this_thread::sleep_for(milliseconds(300));
+  // B queued and its handle's listener confirmed it: the release can ring it.
+  const bool queued = wait_for_waiters(ctx, name, 2, milliseconds(20000)) &&
+                      wait_rings_reach(bdb, milliseconds(20000));
+  let_confirmation_look_end(bdb);
   const long long bound = scaled_bound_ms(ctx.db, 2000);
   const auto both = listeners(ctx, tag);
   REQUIRE(::kill(a, SIGKILL) == 0);
@@ -327,11 +331,13 @@ DBLOCK_TEST_ONLY("postgresql",
   auto h = hold(ctx, name);
   std::atomic<long long> granted{0};
   std::string error;
+  ring_probe early(wdb);
   std::thread t = wait_on_thread(wdb, name, granted, error);
-  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000));
+  const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000)) &&
+                      wait_rings_reach(wdb, milliseconds(20000));
   const auto l = await_listeners(
       ctx, tag, [](const auto& x) { return x.size() == 1; }, milliseconds(5000));
-  std::this_thread::sleep_for(milliseconds(300));
+  let_confirmation_look_end(wdb);
   const long long bound = scaled_bound_ms(ctx.db, 2000);
   const long long released = monotonic_ns();
   h.release();
@@ -363,15 +369,17 @@ DBLOCK_TEST_ONLY("postgresql",
   REQUIRE(h);
   std::atomic<long long> granted{0};
   std::string error;
+  ring_probe early(wdb);
   std::thread t = wait_on_thread(wdb, name, granted, error);
   REQUIRE(wait_for_waiters(ctx, name, 1, milliseconds(20000)));
+  REQUIRE(wait_rings_reach(wdb, milliseconds(20000)));
   const std::string bell = entry_bell(ctx, name);
   INFO("the waiter's bell: " << bell);
   REQUIRE(bell.size() == 32);
   REQUIRE(bell[16] == '.');
   const std::string host = bell.substr(0, 16);
-  raw_listener heard(ctx, "dblock_w_" + host);     // where the release would notify it
-  std::this_thread::sleep_for(milliseconds(300));  // the waiter relies on rings by now
+  raw_listener heard(ctx, "dblock_w_" + host);  // where the release would notify it
+  let_confirmation_look_end(wdb);               // the waiter relies on rings by now
   const long long bound = scaled_bound_ms(ctx.db, 2000);
   const long long released = monotonic_ns();
   h->release();
