@@ -297,7 +297,6 @@ external_mysql_suite() {
     return "$status"
 }
 
-
 # Each test process drops its per-backend counts here (see tests/support).
 # Fresh per run so that results of earlier runs cannot be counted.
 DBLOCK_TEST_SUMMARY_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dblock-summary.XXXXXX")

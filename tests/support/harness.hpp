@@ -244,6 +244,8 @@ struct test_skipped {};
 
 /// skip(), then leaves the test case from any depth (a helper that finds the test cannot run
 /// here, e.g. without control of the server). Under CI=true, a failure at once as skip() is.
+/// Never from inside an assertion (REQUIRE(f()) where f skips): Catch takes the throw for an
+/// unexpected exception and fails the test; call it first and assert on its result.
 [[noreturn]] void skip_test(const std::string& why);
 
 /// Wall time in ns on CLOCK_MONOTONIC (comparable across processes on one host).
