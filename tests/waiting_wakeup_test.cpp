@@ -67,10 +67,14 @@ struct handoff_result {
 
 // Holds `name` on ctx.db (a long lease: only the release frees it) while a thread waits for it on
 // `wdb` (ttl 2 s, poll_max 200 ms); once its queue entry is visible and it had time to subscribe
-// to wake-ups, runs `cut` (when asked) and releases.
+// to wake-ups, runs `cut` (when asked) and releases. With `rings_only`, the waiter's ttl and
+// poll_max are 60 s: it reads the lock again only when rung, when its wake-up channel's state
+// changes, or every 20 s (refreshing its queue entry), so that a grant that follows the release
+// within seconds came from the release's ring, not from a poll that happened to fall just after
+// it (a 200 ms poll did once, MySQL under load: granted 3 ms after the release, 0 wake-ups).
 handoff_result handoff(const dblock::test::context& ctx, const dblock::database& wdb,
                        const std::string& name, const std::string& tag, bool cut,
-                       const std::function<void()>& before_release = {}) {
+                       const std::function<void()>& before_release = {}, bool rings_only = false) {
   auto h = hold_long(ctx, name);
   handoff_result r;
   // The handle listens before the waiter comes (a probe keeps it listening), so the waiter is
@@ -81,8 +85,8 @@ handoff_result handoff(const dblock::test::context& ctx, const dblock::database&
   std::thread t([&] {
     try {
       dblock::lease_options lo;
-      lo.ttl = cut_ttl;
-      lo.poll_max = milliseconds(200);
+      lo.ttl = rings_only ? std::chrono::seconds(60) : cut_ttl;
+      lo.poll_max = rings_only ? milliseconds(60000) : milliseconds(200);
       dblock::lease_lock lock(wdb, name, lo);
       auto g = lock.acquire(std::chrono::seconds(30));
       granted.store(monotonic_ns());
@@ -197,7 +201,7 @@ DBLOCK_TEST("wake-up channel cut while a waiter waits: no lost grant, the channe
   auto wdb = tagged_handle(ctx, tag, events);
   const std::string name = "cut-" + dblock::test::random_suffix();
   const long long ttl_ns = std::chrono::nanoseconds(cut_ttl).count();
-  // The poll (200 ms) is under both bounds: the wake-up counts tell a ring, these a stuck wait.
+  // Round 1 polls (200 ms, under its bound); round 2's waiter sleeps on rings only.
   const long long cut_bound_ns = ttl_ns + scaled_bound_ms(ctx.db, 1000) * ns_per_ms;
   const long long rung_bound_ns = scaled_bound_ms(ctx.db, ttl_ns / 2 / ns_per_ms) * ns_per_ms;
 
@@ -213,7 +217,7 @@ DBLOCK_TEST("wake-up channel cut while a waiter waits: no lost grant, the channe
 
   // Same handles again: the channel is back, the release wakes the waiter.
   const auto woken_before = events->woken_n.load();
-  const auto r2 = handoff(ctx, wdb, name, tag, false);
+  const auto r2 = handoff(ctx, wdb, name, tag, false, {}, true);  // rung, not polled
   INFO("the handle logged: " << events->logged());
   INFO("round 2: " << r2.error << "; granted " << r2.latency_ns / ns_per_ms
                    << " ms after the release (bound " << rung_bound_ns / ns_per_ms
@@ -313,15 +317,25 @@ DBLOCK_TEST_ONLY("mysql",
     bell_thief thief;
     const auto woken_before = events->woken_n.load();
     // The retries back off to 1 s at most; a kept lock is taken after 5 s.
-    const auto r = handoff(ctx, wdb, name, tag, false, [&] {
-      thief(ctx, name, tag, milliseconds(kept ? 0 : 500), milliseconds(kept ? 7500 : 1500));
-    });
+    // The release comes once the wake-up connection has the bell's lock again and the waiter
+    // has taken the one look its confirmation gives it; the waiter polls no more (rings_only),
+    // so only the release's ring can let it in within the acquire's 30 s.
+    bool back = false;
+    const auto r = handoff(
+        ctx, wdb, name, tag, false,
+        [&] {
+          thief(ctx, name, tag, milliseconds(kept ? 0 : 500), milliseconds(kept ? 7500 : 1500));
+          back = wait_rings_reach(wdb, milliseconds(20000));
+          let_confirmation_look_end(wdb);
+        },
+        true);
     const std::string logged = events->logged();
     INFO("the handle logged: " << logged);
     INFO("granted " << r.latency_ns / ns_per_ms << " ms after the release; wake-ups "
                     << events->woken_n.load() - woken_before << "; " << r.error << thief.failure);
     REQUIRE(r.error.empty());
     REQUIRE(thief.failure.empty());
+    REQUIRE(back);            // the wake-up connection is listening again
     CHECK(thief.taken == 1);  // the lock went from the killed session to the other one
     CHECK(logged.find("still taken") != std::string::npos);
     CHECK(thief.ended == kept);
@@ -368,11 +382,11 @@ DBLOCK_TEST("an idle handle stops listening for wake-ups and listens again for i
   auto wdb = tagged_handle(ctx, tag, events);
   const std::string name = "idle-" + dblock::test::random_suffix();
   const long long ttl_ns = std::chrono::nanoseconds(cut_ttl).count();
-  // ttl/2 on a quiet machine; the poll (200 ms) is under it: the wake-up counts tell a ring.
+  // ttl/2 on a quiet machine; the waiter sleeps on rings only (handoff's rings_only).
   const long long bound_ns = scaled_bound_ms(ctx.db, ttl_ns / 2 / ns_per_ms) * ns_per_ms;
   for (int round = 1; round <= 2; ++round) {
     const auto woken_before = events->woken_n.load();
-    const auto r = handoff(ctx, wdb, name, tag, false);
+    const auto r = handoff(ctx, wdb, name, tag, false, {}, true);  // rung, not polled
     const std::string just_after = listener_state(ctx, tag);
     INFO("round " << round << ": " << r.error << "; granted " << r.latency_ns / ns_per_ms
                   << " ms after the release (bound " << bound_ns / ns_per_ms << " ms); wake-ups "
