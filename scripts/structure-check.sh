@@ -46,13 +46,20 @@
 #       nothing includes cli/. Headers under include/dblock/ are the public API, open to all.
 #       One named exception: src/core/database.cpp, the public handle's constructor, which wires
 #       a handle's layers together (its storage and its wake-up hub).
+#   (i) Native client code lives in the dialect: outside src/dialect/, no include of a C
+#       client's header or of a SOCI backend's (<libpq-fe.h>, <libpq/...>, <mysql.h>,
+#       <mysql/...>, <mariadb/...>, <errmsg.h>, <mysqld_error.h>, <sqlite3.h>,
+#       <soci/postgresql/...>, <soci/mysql/...>, <soci/sqlite3/...>) and no call (outside
+#       literals and comments) of a C client function: PQ..., lo_..., mysql_... and sqlite3_...
+#       followed by '(' (dblock's own mysql_dialect() excepted). Its control runs first: a sample
+#       with one such include and one such call must give exactly those two reports.
 #   (h) MySQL 8: no MariaDB-only SQL (SEQUENCE, RETURNING, CREATE OR REPLACE, IF [NOT] EXISTS on
 #       ALTER TABLE, indexes or routines, SET STATEMENT, WAIT n, MariaDB's own functions and
 #       catalog tables) in the migrations of the MySQL 8 flavor or in the string literals of the
 #       sources whose statements run there (scripts/mysql-lint.py, which lists the rules); its
 #       control runs first: one injected construct per rule must be reported.
 #
-# For (c), (d) and (e) the sources are read by a small tokenizer (perl, below), not a compiler: it
+# For (c), (d), (e) and (i) the sources are read by a small tokenizer (perl, below), not a compiler: it
 # knows "..." literals with escapes (any prefix: L, u8, ...), raw literals R"d(...)d" (also over
 # several lines), character literals, digit separators and // and /* */ comments, so text in
 # comments never counts. It does not expand macros, nor join literals across lines.
@@ -243,11 +250,13 @@ check_function_size() {
 # (c) and (d): string literals outside src/storage/ and src/dialect/
 
 # Prints "RULE<TAB>file:line: source line" for every offending line of the given files: rules
-# (c) and (d), or with SCAN_RULE=e rule (e).
+# (c) and (d), or with SCAN_RULE=e rule (e), with SCAN_RULE=i rule (i).
 scan_sql() {
     perl -e '
 use strict; use warnings;
 my $rule_e = ($ENV{SCAN_RULE} // "") eq "e";
+my $rule_i = ($ENV{SCAN_RULE} // "") eq "i";
+my $native = qr{^\s*#\s*include\s*<(?:libpq-fe\.h|libpq/|mysql\.h|mysql/|mariadb/|errmsg\.h|mysqld_error\.h|sqlite3\.h|soci/(?:postgresql|mysql|sqlite3)/)|\b(?:PQ[A-Za-z]+|lo_[a-z]+|mysql_(?!dialect\b)[a-z_]+|sqlite3_[a-z0-9_]+)\s*\(};
 my $backend_test = qr/\.text\s*\.\s*empty\s*\(\s*\)|\bbackend\s*[!=]=/;
 my $txn = qr/^\s*(?:BEGIN|COMMIT|ROLLBACK)(?:$|[\s;])/;
 my $table_ref = qr/\b(?:tables|t)\.(?:lock|floor|audit|migrations)\b/;
@@ -318,6 +327,11 @@ for my $file (@ARGV) {
         }
     }
     for my $n (1 .. @lines) {
+        if ($rule_i) {
+            my $src = $lines[$n - 1]; chomp $src; $src =~ s/^\s+//;
+            print "i\t$file:$n: $src\n" if $code{$n} =~ $native;
+            next;
+        }
         if ($rule_e) {
             my $src = $lines[$n - 1]; chomp $src; $src =~ s/^\s+//;
             print "e\t$file:$n: $src\n" if $code{$n} =~ $backend_test;
@@ -370,6 +384,38 @@ check_backend_tests() {
         failed+=(e)
     else
         echo "(e) ok: no empty-text capability test and no backend name compared outside src/dialect/"
+    fi
+}
+
+check_native_clients() {
+    local files=() f out tmp control
+    # The control: a sample with one native include and one C client call (and lookalikes that
+    # are not: a comment, a literal, dblock's mysql_dialect()) gives exactly those two reports.
+    tmp=$(mktemp -d)
+    cat > "$tmp/sample.cpp" <<'SAMPLE'
+#include <libpq-fe.h>
+// mysql_real_query(c, q, n) in a comment
+const char* t = "PQexec(c, q) in a literal";
+const auto& d = mysql_dialect();
+int n = mysql_errno(conn);
+SAMPLE
+    control=$(SCAN_RULE=i scan_sql "$tmp/sample.cpp" | sed -n 's/^i\t[^:]*://p' | cut -d: -f1 | tr '\n' ' ')
+    rm -rf "$tmp"
+    if [ "$control" != "1 5 " ]; then
+        echo "(i) the control failed: the sample's lines 1 and 5 are the offenders, reported: ${control:-none}"
+        failed+=(i)
+        return
+    fi
+    for f in "${SOURCES[@]}"; do
+        [[ "$f" == src/dialect/* ]] || files+=("$f")
+    done
+    out=$(SCAN_RULE=i scan_sql "${files[@]}" | sed -n 's/^i\t//p')
+    if [ -n "$out" ]; then
+        echo "(i) $(printf '%s\n' "$out" | wc -l) native client include(s) or call(s) outside src/dialect/:"
+        printf '%s\n' "$out" | sed 's/^/    /'
+        failed+=(i)
+    else
+        echo "(i) ok: no native client header or call outside src/dialect/ (control: its sample's two offenders reported)"
     fi
 }
 
@@ -452,6 +498,7 @@ check_function_size
 if [ "$ONLY_SIZE" -eq 0 ]; then
     check_sql
     check_backend_tests
+    check_native_clients
     check_layer_folders
     check_include_layers
     check_mysql_lint

@@ -18,6 +18,8 @@
 #include "dblock/lease_lock.hpp"
 #include "dblock/migrate.hpp"
 #include "dblock/sql_api.hpp"
+#include "dblock/sql_api_libpq.hpp"
+#include "dblock/sql_api_mysql.hpp"
 #include "support/harness.hpp"
 #include "support/mysql_client.hpp"
 
@@ -313,6 +315,15 @@ DBLOCK_TEST("sql api: check_fence on a caller's own PGconn or MYSQL, and its sta
     PQclear(PQexec(c, "ROLLBACK"));
     CHECK(code_of([&] { dblock::check_fence(c, "bad prefix", name, 1); }) ==
           errc::invalid_argument);
+    CHECK(code_of([&] { dblock::check_fence(static_cast<PGconn*>(nullptr), "", name, 1); }) ==
+          errc::invalid_argument);
+    // The server ends the connection: the check says so (the dialect reads libpq's state).
+    {
+      auto k = ctx.db.connect();
+      k.session() << "SELECT pg_terminate_backend(" + std::to_string(PQbackendPID(c)) + ")";
+    }
+    CHECK(code_of([&] { dblock::check_fence(c, ctx.prefix, name, g->fence()); }) ==
+          errc::connection_lost);
     PQfinish(c);
   } else {
     MYSQL* m = connect_mysql(ctx.url, 0);
@@ -325,6 +336,15 @@ DBLOCK_TEST("sql api: check_fence on a caller's own PGconn or MYSQL, and its sta
     // The connection is in sync after a refusal: it runs the next statement.
     CHECK(mysql_query(m, "SELECT 1") == 0);
     if (MYSQL_RES* r = mysql_store_result(m)) mysql_free_result(r);
+    CHECK(code_of([&] { dblock::check_fence(static_cast<MYSQL*>(nullptr), "", name, 1); }) ==
+          errc::invalid_argument);
+    // The server ends the connection: the check says so (the dialect reads the error number).
+    {
+      auto k = ctx.db.connect();
+      k.session() << "KILL " + std::to_string(mysql_thread_id(m));
+    }
+    CHECK(code_of([&] { dblock::check_fence(m, ctx.prefix, name, g->fence()); }) ==
+          errc::connection_lost);
     mysql_close(m);
   }
 }

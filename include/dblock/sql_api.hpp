@@ -11,8 +11,9 @@
 /// the library's own: same rows, fences, TTLs and database clock.
 ///
 /// The functions below check a fence inside a transaction the caller runs on a connection of
-/// its own (libpq, the MariaDB/MySQL C client, a SOCI session), or give the statement to run
-/// with any other client. A fence that is the current, unexpired grant of the lease passes, and
+/// its own (a SOCI session here; libpq in sql_api_libpq.hpp, the MariaDB/MySQL C client in
+/// sql_api_mysql.hpp, each in a header of its own so that this one names neither C client), or
+/// give the statement to run with any other client. A fence that is the current, unexpired grant of the lease passes, and
 /// the lease row stays locked until that transaction ends, so no other owner can take the lease
 /// before its COMMIT: the rule of lease_guard::fenced(). Otherwise they throw errc::lease_lost,
 /// and the caller rolls its transaction back.
@@ -22,9 +23,6 @@
 #include <vector>
 
 #include "dblock/database.hpp"
-
-struct pg_conn;   // libpq's PGconn
-struct st_mysql;  // the MariaDB/MySQL C client's MYSQL
 
 namespace soci {
 class session;
@@ -61,26 +59,6 @@ sql_statement check_fence_statement(const database& db, const std::string& name,
  *         @ref database_errors "database errors" otherwise.
  */
 void check_fence(soci::session& session, const database& db, const std::string& name,
-                 std::int64_t fence);
-
-/**
- * @brief Checks `fence` of lease `name` inside the transaction open on `conn`, a libpq
- *        connection of the caller's own, against dblock's tables with `table_prefix`
- *        (its function `<table_prefix>dblock_check_fence`).
- * @throws dblock::error errc::lease_lost when the fence is not the current, unexpired grant
- *         (roll the transaction back); errc::invalid_argument for a bad name, fence or prefix;
- *         errc::backend_error or errc::connection_lost for other failures.
- */
-void check_fence(pg_conn* conn, const std::string& table_prefix, const std::string& name,
-                 std::int64_t fence);
-
-/**
- * @brief Checks `fence` of lease `name` inside the transaction open on `conn` (autocommit off),
- *        a MariaDB/MySQL C client connection of the caller's own, against dblock's tables with
- *        `table_prefix` (its procedure `<table_prefix>dblock_check_fence`).
- * @throws as check_fence(pg_conn*, ...).
- */
-void check_fence(st_mysql* conn, const std::string& table_prefix, const std::string& name,
                  std::int64_t fence);
 
 }  // namespace dblock

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <random>
 #include "common.hpp"
+#include "fence_check.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -216,6 +217,15 @@ std::string with_connect_timeout(const std::string& connect_string, long long se
     }
   }
   return replaced ? out : connect_string + " " + value;
+}
+
+}  // namespace dblock::detail
+
+namespace dblock::detail {
+
+bool is_fence_refusal(const std::string& error_text) {
+  return error_text.find("DL001") != std::string::npos ||
+         error_text.find("is not the current grant") != std::string::npos;
 }
 
 }  // namespace dblock::detail

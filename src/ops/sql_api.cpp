@@ -1,20 +1,19 @@
-// Fence checks in the caller's own transaction (sql_api.hpp, docs/sql-api.md): the statement of
-// the dialect's vocabulary (check_fence_native()), run on the caller's connection.
+// Fence checks in the caller's own transaction (sql_api.hpp, sql_api_libpq.hpp,
+// sql_api_mysql.hpp, docs/sql-api.md): the statement of the dialect's vocabulary
+// (check_fence_native()), run on the caller's connection; the C clients' calls are the
+// dialects' (dialect/fence_check.hpp).
 #include "dblock/sql_api.hpp"
 
-#include <libpq-fe.h>
-#include <mysql.h>
-
 #include <soci/soci.h>
-#include <memory>
 
 #include "core/identifier.hpp"
+#include "dblock/sql_api_libpq.hpp"
+#include "dblock/sql_api_mysql.hpp"
+#include "dialect/fence_check.hpp"
 #include "storage/session.hpp"
 
 namespace dblock {
 namespace {
-
-constexpr const char* sql_lost_state = "DL001";
 
 std::string what_of(const std::string& name, std::int64_t fence) {
   return "check fence " + std::to_string(fence) + " of lease '" + detail::printable(name) + "'";
@@ -29,7 +28,7 @@ error lost(const std::string& name, std::int64_t fence, const std::string& backe
   return error(
       errc::lease_lost,
       what_of(name, fence) + ": not the current grant (expired, released or taken over); roll back",
-      backend, sql_lost_state, 0);
+      backend, "DL001", 0);
 }
 
 // The table prefix as the SQL API names its routines: an identifier (or empty).
@@ -73,9 +72,7 @@ void check_fence(soci::session& session, const database& db, const std::string& 
     else  // the routine raises DL001, and returns nothing to read
       session << text, soci::use(name), soci::use(static_cast<long long>(fence));
   } catch (const soci::soci_error& e) {
-    if (std::string(e.what()).find(sql_lost_state) != std::string::npos ||
-        std::string(e.what()).find("is not the current grant") != std::string::npos)
-      throw lost(name, fence, d.backend);
+    if (detail::is_fence_refusal(e.what())) throw lost(name, fence, d.backend);
     try {
       throw;
     } catch (...) {
@@ -91,23 +88,9 @@ void check_fence(pg_conn* conn, const std::string& table_prefix, const std::stri
   validate(name, fence);
   validate_prefix(table_prefix);
   if (!conn) throw error(errc::invalid_argument, "check_fence: no connection");
-  const std::string sql = detail::postgresql_dialect()
-                              .sql.check_fence_native(detail::make_table_names(table_prefix))
-                              .text;
-  const std::string f = std::to_string(fence);
-  const char* values[2] = {name.c_str(), f.c_str()};
-  std::unique_ptr<PGresult, void (*)(PGresult*)> r(
-      PQexecParams(conn, sql.c_str(), 2, nullptr, values, nullptr, nullptr, 0), PQclear);
-  const auto status = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
-  if (status == PGRES_TUPLES_OK) return;
-  const char* state = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
-  const std::string code = state ? state : "";
-  if (code == sql_lost_state) throw lost(name, fence, "postgresql");
-  const std::string msg = r ? PQresultErrorMessage(r.get()) : PQerrorMessage(conn);
-  const bool broken = PQstatus(conn) == CONNECTION_BAD;
-  throw error(broken ? errc::connection_lost
-                     : (code == "22023" ? errc::invalid_argument : errc::backend_error),
-              what_of(name, fence) + ": " + msg, "postgresql", code, 0);
+  if (detail::check_fence_libpq(conn, detail::make_table_names(table_prefix), name, fence,
+                                what_of(name, fence)) == detail::fence_verdict::refused)
+    throw lost(name, fence, "postgresql");
 }
 
 void check_fence(st_mysql* conn, const std::string& table_prefix, const std::string& name,
@@ -115,25 +98,9 @@ void check_fence(st_mysql* conn, const std::string& table_prefix, const std::str
   validate(name, fence);
   validate_prefix(table_prefix);
   if (!conn) throw error(errc::invalid_argument, "check_fence: no connection");
-  std::string escaped(name.size() * 2 + 1, '\0');
-  escaped.resize(mysql_real_escape_string(conn, &escaped[0], name.data(), name.size()));
-  const std::string sql = "CALL " + table_prefix + "dblock_check_fence('" + escaped + "', " +
-                          std::to_string(fence) + ")";
-  bool failed = mysql_real_query(conn, sql.c_str(), sql.size()) != 0;
-  // A CALL returns its row and then a status: read them all, or the connection is out of sync.
-  while (!failed) {
-    if (MYSQL_RES* res = mysql_store_result(conn)) mysql_free_result(res);
-    const int next = mysql_next_result(conn);
-    if (next == -1) return;
-    failed = next > 0;
-  }
-  const std::string code = mysql_sqlstate(conn);
-  if (code == sql_lost_state) throw lost(name, fence, "mysql");
-  const unsigned no = mysql_errno(conn);
-  const bool broken = no == 2006 || no == 2013;  // server gone, lost during the query
-  throw error(broken ? errc::connection_lost
-                     : (code == "22023" ? errc::invalid_argument : errc::backend_error),
-              what_of(name, fence) + ": " + mysql_error(conn), "mysql", code, no);
+  if (detail::check_fence_mysql_client(conn, detail::make_table_names(table_prefix), name, fence,
+                                       what_of(name, fence)) == detail::fence_verdict::refused)
+    throw lost(name, fence, "mysql");
 }
 
 }  // namespace dblock

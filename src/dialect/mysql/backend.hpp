@@ -67,6 +67,9 @@ class doorbell final : public detail::doorbell {
                                      bell_callbacks cb) const override;
 };
 
+/// The dblock::errc of a server or client error number (errno-based classification).
+errc errc_of(unsigned errno_value);
+
 class classifier final : public detail::classifier {
  public:
   error classify_current(const std::string& what) const override;

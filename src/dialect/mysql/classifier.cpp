@@ -4,9 +4,8 @@
 #include "dialect/common.hpp"
 
 namespace dblock::detail::my {
-namespace {
 
-errc code_for(unsigned n) {
+errc errc_of(unsigned n) {
   static const std::pair<unsigned, errc> table[] = {
       {1062, errc::unique_violation},
       {1213, errc::deadlock},         // also a Galera certification failure: rolled back, retryable
@@ -39,15 +38,13 @@ errc code_for(unsigned n) {
   return errc::backend_error;
 }
 
-}  // namespace
-
 error classifier::classify_current(const std::string& what) const {
   rethrow_if_dblock_error();
   try {
     throw;
   } catch (const soci::mysql_soci_error& e) {
     const unsigned n = e.err_num_;
-    return error(code_for(n), what + ": " + one_line(e.get_error_message()), "mysql", "",
+    return error(errc_of(n), what + ": " + one_line(e.get_error_message()), "mysql", "",
                  static_cast<long long>(n));
   } catch (const soci::soci_error& e) {
     errc code = e.get_error_category() == soci::soci_error::connection_error ? errc::connection_lost
