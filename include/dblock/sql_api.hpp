@@ -13,10 +13,10 @@
 /// The functions below check a fence inside a transaction the caller runs on a connection of
 /// its own (a SOCI session here; libpq in sql_api_libpq.hpp, the MariaDB/MySQL C client in
 /// sql_api_mysql.hpp, each in a header of its own so that this one names neither C client), or
-/// give the statement to run with any other client. A fence that is the current, unexpired grant of the lease passes, and
-/// the lease row stays locked until that transaction ends, so no other owner can take the lease
-/// before its COMMIT: the rule of lease_guard::fenced(). Otherwise they throw errc::lease_lost,
-/// and the caller rolls its transaction back.
+/// give the statement to run with any other client. A fence that is the current, unexpired grant of
+/// the lease passes, and the lease row stays locked until that transaction ends, so no other owner
+/// can take the lease before its COMMIT: the rule of lease_guard::fenced(). Otherwise they throw
+/// errc::lease_lost, and the caller rolls its transaction back.
 
 #include <cstdint>
 #include <string>
