@@ -28,7 +28,7 @@ database::database(const std::string& url, database_options options) {
   if (options.pool_size == 0 || options.pool_size > 1024)
     throw error(errc::invalid_argument, "database_options.pool_size must be 1..1024");
   dia.conn.adjust_options(parsed, options);
-  if (options.pooler != pooler_mode::none && !dia.conn.accepts_pooler())
+  if (options.pooler != pooler_mode::none && !dia.sql.can().pooler)
     throw error(
         errc::invalid_argument,
         std::string(

@@ -54,6 +54,14 @@ struct capabilities {
   /// The server counts a session lease's idle timeout in whole seconds (MariaDB's wait_timeout): a
   /// TTL is rounded up.
   bool session_idle_whole_seconds = false;
+  /// Runs behind a transaction-mode connection pooler (database_options::pooler: PgBouncer).
+  bool pooler = false;
+  /// An insert-if-absent can wait for a concurrent inserter of the same row, so a lock timeout
+  /// goes before it; false where it never waits (PostgreSQL's ON CONFLICT DO NOTHING).
+  bool insert_if_absent_waits = true;
+  /// The lock table has no expiry index (PostgreSQL, migration 0010): the reaper reads it in key
+  /// order, each batch going on after the last name of the one before.
+  bool reap_in_key_order = false;
 };
 
 }  // namespace dblock::detail

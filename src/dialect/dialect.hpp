@@ -151,8 +151,6 @@ class connector {
   }
   /// Lets URL parameters override options (for example SQLite's busy_timeout).
   virtual void adjust_options(const parsed_url&, database_options&) const {}
-  /// True when the backend can run behind a connection pooler (database_options::pooler).
-  virtual bool accepts_pooler() const { return false; }
   /// Session set-up right after connecting; returns the connection's state, with its server
   /// session identified (one round trip on the servers, none on SQLite).
   virtual std::unique_ptr<connection_state> on_connect(soci::session&,
@@ -177,9 +175,6 @@ class connector {
   /// transaction: for the next statements). `st` is the connection's state.
   virtual void set_lock_timeout(soci::session&, const connection_state& st,
                                 std::chrono::milliseconds) const = 0;
-  /// False when an insert-if-absent never waits for a holder of the existing row, so that no
-  /// lock timeout is needed before it (PostgreSQL's ON CONFLICT DO NOTHING).
-  virtual bool insert_if_absent_waits() const { return true; }
   /// Undoes per-transaction session settings after COMMIT or ROLLBACK.
   virtual void end_transaction(soci::session&, const connection_state&,
                                const database_options&) const {}
@@ -293,8 +288,6 @@ class vocabulary {
   /// Fast leases (docs/fast-leases.md): `table` (the lock table's name) -> 1 when it is durable,
   /// 0 when a crash loses its writes (PostgreSQL: UNLOGGED). Empty where it is always durable.
   virtual std::string lock_table_durable() const { return {}; }
-  /// True where the lock table has no expiry index (PostgreSQL 0010): reap in key order.
-  virtual bool reap_in_key_order() const { return false; }
   /// The DDL making the lock table non-durable (the bool: fast) or durable again; empty where
   /// the backend has no such table (see no_fast_leases()).
   virtual std::string set_lock_table_durability(const table_names&, bool) const { return {}; }

@@ -260,7 +260,7 @@ std::optional<std::int64_t> fenced_check(session_scope& s, const std::string& na
 void ensure_row(session_scope& s, const std::string& name, milliseconds lock_timeout) {
   if (s.run(s.statements().exists, {name}).integer(0, 0) > 0) return;
   // Only a concurrent creator of the same absent row can make this insert wait, briefly.
-  if (s.dia().conn.insert_if_absent_waits())
+  if (s.statements().can.insert_if_absent_waits)
     s.dia().conn.set_lock_timeout(s.sql(), s.state(), lock_timeout);
   write_statement(s, write_kind::statement, s.statements().insert_free, {name});
 }

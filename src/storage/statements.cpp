@@ -275,7 +275,7 @@ void reaper_statements(lock_statements& s, const vocabulary& v, const table_name
   // In expiry order through the expiry index; where the table has none, in key order after the
   // last name of the batch before (each batch goes on where the last one stopped: one pass over
   // the table, not one scan of it per batch).
-  s.reap_by_key = v.reap_in_key_order();
+  s.reap_by_key = v.can().reap_in_key_order;
   std::vector<std::string> params = {"neg_retention", "limit"};
   if (s.reap_by_key) params.insert(params.begin(), "after");
   s.reap_candidates =

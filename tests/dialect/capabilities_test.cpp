@@ -74,3 +74,22 @@ TEST_CASE("dialect: each backend's typed capabilities agree with its statement t
     CHECK(mismatches(d->sql, wrong).size() >= 8);
   }
 }
+
+// The answers that have no statement text of their own, as each backend gives them: PostgreSQL
+// alone runs behind a transaction-mode pooler, never waits in ON CONFLICT DO NOTHING, and has no
+// expiry index (migration 0010) so its reaper goes in key order.
+TEST_CASE("dialect: the answers without a statement text, per backend", "[unit][dialect]") {
+  struct expected {
+    const dialect* d;
+    bool pooler, insert_waits, reap_by_key;
+  };
+  for (const expected& e : {expected{&postgresql_dialect(), true, false, true},
+                            expected{&mysql_dialect(), false, true, false},
+                            expected{&sqlite_dialect(), false, true, false}}) {
+    INFO(e.d->name);
+    const capabilities c = e.d->sql.can();
+    CHECK(c.pooler == e.pooler);
+    CHECK(c.insert_if_absent_waits == e.insert_waits);
+    CHECK(c.reap_in_key_order == e.reap_by_key);
+  }
+}

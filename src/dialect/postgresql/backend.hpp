@@ -63,7 +63,6 @@ class connector final : public detail::connector {
                               std::chrono::milliseconds left) const override;
   const soci::backend_factory& factory() const override { return *soci::factory_postgresql(); }
   void adjust_options(const parsed_url& u, database_options& o) const override;
-  bool accepts_pooler() const override { return true; }
   std::string connect_string(const parsed_url& u, const database_options& o) const override;
   std::unique_ptr<connection_state> on_connect(soci::session&,
                                                const database_options&) const override;
@@ -77,7 +76,6 @@ class connector final : public detail::connector {
                         std::chrono::milliseconds) const override;
   // ON CONFLICT DO NOTHING never waits for a holder of the existing row (and a session-level
   // lock_timeout would outlive the call).
-  bool insert_if_absent_waits() const override { return false; }
   bool in_transaction(soci::session&) const override;
   bool commit_unreplicated(connection_state& st) const override;
   bool transaction_failed(soci::session&) const override;
@@ -186,6 +184,9 @@ class vocabulary final : public detail::vocabulary {
     c.durability_per_table = true;
     c.durable_commit = true;
     c.session_leases = true;
+    c.pooler = true;
+    c.insert_if_absent_waits = false;
+    c.reap_in_key_order = true;
     return c;
   }
   fence_check check_fence_native(const table_names& t) const override;
@@ -221,7 +222,6 @@ class vocabulary final : public detail::vocabulary {
     return "SET LOCAL synchronous_commit = remote_apply";
   }
   session_texts session_leases(const table_names& t) const override;
-  bool reap_in_key_order() const override { return true; }
   std::string bytewise(const std::string& column) const override {
     return column + " COLLATE \"C\"";
   }
