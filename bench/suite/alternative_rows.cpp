@@ -124,6 +124,12 @@ result run_pgbench(const backend_ctx& b, const std::string& script, int clients,
     const auto at = out.find(after);
     return at == std::string::npos ? -1.0 : std::atof(out.c_str() + at + after.size());
   };
+  // pgbench prints no rate when no transaction completed in its window (its connections took it
+  // all on a loaded machine): a row that did nothing, like any other's, not an error.
+  if (r.first_error.empty() && num("number of transactions actually processed: ") == 0) {
+    r.note = "; pgbench completed no transaction in its " + std::to_string(secs) + " s";
+    return r;
+  }
   r.per_second = num("tps = ");
   const double latency_ms = num("latency average = ");
   if (r.per_second < 0 || latency_ms < 0) {

@@ -402,7 +402,17 @@ std::string read_file(const std::string& path) {
 
 void at_machine_pace(const std::function<std::vector<std::string>(int, bool)>& attempt) {
   for (int scale = 1; scale <= 4; scale *= 2) {
-    const auto misses = attempt(scale, scale == 4);
+    std::vector<std::string> misses;
+    try {
+      misses = attempt(scale, scale == 4);
+    } catch (const dblock::error& e) {
+      // A call bounded by the scenario's TTL (a try_acquire's deadline is the TTL less its
+      // margin) that ran out of it, connecting or waiting for the server: the machine's pace too
+      // (seen: a MariaDB connection that took over 1,350 ms beside two CPU hogs). The last
+      // attempt lets it through.
+      if (scale == 4 || (e.code() != errc::timeout && e.code() != errc::connection_failed)) throw;
+      misses.push_back(std::string("a call ran out of its deadline: ") + e.what());
+    }
     if (misses.empty() || scale == 4) return;
     std::ostringstream m;
     m << "missed at the pace of this machine at scale " << scale << "; again at " << scale * 2

@@ -122,7 +122,9 @@ inline long long no_wait_bound_ms(const database& db) {
 /// reports coming in time), run at scale 1, then 2 and 4 (of its TTL or window) while needed:
 /// `attempt(scale, last)` makes its exact checks (counts, safety) every time and returns what
 /// missed that a slower machine explains; misses of an attempt that is not the last are printed
-/// and the scenario runs again, scaled; the last attempt checks them itself.
+/// and the scenario runs again, scaled; the last attempt checks them itself. A call of an attempt
+/// that is not the last failing with errc::timeout or errc::connection_failed (a deadline that
+/// the scenario's TTL sets, run out on a slow machine) counts as such a miss.
 void at_machine_pace(const std::function<std::vector<std::string>(int scale, bool last)>& attempt);
 
 /// True under DBLOCK_TEST_FULL=1: the full trial counts instead of CI's reduced ones.
