@@ -318,12 +318,15 @@ DBLOCK_TEST("sql api: check_fence on a caller's own PGconn or MYSQL, and its sta
     CHECK(code_of([&] { dblock::check_fence(static_cast<PGconn*>(nullptr), "", name, 1); }) ==
           errc::invalid_argument);
     // The server ends the connection: the check says so (the dialect reads libpq's state).
-    {
-      auto k = ctx.db.connect();
-      k.session() << "SELECT pg_terminate_backend(" + std::to_string(PQbackendPID(c)) + ")";
+    // Not behind PgBouncer, whose client connection has no server process of its own to end.
+    if (ctx.url.find("pooler=transaction") == std::string::npos) {
+      {
+        auto k = ctx.db.connect();
+        k.session() << "SELECT pg_terminate_backend(" + std::to_string(PQbackendPID(c)) + ")";
+      }
+      CHECK(code_of([&] { dblock::check_fence(c, ctx.prefix, name, g->fence()); }) ==
+            errc::connection_lost);
     }
-    CHECK(code_of([&] { dblock::check_fence(c, ctx.prefix, name, g->fence()); }) ==
-          errc::connection_lost);
     PQfinish(c);
   } else {
     MYSQL* m = connect_mysql(ctx.url, 0);
