@@ -1,7 +1,7 @@
-// Internal: the SQL API's fence check run on a caller's own connection (include/dblock/sql_api*.hpp,
-// docs/sql-api.md). The C-client calls, the statement texts and the reading of their errors are
-// the dialects'; src/ops/sql_api.cpp validates the arguments and turns a refusal into
-// errc::lease_lost.
+// Internal: the SQL API's fence check run on a caller's own connection
+// (include/dblock/sql_api*.hpp, docs/sql-api.md). The C-client calls, the statement texts and the
+// reading of their errors are the dialects'; src/ops/sql_api.cpp validates the arguments and turns
+// a refusal into errc::lease_lost.
 #pragma once
 
 #include <cstdint>
