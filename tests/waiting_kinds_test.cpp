@@ -86,7 +86,7 @@ rung_wait wait_rung(const context& ctx, const std::string& queue, counted_handle
   waiter_thread waiter(wait);
   const bool queued = wait_for_waiters(ctx, queue, 1, milliseconds(20000)) &&
                       wait_rings_reach(h.db, milliseconds(20000));
-  let_confirmation_look_end(h.db);
+  const bool asleep = queued && let_confirmation_look_end(h.db);
   rung_wait r;
   for (const auto& l : dblock::list_locks(ctx.db))
     if (l.name == queue && l.waiters == 1) ++r.listed;
@@ -95,6 +95,7 @@ rung_wait wait_rung(const context& ctx, const std::string& queue, counted_handle
   waiter.join();
   REQUIRE(listening);
   REQUIRE(queued);
+  REQUIRE(asleep);
   INFO("waiter: " << waiter.error);
   REQUIRE(waiter.error.empty());
   r.after_ms = (waiter.granted - freed) / ns_per_ms;

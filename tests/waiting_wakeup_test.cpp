@@ -98,8 +98,8 @@ handoff_result handoff(const dblock::test::context& ctx, const dblock::database&
   // Queued and confirmed by the handle's listener (LISTEN in place, sleep in flight, doorbell
   // watched).
   const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000)) &&
-                      wait_rings_reach(wdb, milliseconds(20000));
-  let_confirmation_look_end(wdb);
+                      wait_rings_reach(wdb, milliseconds(20000)) &&
+                      let_confirmation_look_end(wdb);
   std::string cut_error;
   if (cut) r.cut = cut_channel(ctx, tag, cut_error);
   if (before_release) before_release();
@@ -325,8 +325,7 @@ DBLOCK_TEST_ONLY("mysql",
         ctx, wdb, name, tag, false,
         [&] {
           thief(ctx, name, tag, milliseconds(kept ? 0 : 500), milliseconds(kept ? 7500 : 1500));
-          back = wait_rings_reach(wdb, milliseconds(20000));
-          let_confirmation_look_end(wdb);
+          back = wait_rings_reach(wdb, milliseconds(20000)) && let_confirmation_look_end(wdb);
         },
         true);
     const std::string logged = events->logged();
@@ -481,8 +480,8 @@ DBLOCK_TEST("a forced release wakes a waiter of another handle at once", "[waiti
     }
   });
   const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000)) &&
-                      wait_rings_reach(wdb, milliseconds(20000));  // subscribed
-  let_confirmation_look_end(wdb);
+                      wait_rings_reach(wdb, milliseconds(20000)) &&  // subscribed
+                      let_confirmation_look_end(wdb);                // asleep on rings
   auto admin = ctx.open();
   const long long forced = monotonic_ns();
   const auto f = dblock::force_release(admin, name, "test: holder stuck", "waiting_test");

@@ -187,8 +187,7 @@ round_result hand_around(const dblock::test::context& ctx, int n, bool share) {
   // Every waiter confirmed by its handle's listener (PostgreSQL: the LISTEN connections are in
   // place, as the count below needs).
   for (auto& d : dbs)
-    queued = queued && wait_rings_reach(d, milliseconds(20000));
-  let_confirmation_look_end(ctx.db);
+    queued = queued && wait_rings_reach(d, milliseconds(20000)) && let_confirmation_look_end(d);
   if (ctx.backend == "postgresql") r.listening = listeners(ctx, tag);
   released.store(monotonic_ns());
   h.release();
@@ -276,8 +275,8 @@ DBLOCK_TEST_ONLY("postgresql",
   });
   // B queued and its handle's listener confirmed it: the release can ring it.
   const bool queued = wait_for_waiters(ctx, name, 2, milliseconds(20000)) &&
-                      wait_rings_reach(bdb, milliseconds(20000));
-  let_confirmation_look_end(bdb);
+                      wait_rings_reach(bdb, milliseconds(20000)) &&
+                      let_confirmation_look_end(bdb);
   const long long bound = scaled_bound_ms(ctx.db, 2000);
   const auto both = listeners(ctx, tag);
   REQUIRE(::kill(a, SIGKILL) == 0);
@@ -337,7 +336,7 @@ DBLOCK_TEST_ONLY("postgresql",
                       wait_rings_reach(wdb, milliseconds(20000));
   const auto l = await_listeners(
       ctx, tag, [](const auto& x) { return x.size() == 1; }, milliseconds(5000));
-  let_confirmation_look_end(wdb);
+  const bool asleep = let_confirmation_look_end(wdb);
   const long long bound = scaled_bound_ms(ctx.db, 2000);
   const long long released = monotonic_ns();
   h.release();
@@ -345,6 +344,7 @@ DBLOCK_TEST_ONLY("postgresql",
   INFO(error << "; granted " << (granted.load() - released) / ns_per_ms
              << " ms after the release; bound " << bound << " ms; logged: " << events->logged());
   REQUIRE(queued);
+  REQUIRE(asleep);
   CHECK(l.size() == 1);
   CHECK(events->logged().find("this handle listens alone") != std::string::npos);
   CHECK(events->woken_n.load() >= 1);
@@ -379,7 +379,7 @@ DBLOCK_TEST_ONLY("postgresql",
   REQUIRE(bell[16] == '.');
   const std::string host = bell.substr(0, 16);
   raw_listener heard(ctx, "dblock_w_" + host);  // where the release would notify it
-  let_confirmation_look_end(wdb);               // the waiter relies on rings by now
+  REQUIRE(let_confirmation_look_end(wdb));      // the waiter relies on rings by now
   const long long bound = scaled_bound_ms(ctx.db, 2000);
   const long long released = monotonic_ns();
   h->release();

@@ -116,8 +116,18 @@ void wake_hub::leave(const std::shared_ptr<wake_waiter>& w, bool acquired) {
 bool wake_hub::wait(wake_waiter& w, std::chrono::nanoseconds d) {
   if (w.rung.exchange(false)) return true;
   if (d.count() <= 0) return false;
+  w.asleep.store(true);
   const bool rung = cancel_access::wait(w.cancel, d, w.rung, w.slot);
+  w.asleep.store(false);
   return rung && w.rung.exchange(false);
+}
+
+std::size_t wake_hub::asleep_on_rings() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::size_t n = 0;
+  for (const auto& w : waiters_)
+    if (w->asleep.load() && !w->rung.load() && live(*w)) ++n;
+  return n;
 }
 
 bool wake_hub::wake_one(std::uint64_t hash, const std::string& name, const std::string& head) {

@@ -42,6 +42,8 @@ struct wake_waiter {
   /// A release handed it the lease at this fence (0: not); set with `rung`, guarded by the
   /// hub's mutex until taken (hub_entry::granted()).
   std::atomic<std::int64_t> granted_fence{0};
+  /// In wait(), blocked until rung or its time is up (what tests watch: see asleep_on_rings()).
+  std::atomic<bool> asleep{false};
 };
 
 /// The wake-ups of one database handle (see the file comment). Thread-safe.
@@ -119,6 +121,10 @@ class wake_hub {
   std::string address();
   /// The local gates of this handle's waiting acquires that are not fair (wake/gate.hpp).
   local_gates& gates() { return gates_; }
+  /// Waiters asleep in wait() that rings reach (live()) and that no ring has woken yet: each has
+  /// read the lock since it was last woken and relies on rings now, so a release from here on
+  /// wakes one of them. For tests, which release only once a waiter is there.
+  std::size_t asleep_on_rings() const;
   /// Waiters woken so far (each ring wakes at most one per process).
   std::uint64_t woken() const { return woken_.load(); }
 

@@ -64,17 +64,18 @@ inline bool wait_rings_reach(const dblock::database& db, std::chrono::millisecon
   return ring_probe(db).wait_reached(timeout);
 }
 
-/// After wait_rings_reach(): lets the one look end that a waiter confirmed after its last read
-/// takes at its confirmation (it reads the lock once more, then sleeps relying on rings). A
-/// release during that look can be found by the look, not rung, and nothing shows the look from
-/// outside the waiter, so it gets a liveness bound of its own: max(500 ms, 200 round trips at the
-/// pace of `db`). A probe that started the handle's listener before the waiter came makes the
-/// look rare (the waiter is confirmed as it enlists); SQLite's doorbell is watched from the
-/// waiter's enlisting on, so its waiters never take one.
-inline void let_confirmation_look_end(const dblock::database& db) {
-  if (db.backend() == "sqlite") return;
-  std::this_thread::sleep_for(
-      std::chrono::milliseconds(liveness_bound_ms(0, median_round_trip_us(db))));
+/// After wait_rings_reach(): waits (up to 20 s) until `n` waiters of `db`'s handle sleep relying
+/// on rings (wake_hub::asleep_on_rings()): each has taken its last look at the lock (the one after
+/// it queued, or the one its confirmation gives it) and found it taken, so a release from here on
+/// reaches it by a ring, never by its own read. False when they do not get there in time.
+inline bool let_confirmation_look_end(const dblock::database& db, std::size_t n = 1) {
+  const auto hub = detail::access::impl(db)->hub;
+  const long long deadline = monotonic_ns() + 20000LL * 1000000LL;
+  while (hub->asleep_on_rings() < n) {
+    if (monotonic_ns() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
 }
 
 /// Checks the three ends of a wait behind a holder, `wait(timeout)` and `wait(timeout, c)` (an
