@@ -98,8 +98,7 @@ handoff_result handoff(const dblock::test::context& ctx, const dblock::database&
   // Queued and confirmed by the handle's listener (LISTEN in place, sleep in flight, doorbell
   // watched).
   const bool queued = wait_for_waiters(ctx, name, 1, milliseconds(20000)) &&
-                      wait_rings_reach(wdb, milliseconds(20000)) &&
-                      let_confirmation_look_end(wdb);
+                      wait_rings_reach(wdb, milliseconds(20000)) && let_confirmation_look_end(wdb);
   std::string cut_error;
   if (cut) r.cut = cut_channel(ctx, tag, cut_error);
   if (before_release) before_release();

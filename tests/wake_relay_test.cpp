@@ -275,8 +275,7 @@ DBLOCK_TEST_ONLY("postgresql",
   });
   // B queued and its handle's listener confirmed it: the release can ring it.
   const bool queued = wait_for_waiters(ctx, name, 2, milliseconds(20000)) &&
-                      wait_rings_reach(bdb, milliseconds(20000)) &&
-                      let_confirmation_look_end(bdb);
+                      wait_rings_reach(bdb, milliseconds(20000)) && let_confirmation_look_end(bdb);
   const long long bound = scaled_bound_ms(ctx.db, 2000);
   const auto both = listeners(ctx, tag);
   REQUIRE(::kill(a, SIGKILL) == 0);
