@@ -2,6 +2,9 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +14,7 @@
 #include "dblock/error.hpp"
 #include "dialect/dialect.hpp"
 #include "harness.hpp"
+#include "test_paths.hpp"
 
 using dblock::detail::parse_url;
 using dblock::test::count_of;
@@ -219,4 +223,63 @@ TEST_CASE("a deadline's connect timeout never rewrites a quoted value", "[unit][
     CHECK(count_of(lowered, " connect_timeout='") + count_of(lowered, " connect_timeout=2") == 1);
     CHECK(lowered.find(" connect_timeout=2") != std::string::npos);
   }
+}
+
+namespace {
+// The words of a list as an error message writes it: "a, b, c" or "a, b or c".
+std::set<std::string> listed(std::string text) {
+  std::set<std::string> out;
+  for (const std::string sep : {", ", " or "})
+    for (std::size_t at; (at = text.find(sep)) != std::string::npos;)
+      text.replace(at, sep.size(), "|");
+  std::stringstream in(text);
+  for (std::string word; std::getline(in, word, '|');)
+    out.insert(word);
+  return out;
+}
+// The text of message `m` between `from` and the next `to`.
+std::string between(const std::string& m, const std::string& from, const std::string& to) {
+  const auto b = m.find(from);
+  if (b == std::string::npos) return {};
+  return m.substr(b + from.size(), m.find(to, b + from.size()) - b - from.size());
+}
+}  // namespace
+
+// database.hpp's list of URLs once lacked sqlite::memory: and synchronous=extra: the parser's own
+// lists (what its errors say it accepts) must each be in the header.
+TEST_CASE("database.hpp names every URL key and value that the parser accepts", "[unit][url]") {
+  std::ifstream in(std::string(DBLOCK_INCLUDE_SRC) + "/dblock/database.hpp");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string header = text.str();
+  REQUIRE(header.find("Accepted URLs") != std::string::npos);
+  auto documented = [&](const std::string& s) { return header.find(s) != std::string::npos; };
+  for (const char* url : {"postgresql://h/db?zz_unknown=1", "mysql://h/db?zz_unknown=1",
+                          "sqlite:///tmp/x.db?zz_unknown=1"}) {
+    const std::string m = message_of(url);
+    const auto keys = listed(between(m, "(accepted: ", ")"));
+    INFO(url << ": " << m);
+    CHECK(keys.size() > 1);
+    for (const auto& k : keys) {
+      INFO("the key " << k);
+      CHECK(documented("`" + k));
+    }
+  }
+  // Read by the database handle before the backend's keys, on every scheme.
+  CHECK(documented("`failover_window="));
+  const std::string m = message_of("sqlite:///tmp/x.db?synchronous=zz");
+  const auto modes = listed(m.substr(m.find("synchronous must be ") + 20));
+  INFO(m);
+  CHECK(modes.size() == 3);
+  std::set<std::string> in_header;
+  std::stringstream sync(between(header, "`synchronous=", "`"));
+  for (std::string v; std::getline(sync, v, '|');)
+    in_header.insert(v);
+  CHECK(in_header == modes);
+  // The in-memory form, and every scheme alias.
+  CHECK(documented("`sqlite::memory:`"));
+  CHECK_NOTHROW(dblock::database("sqlite::memory:"));
+  for (const char* scheme :
+       {"postgresql://", "postgres://", "mysql://", "mariadb://", "sqlite://", "sqlite3://"})
+    CHECK(documented(scheme));
 }

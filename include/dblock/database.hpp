@@ -140,25 +140,33 @@ std::chrono::milliseconds min_surviving_ttl(std::chrono::milliseconds window,
 /**
  * @brief A handle on one database: its URL, dialect, table names and connection pool.
  *
- * Accepted URLs:
+ * Accepted URLs (the scheme is case-insensitive):
  * - `postgresql://user:pass@host:port/db?sslmode=require&host=/run/postgresql` (also
- *   `postgres://`); query keys are libpq keywords (`sslmode`, `connect_timeout`,
- *   `application_name`, `host` for a unix socket directory, `sslrootcert`,
- *   `target_session_attrs`, ...) plus dblock's `pooler=none|session|transaction`
- *   (database_options::pooler).
- * - Every scheme also takes dblock's `failover_window=DURATION`
- * (database_options::failover_window).
- * - `mysql://user:pass@host:port/db?unix_socket=/path` (also `mariadb://`); keys
+ *   `postgres://`); query keys: the libpq keywords `host` (a unix socket directory),
+ *   `hostaddr`, `sslmode`, `sslrootcert`, `sslcert`, `sslkey`, `sslcrl`, `application_name`
+ *   (default `dblock`), `options`, `target_session_attrs`, `keepalives`, `keepalives_idle`,
+ *   `keepalives_interval`, `keepalives_count`, `tcp_user_timeout`, `gssencmode`,
+ *   `channel_binding`, `passfile` and `connect_timeout`, plus dblock's
+ *   `pooler=none|session|transaction` (database_options::pooler).
+ * - `mysql://user:pass@host:port/db?unix_socket=/path` (also `mariadb://`); query keys
  *   `unix_socket`, `charset` (default utf8mb4), `connect_timeout`, `read_timeout` and
  *   `write_timeout` (whole seconds, at least 1), `sslca`, `sslcert`, `sslkey` (the last two only
  *   with `sslca`).
+ * - `sqlite:///absolute/path.db`, `sqlite://relative/path.db` (also `sqlite3://`), or
+ *   `sqlite::memory:` for an in-memory database shared by the connections of this handle (and
+ *   its copies) only, created and migrated by the constructor; query keys
+ *   `synchronous=full|normal|extra` (default: SQLite's, FULL) and `busy_timeout=MILLISECONDS`
+ *   (database_options::sqlite_busy_timeout). SQLite's own `:memory:` and `file:` URI names are
+ *   refused (each `:memory:` connection would be a database of its own).
+ * - Every scheme also takes dblock's `failover_window=DURATION` (database_options::failover_window;
+ *   a number with `ms`, `s`, `m` or `h`).
  * - `connect_timeout` (PostgreSQL and MySQL) is database_options::connect_timeout: whole seconds
- *   or a duration (`1500ms`), more than 0.
- * - `sqlite:///absolute/path.db` and `sqlite://relative/path.db`, with optional
- *   `?synchronous=normal|full` (default full) and `busy_timeout=MILLISECONDS`.
+ *   or a duration (`1500ms`), more than 0 and at most 24 h.
  * - Several hosts, `postgresql://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write`
- *   (libpq tries them in order) or `mysql://u:p@h1:3306,h2:3306,h3:3306/db` (dblock tries them
- *   in order, starting from the one that worked last); at most 16, no empty or repeated host.
+ *   (libpq tries them in order; no `host=` or `hostaddr=` key then) or
+ *   `mysql://u:p@h1:3306,h2:3306,h3:3306/db` (dblock tries them in order, starting from the one
+ *   that worked last); at most 16, no empty or repeated host; an IPv6 address in brackets
+ *   (`[::1]:5432`).
  * User names and passwords may be percent-encoded. Unknown query keys are rejected.
  *
  * Copies are cheap and share the same pool; the pool lives until the last copy and the last

@@ -31,12 +31,14 @@ struct lease_access;
 enum class lease_mode {
   row,  ///< a row of the lock table (the default): durable, on every backend
   /**
-   * A server session lock (PostgreSQL 14+, direct connections): one pooled connection is pinned
-   * for the hold and its server session holds a session-level advisory lock; the fence comes
-   * from a sequence in the same statement; the server ends the session, and so frees the lock,
-   * when it stays idle past the TTL; waits queue in the server in arrival order. Refused with
-   * errc::invalid_argument on MySQL/MariaDB, SQLite and behind a transaction-mode pooler, and by
-   * the other kinds (semaphore, rwlock, lock_set, election).
+   * A server session lock (PostgreSQL 14+ and MariaDB 10.3+, direct connections): one pooled
+   * connection is pinned for the hold and its server session holds a session-level lock
+   * (PostgreSQL's advisory lock, MariaDB's GET_LOCK); the fence comes from a sequence in the
+   * same statement; the server ends the session, and so frees the lock, when it stays idle past
+   * the TTL (MariaDB: the TTL rounded up to whole seconds); waits queue in the server in arrival
+   * order. Refused with errc::invalid_argument on MySQL 8 (no SEQUENCE), Galera (GET_LOCK is
+   * local to one node), SQLite and behind a transaction-mode pooler, and by the other kinds
+   * (semaphore, rwlock, lock_set, election).
    */
   session,
 };
