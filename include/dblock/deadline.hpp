@@ -44,9 +44,10 @@ steady_clock::time_point deadline_after(const std::chrono::duration<Rep, Period>
  *
  * A steady_clock time point is taken as it is (saturating when its duration type is coarser or
  * finer than the clock's); another clock's (`system_clock`, ...) is measured from that clock's
- * now, so a later change of the wall clock does not move it. A point in the past gives now (the
- * call tries once); the clock's `time_point::max()` gives steady_clock's: for ever. Thread-safety:
- * safe from any thread. Never throws.
+ * now, so a later change of the wall clock does not move it. A point in the past makes the call
+ * try once (another clock's gives now, a steady_clock one stays as it is); the clock's
+ * `time_point::max()` gives steady_clock's: for ever. Thread-safety: safe from any thread. Never
+ * throws.
  */
 template <class Clock, class Duration>
 steady_clock::time_point deadline_from(

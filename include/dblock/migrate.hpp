@@ -42,13 +42,16 @@ struct migrate_result {
  * name and checksum in `<prefix>dblock_schema_migrations`. Idempotent. Safe when several
  * processes run it at once: PostgreSQL takes an advisory lock, MySQL GET_LOCK, SQLite a
  * BEGIN IMMEDIATE write transaction per file, and every file is re-checked under that lock.
- * With dry_run it takes the same lock but creates and applies nothing.
+ * With dry_run it takes the same lock but creates and applies nothing. The whole call, its wait
+ * for that lock included, is bounded by database_options::call_timeout.
  * Thread-safety: safe to call concurrently (also from several processes); each call uses its
  * own pooled connection.
  *
  * @throws dblock::error errc::schema_mismatch when an applied file's checksum differs from the
  *         shipped file (someone edited an applied migration: nothing is applied);
- *         errc::timeout when MySQL's migration lock is not free within 600 s; errc::in_doubt
+ *         errc::timeout when the call does not end within database_options::call_timeout
+ *         (another migrator holding the migration lock, say; MySQL's GET_LOCK gives up after
+ *         600 s in any case); errc::in_doubt
  *         when the connection broke after a file's COMMIT was sent (run migrate() again: the
  *         file is re-checked under the lock); the @ref database_errors "database errors" (a
  *         failed file is rolled back where DDL is transactional, not on MySQL).
