@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -109,6 +110,54 @@ DBLOCK_TEST_ON_TWO("postgresql", "mysql",
   int one = 0;
   db.connect().session() << "SELECT 1", soci::into(one);
   CHECK(one == 1);
+}
+
+// connect() and transactions borrowed their connection armed with call_timeout: with the
+// defaults (pool_wait = call_timeout = 30 s) a full pool was errc::timeout, not pool_exhausted
+// as transaction.hpp and database.hpp say.
+DBLOCK_TEST("a full pool is pool_exhausted for connect() and transactions, whatever call_timeout",
+            "[database]") {
+  dblock::database_options o = ctx.options();
+  o.pool_size = 1;
+  o.pool_wait = std::chrono::milliseconds(300);
+  o.call_timeout = o.pool_wait;  // as the defaults: both 30 s
+  dblock::database db = ctx.open(o);
+  auto held = db.connect();
+  const std::vector<std::pair<std::string, std::function<void()>>> calls = {
+      {"connect()", [&] { (void)db.connect(); }},
+      {"transaction", [&] { dblock::transaction t(db); }},
+      {"try_lock_resource", [&] { (void)dblock::try_lock_resource(db, "pool-full"); }}};
+  for (const auto& [what, call] : calls) {
+    INFO(what);
+    try {
+      call();
+      FAIL("got a connection from a full pool");
+    } catch (const dblock::error& e) {
+      INFO(e.what());
+      CHECK(e.code() == errc::pool_exhausted);
+    }
+  }
+}
+
+// The same arming cut a connection handed to the caller at call_timeout after it was borrowed
+// (PostgreSQL and MySQL: the socket shut down under an idle session), whereas docs/safety.md
+// says such statements have no deadline of dblock's.
+DBLOCK_TEST("a connection or transaction of the caller's outlives call_timeout", "[database]") {
+  dblock::database_options o = ctx.options();
+  o.call_timeout = std::chrono::milliseconds(200);
+  dblock::database db = ctx.open(o);
+  auto c = db.connect();
+  dblock::transaction t(db);
+  int one = 0;
+  t.session() << "SELECT 1", soci::into(one);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // 4 x call_timeout, + the cut
+  one = 0;
+  c.session() << "SELECT 1", soci::into(one);
+  CHECK(one == 1);
+  one = 0;
+  t.session() << "SELECT 1", soci::into(one);
+  CHECK(one == 1);
+  CHECK_NOTHROW(t.commit());
 }
 
 DBLOCK_TEST("a call's deadline that ends before pool_wait is its timeout, not pool_exhausted",

@@ -52,7 +52,9 @@ struct database_options {
   /// Number of pooled connections (1..1024), opened lazily on first use. Watchdogs borrow one
   /// while renewing, so allow one per concurrently renewing lock plus your own threads.
   std::size_t pool_size = 4;
-  /// How long connect() waits for a free pooled connection before throwing errc::pool_exhausted.
+  /// How long a call waits for a free pooled connection before throwing errc::pool_exhausted
+  /// (errc::timeout when the call's own wait or deadline ends first; connect() and transactions
+  /// have none).
   std::chrono::milliseconds pool_wait{30000};
   /// Connect timeout for PostgreSQL and MySQL (rounded up to whole seconds; PostgreSQL's least
   /// is 2 s). The URL key `connect_timeout` (whole seconds, or a duration such as `1500ms`; more
@@ -61,11 +63,12 @@ struct database_options {
   /**
    * The deadline of a call that has none of its own (reads, admin, status, reap, migrate; a
    * lease's calls are bounded by its TTL, an acquire by its wait; docs/safety.md, "Deadlines").
-   * When it passes, the server is asked to stop the statement and the connection is cut: the
-   * call ends with errc::timeout (a read), errc::in_doubt (a write whose reply did not come) or
-   * errc::connection_lost (nothing was written), within 250 ms of it (plus up to 600 ms to
-   * resolve an unknown outcome). A connection opened inside the call counts its connect timeout
-   * in whole seconds (PostgreSQL: at least 2 s).
+   * Not for a connection handed to the caller (connect(), a transaction): those statements are
+   * the caller's. When it passes, the server is asked to stop the statement and the connection
+   * is cut: the call ends with errc::timeout (a read), errc::in_doubt (a write whose reply did
+   * not come) or errc::connection_lost (nothing was written), within 250 ms of it (plus up to
+   * 600 ms to resolve an unknown outcome). A connection opened inside the call counts its
+   * connect timeout in whole seconds (PostgreSQL: at least 2 s).
    */
   std::chrono::milliseconds call_timeout{30000};
   /// SQLite busy timeout: how long a statement waits for another writer.
@@ -265,7 +268,8 @@ class database {
   };
 
   /// Borrows a connection from the pool, connecting it when needed (a connection found broken
-  /// earlier is reopened here; one that broke unnoticed fails on its first statement).
+  /// earlier is reopened here; one that broke unnoticed fails on its first statement). Its
+  /// statements are the caller's: database_options::call_timeout does not bound them.
   /// @throws dblock::error errc::pool_exhausted when none frees up within options().pool_wait,
   ///         errc::connection_failed when connecting fails.
   connection connect() const;

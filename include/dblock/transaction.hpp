@@ -92,7 +92,9 @@ class transaction {
   /**
    * @brief Borrows a connection; BEGIN is sent on first use (so that lock_resource() can create
    *        a missing lock row before the transaction starts).
-   * @throws dblock::error errc::timeout when no pooled connection frees up within
+   * The connection is not bounded by database_options::call_timeout: the statements are the
+   * caller's (docs/safety.md, "Deadlines").
+   * @throws dblock::error errc::pool_exhausted when no pooled connection frees up within
    *         database_options::pool_wait, errc::connection_failed when connecting fails,
    *         errc::invalid_argument for a negative options.lock_timeout.
    */

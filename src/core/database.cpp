@@ -118,7 +118,9 @@ void database::connection::discard() noexcept {
 }
 
 database::connection database::connect() const {
-  auto s = impl_->lease(impl_);
+  // Not armed with a call deadline: the caller's statements run as long as they run
+  // (docs/safety.md, "Deadlines"), and only pool_wait bounds the wait for a free connection.
+  auto s = impl_->lease(impl_, false);
   try {
     s->dia().conn.to_session_defaults(s->sql(), s->state());
   } catch (const soci::soci_error&) {

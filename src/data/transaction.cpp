@@ -23,11 +23,13 @@ struct transaction::impl {
   bool finished = false;
 
   // Not database::connect(): the transaction sets its own lock timeout at BEGIN, so the session
-  // needs no reset to its defaults first (dialect connector::to_session_defaults()).
+  // needs no reset to its defaults first (dialect connector::to_session_defaults()). Not armed
+  // with a call deadline, as connect()'s: the statements are the caller's, however long they
+  // run (an armed connection was cut at call_timeout, and a full pool was errc::timeout).
   impl(const database& d, transaction_options o)
       : db(d),
         conn(detail::access::make_connection(
-            detail::access::impl(d)->lease(detail::access::impl(d)))),
+            detail::access::impl(d)->lease(detail::access::impl(d), false))),
         options(o) {}
 
   detail::session_scope& scope() { return detail::access::scope(conn); }
