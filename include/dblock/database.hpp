@@ -65,10 +65,11 @@ struct database_options {
    * lease's calls are bounded by its TTL, an acquire by its wait; docs/safety.md, "Deadlines").
    * Not for a connection handed to the caller (connect(), a transaction): those statements are
    * the caller's. When it passes, the server is asked to stop the statement and the connection
-   * is cut: the call ends with errc::timeout (a read), errc::in_doubt (a write whose reply did
-   * not come) or errc::connection_lost (nothing was written), within 250 ms of it (plus up to
-   * 600 ms to resolve an unknown outcome). A connection opened inside the call counts its
-   * connect timeout in whole seconds (PostgreSQL: at least 2 s).
+   * is cut: the call ends with errc::timeout (a read, also when its connection had to be cut;
+   * a statement the server cancelled), errc::in_doubt (a write whose reply did not come) or
+   * errc::connection_lost (a write cut off before anything was written), within 250 ms of it
+   * (plus up to 600 ms to resolve an unknown outcome). A connection opened inside the call
+   * counts its connect timeout in whole seconds (PostgreSQL: at least 2 s).
    */
   std::chrono::milliseconds call_timeout{30000};
   /// SQLite busy timeout: how long a statement waits for another writer.

@@ -33,7 +33,8 @@ namespace dblock {
  * exist (run migrate()), and `backend_error` for anything else the server reports.
  */
 enum class errc : int {
-  timeout = 1,            ///< our own wait or time budget ran out (also PostgreSQL 57014)
+  timeout = 1,            ///< our own wait, deadline or time budget ran out (also PostgreSQL
+                          ///< 57014)
   cancelled,              ///< the caller cancelled a wait
   lock_not_available,     ///< NOWAIT conflict, server lock wait timeout, SQLite BUSY
   deadlock,               ///< the server chose this transaction as a deadlock victim
@@ -43,7 +44,8 @@ enum class errc : int {
   lease_lost,             ///< the lease expired or was taken over; the holder must stop
   not_owner,              ///< the operation needs a lease this caller does not hold
   connection_lost,        ///< the connection broke before anything was written (writes whose
-                          ///< outcome is unknown report in_doubt instead)
+                          ///< outcome is unknown report in_doubt instead; a read cut off at its
+                          ///< deadline is timeout)
   connection_failed,      ///< could not connect: unreachable, refused, bad credentials
   in_doubt,               ///< the outcome of a COMMIT or release is unknown
   invalid_argument,       ///< bad URL, identifier, resource name, duration, ...

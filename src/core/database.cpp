@@ -67,7 +67,7 @@ const std::string& database::lock_table() const noexcept {
 }
 
 void database::ping() const {
-  detail::with_session(impl_, "ping", [](detail::session_scope& s) {
+  detail::with_read(impl_, "ping", [](detail::session_scope& s) {
     int one = 0;
     s.sql() << "SELECT 1", soci::into(one);
   });
@@ -80,7 +80,7 @@ failover_info database::failover() const {
 
 server_info database::server() const {
   server_info out;
-  detail::with_session(impl_, "server", [&out](detail::session_scope& s) {
+  detail::with_read(impl_, "server", [&out](detail::session_scope& s) {
     out.product = s.state().product;
     out.version = s.state().version;
   });

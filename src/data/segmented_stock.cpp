@@ -236,23 +236,23 @@ void segmented_stock::put(database::connection& conn, std::int64_t k) const {
 }
 
 std::int64_t segmented_stock::total() const {
-  return detail::with_session(detail::access::impl(db_), "read stock '" + name_ + "'",
-                              [&](session_scope& s) {
-                                const auto t = table::total(s, name_);
-                                if (t.segments == 0) throw no_such_stock(name_);
-                                return t.total;
-                              });
+  return detail::with_read(detail::access::impl(db_), "read stock '" + name_ + "'",
+                           [&](session_scope& s) {
+                             const auto t = table::total(s, name_);
+                             if (t.segments == 0) throw no_such_stock(name_);
+                             return t.total;
+                           });
 }
 
 std::vector<std::int64_t> segmented_stock::segments() const {
-  return detail::with_session(detail::access::impl(db_), "read stock '" + name_ + "'",
-                              [&](session_scope& s) {
-                                std::vector<std::int64_t> out;
-                                for (const auto& g : table::read(s, name_, false))
-                                  out.push_back(g.amount);
-                                if (out.empty()) throw no_such_stock(name_);
-                                return out;
-                              });
+  return detail::with_read(detail::access::impl(db_), "read stock '" + name_ + "'",
+                           [&](session_scope& s) {
+                             std::vector<std::int64_t> out;
+                             for (const auto& g : table::read(s, name_, false))
+                               out.push_back(g.amount);
+                             if (out.empty()) throw no_such_stock(name_);
+                             return out;
+                           });
 }
 
 bool segmented_stock::drop() const {

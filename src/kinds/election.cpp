@@ -270,7 +270,7 @@ std::optional<leadership> election::try_campaign(std::error_code& ec) {
 std::optional<leader_info> election::observe(const database& db, const std::string& name) {
   const std::string lease = lease_name(name);
   const auto& dbi = detail::access::impl(db);
-  return detail::with_session(
+  return detail::with_read(  // a read: cut at its deadline, errc::timeout
       dbi, "observe election '" + detail::printable(name) + "'",
       [&](detail::session_scope& s) -> std::optional<leader_info> {
         auto row = detail::lock_table::read(s, lease);

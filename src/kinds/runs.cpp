@@ -162,7 +162,7 @@ std::vector<job_run> list_runs(const database& db, const std::string& key, std::
   if (limit < 1 || limit > 100000)
     throw error(errc::invalid_argument, "list_runs: limit must be 1..100000");
   if (!key.empty()) detail::validate_lease_name(key);
-  return detail::with_session(access::impl(db), "list runs", [&](session_scope& s) {
+  return detail::with_read(access::impl(db), "list runs", [&](session_scope& s) {
     std::vector<job_run> out;
     for (const auto& r : detail::run_table::list(s, key, limit))
       out.push_back(to_job_run(r));

@@ -98,7 +98,7 @@ std::vector<lock_info> list_locks(const database& db, const list_options& o) {
     throw error(errc::invalid_argument, "list_locks: limit must be 1..100000");
   if (o.pattern.size() > 1000) throw error(errc::invalid_argument, "list_locks: pattern too long");
   detail::validate_text(o.pattern, "list_locks pattern");
-  return detail::with_session(access::impl(db), "list locks", [&](session_scope& s) {
+  return detail::with_read(access::impl(db), "list locks", [&](session_scope& s) {
     auto rows = detail::lock_table::list(s, o);
     if (s.statements().can.session_leases) describe_sessions(s, rows, o.include_free);
     std::map<std::string, std::size_t> by_name;
@@ -193,14 +193,14 @@ bool leave_session_mode(const database& db, const std::string& name,
 std::vector<forced_release> recent_forced_releases(const database& db, std::size_t limit) {
   if (limit < 1 || limit > 10000)
     throw error(errc::invalid_argument, "recent_forced_releases: limit must be 1..10000");
-  return detail::with_session(access::impl(db), "read forced releases", [&](session_scope& s) {
+  return detail::with_read(access::impl(db), "read forced releases", [&](session_scope& s) {
     return detail::lock_table::forced_history(s, limit);
   });
 }
 
 lease_durability lease_durability_of(const database& db) {
-  return detail::with_session(access::impl(db), "read the lease table's durability",
-                              [&](session_scope& s) { return detail::lock_table::durability(s); });
+  return detail::with_read(access::impl(db), "read the lease table's durability",
+                           [&](session_scope& s) { return detail::lock_table::durability(s); });
 }
 
 void set_lease_durability(const database& db, lease_durability durability) {

@@ -253,11 +253,13 @@ error database_impl::with_hints(error e) const {
 error session_scope::failure(const std::string& what) {
   error e = db_->dia->errors.classify_current(what);
   if (armed_.fired()) {
-    // Stopped at the deadline: the connection is closed when given back. A read, or a statement
-    // the server cancelled (it did not run), is a timeout; a connection cut off stays
-    // connection_lost, which the paths that wrote resolve (or report in_doubt).
+    // Stopped at the deadline: the connection is closed when given back. A read (reads_only()),
+    // or a statement the server cancelled (it did not run), is a timeout; a connection cut off
+    // under a call that may have written stays connection_lost, which the paths that wrote
+    // resolve (or report in_doubt).
     broken_ = true;
-    const errc code = e.code() == errc::connection_lost ? errc::connection_lost : errc::timeout;
+    const errc code =
+        e.code() == errc::connection_lost && !reads_only_ ? errc::connection_lost : errc::timeout;
     return error(code, what + ": " + armed_.cause() + " (" + e.what() + ")", e.backend(),
                  e.sqlstate(), e.native_code());
   }

@@ -152,6 +152,9 @@ class session_scope final : public exec_session {
   /// Classifies the exception being handled (call from a catch block), marks the connection
   /// broken when it was lost, and returns the error (with hints).
   error failure(const std::string& what);
+  /// Marks this use as a call that only reads (with_read()): a connection its deadline cut off
+  /// is then errc::timeout, as a read the server cancelled is, not connection_lost.
+  void reads_only() noexcept { reads_only_ = true; }
 
   /// Runs one of dblock's statements (see executor::run).
   sql_result run(const statement& st, const std::vector<sql_param>& values) {
@@ -162,6 +165,7 @@ class session_scope final : public exec_session {
   std::shared_ptr<database_impl> db_;
   std::size_t pos_;
   bool broken_ = false;
+  bool reads_only_ = false;
   armed_connection armed_;
 };
 
@@ -171,6 +175,22 @@ class session_scope final : public exec_session {
 template <class F>
 auto with_session(const std::shared_ptr<database_impl>& db, const std::string& what, F&& f) {
   auto s = db->lease(db);
+  try {
+    return f(*s);
+  } catch (const soci::soci_error&) {
+    throw s->failure(what);
+  }
+}
+
+/// Runs f(session_scope&), a call that only reads (nothing it sends writes), as with_session()
+/// does; when the call's deadline cuts the connection off (a frozen server, a black hole: the
+/// cancel request never got an answer), the call ends with errc::timeout, as one whose statement
+/// the server cancelled does (docs/safety.md, "What each outcome means"). connection_lost stays
+/// for a connection that broke before the deadline.
+template <class F>
+auto with_read(const std::shared_ptr<database_impl>& db, const std::string& what, F&& f) {
+  auto s = db->lease(db);
+  s->reads_only();
   try {
     return f(*s);
   } catch (const soci::soci_error&) {
