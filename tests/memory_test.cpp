@@ -117,7 +117,8 @@ TEST_CASE("sqlite::memory: two threads contend for a lease as two processes woul
       g.fenced([](soci::session& sql) {
         int n = 0;
         sql << "SELECT n FROM counter WHERE id = 1", soci::into(n);
-        sql << "UPDATE counter SET n = :n WHERE id = 1", soci::use(n + 1);
+        const int next = n + 1;  // soci::use binds a reference: never a temporary
+        sql << "UPDATE counter SET n = :n WHERE id = 1", soci::use(next);
       });
       std::lock_guard<std::mutex> lk(mu);
       fences.push_back(g.fence());

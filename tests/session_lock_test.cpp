@@ -479,6 +479,7 @@ DBLOCK_TEST_SERVERS(
   {
     auto c = db.connect();
     id = server_session(c, ctx.backend);
+    const long long other_id = id + 1000000;  // soci::use binds a reference: never a temporary
     // Left by an earlier session of the same id (a server restart, a reused process id), and
     // one of a session that does not hold the name.
     c.session() << "INSERT INTO " + reports +
@@ -488,7 +489,7 @@ DBLOCK_TEST_SERVERS(
     c.session() << "INSERT INTO " + reports +
                        " (server_session, resource_name, fence, acquired_us, holder_host, "
                        "holder_pid, holder_thread) VALUES (:id, :name, 8, 0, 'other', 2, '2')",
-        soci::use(id + 1000000), soci::use(name);
+        soci::use(other_id), soci::use(name);
   }
   dblock::list_options lo;
   lo.pattern = name;

@@ -65,12 +65,14 @@ void check_fence(soci::session& session, const database& db, const std::string& 
   }
   long long got = 0;
   soci::indicator ind = soci::i_null;
+  // soci::use binds a reference that the statement reads at the end of the full expression,
+  // after a temporary (a cast) is gone: a named value.
+  const long long bound_fence = fence;
   try {
     if (st.returns_row)  // the check is a SELECT: its row, or none
-      session << text, soci::use(name), soci::use(static_cast<long long>(fence)),
-          soci::into(got, ind);
+      session << text, soci::use(name), soci::use(bound_fence), soci::into(got, ind);
     else  // the routine raises DL001, and returns nothing to read
-      session << text, soci::use(name), soci::use(static_cast<long long>(fence));
+      session << text, soci::use(name), soci::use(bound_fence);
   } catch (const soci::soci_error& e) {
     if (detail::is_fence_refusal(e.what())) throw lost(name, fence, d.backend);
     try {
