@@ -3,11 +3,13 @@
 # The consumer test: installs the build BUILD_DIR into a temporary prefix and uses it as a
 # user would, on fresh SQLite files (no server needed).
 #   1. CMake: tests/consumer with find_package(dblock) while prometheus-cpp cannot be found
-#      (CMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp), plus every ```cpp block of README.md as
-#      extracted by readme_snippets.sh (compiled and linked); runs the consumer.
+#      (CMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp), plus every C++ block of README.md and
+#      docs/*.md as extracted by readme_snippets.sh (compiled and linked); runs the consumer.
+#      Before it, a control: a block that uses `db` without `// assumes:` must not compile.
 #   2. find_package(dblock COMPONENTS prometheus): when dblock was built with it, builds and
-#      runs consumer_prometheus, and checks that the component fails with its reason when
-#      prometheus-cpp cannot be found; when built without, checks that it fails saying so.
+#      runs consumer_prometheus, builds the C++ blocks that need it, and checks that the
+#      component fails with its reason when prometheus-cpp cannot be found; when built without,
+#      checks that it fails saying so.
 #   3. pkg-config: builds the consumer with one compiler command and dblock.pc's flags
 #      (`--static` for libdblock.a), runs it.
 # For a shared build (shared.sh) the consumers must also need libdblock.so.0.
@@ -63,29 +65,77 @@ if [ -e "$libdir/libdblock.so" ]; then shared=1 kind=shared; else shared=0 kind=
 [ "$shared" = 1 ] || [ -f "$libdir/libdblock.a" ] || fail "neither libdblock.so nor .a in $libdir"
 say "installed a $kind dblock into $prefix"
 
-# 1. find_package(dblock) without prometheus-cpp; the README's snippets.
+# 0. The snippets' convention works: a fragment that uses `db` without `// assumes:` does not
+# compile (it once did: the script declared db for every block), and with the line it does.
+# Checked on a copy of the README's quick start beside two one-line fragments, syntax only.
+control=$work/snippet-control
+mkdir -p "$control/examples/quickstart"
+cp "$(dirname "$readme")/examples/quickstart/main.cpp" "$control/examples/quickstart/main.cpp"
+{
+    echo '```cpp'
+    cat "$control/examples/quickstart/main.cpp"
+    cat <<'EOF'
+```
+
+```cpp
+#include <dblock/dblock.hpp>
+
+dblock::lease_lock lock(db, "x");
+```
+
+```cpp
+#include <dblock/dblock.hpp>
+
+// assumes: dblock::database db;
+
+dblock::lease_lock lock(db, "x");
+```
+EOF
+} >"$control/README.md"
+bash "$here/readme_snippets.sh" "$control/README.md" "$control/out" >"$control/extract.log" 2>&1 ||
+    fail "readme_snippets.sh failed on the control README: $(cat "$control/extract.log")"
+syntax_check() { "$CXX" -std=c++17 -fsyntax-only -I"$prefix/include" "$1" >"$2" 2>&1; }
+if syntax_check "$control/out/snippet_2.cpp" "$control/undeclared.log"; then
+    fail "a snippet that uses db without '// assumes: dblock::database db;' compiled"
+fi
+# (GCC quotes the name with ‘’ in a UTF-8 locale, '' in C; Clang says "undeclared identifier".)
+grep -Eq "db.{1,3} was not declared|undeclared identifier .db." "$control/undeclared.log" ||
+    fail "a snippet without its assumes line failed for another reason: $(cat "$control/undeclared.log")"
+syntax_check "$control/out/snippet_3.cpp" "$control/declared.log" ||
+    fail "a snippet with '// assumes: dblock::database db;' did not compile: $(cat "$control/declared.log")"
+say "snippet control: db without '// assumes:' fails ('db' was not declared), with it compiles"
+
+# 1. find_package(dblock) without prometheus-cpp; the C++ blocks of README.md and docs/*.md.
 bash "$here/readme_snippets.sh" "$readme" "$work/snippets"
 run_logged "$work/cmake.log" "configuring tests/consumer (find_package(dblock), prometheus-cpp not findable)" \
     configure_consumer "$work/cmake" -DCMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp=ON \
     -DCONSUMER_SNIPPETS_DIR="$work/snippets"
-run_logged "$work/build.log" "building tests/consumer and the README's C++ blocks" \
+run_logged "$work/build.log" "building tests/consumer and the C++ blocks of README.md and docs/" \
     cmake --build "$work/cmake" -j"${CONSUMER_JOBS:-1}"
-say "README snippets: compiled and linked"
+say "C++ blocks of README.md and docs/: compiled and linked"
 expect_output "consumer (CMake)" "consumer fence 1" "$work/cmake/consumer" "sqlite://$work/cmake.db"
 needs_shared_dblock "consumer (CMake)" "$work/cmake/consumer"
 
-# 2. COMPONENTS prometheus.
+# 2. COMPONENTS prometheus, and the snippets that need it.
+prometheus_snippets=$(find "$work/snippets/prometheus" -name 'snippet_*.cpp' | wc -l)
 if [ -f "$cfgdir/dblockPrometheusTargets.cmake" ]; then
     run_logged "$work/prom.log" "configuring tests/consumer with COMPONENTS prometheus" \
-        configure_consumer "$work/prom" -DCONSUMER_PROMETHEUS=ON
+        configure_consumer "$work/prom" -DCONSUMER_PROMETHEUS=ON \
+        -DCONSUMER_SNIPPETS_DIR="$work/snippets"
     run_logged "$work/prom-build.log" "building consumer_prometheus" \
         cmake --build "$work/prom" -j"${CONSUMER_JOBS:-1}" --target consumer_prometheus
     expect_output "consumer_prometheus" 'dblock_acquired_total{backend="sqlite"} 1' \
         "$work/prom/consumer_prometheus" "sqlite://$work/prom.db"
+    if [ "$prometheus_snippets" -gt 0 ]; then
+        run_logged "$work/prom-snippets.log" "building the $prometheus_snippets C++ blocks that need dblock::prometheus" \
+            cmake --build "$work/prom" -j"${CONSUMER_JOBS:-1}" --target readme_snippets_prometheus
+        say "snippets that need dblock::prometheus: compiled and linked"
+    fi
     expected_reason="component prometheus: it needs prometheus-cpp"
     disable=(-DCMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp=ON)
 else
-    say "dblock was built without dblock::prometheus"
+    say "dblock was built without dblock::prometheus: its $prometheus_snippets C++ block(s) of" \
+        "the docs are NOT compiled here"
     expected_reason="component prometheus: dblock was built without it"
     disable=()
 fi
