@@ -143,6 +143,55 @@ DBLOCK_TEST_SERVERS("session lease: a holder idle past its TTL is cut by the ser
   CHECK(dblock::test::code_of([&] { ga->release(); }) == dblock::errc::lease_lost);
 }
 
+namespace {
+// What a handle's listener hears of its leases: the names granted, the reasons of losses.
+struct grant_and_loss : dblock::listener {
+  std::mutex mu;
+  std::vector<std::string> granted;
+  std::vector<dblock::loss_reason> reasons;
+  void acquired(std::string_view n, std::int64_t, std::chrono::microseconds) override {
+    std::lock_guard<std::mutex> l(mu);
+    granted.emplace_back(n);
+  }
+  void lost(std::string_view, dblock::loss_reason r, const dblock::error&) override {
+    std::lock_guard<std::mutex> l(mu);
+    reasons.push_back(r);
+  }
+};
+}  // namespace
+
+// A session grant reaches listener::acquired() as a row grant does (try and wait), and a session
+// that the server ended is reported by renew() as a lost connection: the lock row shows the
+// marker's owner, which took nothing over (it was reported as taken_over).
+DBLOCK_TEST_SERVERS("session lease: grants reach the listener, a loss by renew is a connection's",
+                    "[session_lease][direct]") {
+  auto events = std::make_shared<grant_and_loss>();
+  auto o = ctx.options();
+  o.events = events;
+  auto db = ctx.open(o);
+  const std::string name = unique_name("session-events");
+  dblock::lease_lock a(db, name, session_mode(std::chrono::milliseconds(1000)));
+  auto ga = a.try_acquire();
+  REQUIRE(ga);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // idle past the TTL (+1 s)
+  std::string what;
+  try {
+    ga->renew();
+  } catch (const dblock::error& e) {
+    what = e.what();
+    CHECK(e.code() == dblock::errc::lease_lost);
+  }
+  INFO("renew: " << what);
+  CHECK(what.find("server session ended") != std::string::npos);
+  dblock::lease_lock b(db, name, session_mode());
+  auto gb = b.acquire(std::chrono::seconds(10));  // a waiting acquire (free by now)
+  gb.release();
+  std::lock_guard<std::mutex> l(events->mu);
+  CHECK(events->granted == std::vector<std::string>{name, name});
+  REQUIRE(events->reasons.size() == 1);
+  CHECK(events->reasons[0] == dblock::loss_reason::connection);
+}
+
 DBLOCK_TEST_ONLY("sqlite", "session lease: refused, with the reason, on SQLite",
                  "[session_lease]") {
   dblock::lease_lock a(ctx.db, unique_name("session-refused"), session_mode());

@@ -1,7 +1,8 @@
 #include "dblock/retry.hpp"
 
+#include "core/backoff.hpp"
+
 #include <algorithm>
-#include <random>
 #include <thread>
 
 namespace dblock {
@@ -16,7 +17,6 @@ void run_with_retry(const retry_policy& policy, const std::function<void()>& att
   using std::chrono::microseconds;
   if (policy.max_attempts < 1)
     throw error(errc::invalid_argument, "retry_policy.max_attempts must be at least 1");
-  static thread_local std::mt19937_64 rng(std::random_device{}());
   retry_stats local;
   retry_stats& st = stats ? *stats : local;
   st = retry_stats{};
@@ -36,8 +36,8 @@ void run_with_retry(const retry_policy& policy, const std::function<void()>& att
       microseconds cap = std::chrono::duration_cast<microseconds>(policy.initial_backoff) *
                          (1LL << std::min(st.attempts - 1, 30));
       cap = std::min<microseconds>(cap, policy.max_backoff);
-      microseconds backoff(
-          cap.count() > 0 ? std::uniform_int_distribution<long long>(0, cap.count())(rng) : 0);
+      const microseconds backoff =
+          std::chrono::duration_cast<microseconds>(detail::full_jitter(cap));
       bool out_of_attempts = st.attempts >= policy.max_attempts;
       bool out_of_time =
           policy.time_budget.count() > 0 &&

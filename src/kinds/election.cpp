@@ -11,6 +11,7 @@
 #include "core/identifier.hpp"
 #include "core/no_throw.hpp"
 #include "kinds/followers.hpp"
+#include "lease/fenced.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
 #include "storage/deadline.hpp"
@@ -203,14 +204,12 @@ struct election::impl {
   std::optional<leadership> won(lease_guard g) {
     auto& st = *detail::lease_access::state(g);
     try {
-      detail::write_transaction(
-          st.db, "announce the leader of election '" + detail::printable(name) + "'", std::nullopt,
+      detail::fenced_write(
+          {&st},
           [&](detail::session_scope& s) {
-            auto fence = detail::lock_table::fenced_check(s, st.name, st.token);
-            if (!fence || *fence != st.fence)
-              throw error(errc::lease_lost, "the leadership was lost before it was announced");
             detail::leader_table::announce(s, name, identity, st.fence);
-          });
+          },
+          "announce the leader of election '" + detail::printable(name) + "'");
     } catch (const error& e) {
       if (e.code() == errc::lease_lost) return std::nullopt;
       throw;  // `g` releases the lease on the way out

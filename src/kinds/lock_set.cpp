@@ -8,6 +8,7 @@
 #include "core/cancel_access.hpp"
 #include "core/identifier.hpp"
 #include "core/no_throw.hpp"
+#include "lease/fenced.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
 #include "storage/deadline.hpp"
@@ -128,30 +129,13 @@ void lock_set_guard::release() {
 void lock_set_guard::fenced(const std::function<void(soci::session&)>& write) {
   if (leases_.empty())
     throw error(errc::not_owner, "fenced write: the lock set guard holds no lease");
-  auto& db = detail::lease_access::state(leases_.front())->db;
-  const std::string what =
-      "fenced write under a lock set of " + std::to_string(leases_.size()) + " leases";
-  // One write transaction: every lock row locked and checked in the set's order (the order
-  // every set takes), then the caller's statements; COMMIT lands only while all are ours.
-  detail::lease_state* lost = nullptr;
-  try {
-    detail::write_transaction(db, what, std::nullopt, [&](detail::session_scope& s) {
-      for (const auto& g : leases_) {
-        auto& st = *detail::lease_access::state(g);
-        auto fence = detail::lock_table::fenced_check(s, st.name, st.token);
-        if (!fence || *fence != st.fence) {
-          lost = &st;
-          throw error(errc::lease_lost, what + ": the lease on '" + detail::printable(st.name) +
-                                            "' is no longer ours; nothing was written");
-        }
-      }
-      write(s.sql());
-    });
-  } catch (const error& e) {
-    // Reported once the transaction is over (the reason is read on another connection).
-    if (lost) lost->mark_lost(e, lost->read_loss());
-    throw;
-  }
+  // Every lock row locked and checked in the set's order (the order every set takes).
+  std::vector<detail::lease_state*> states;
+  for (const auto& g : leases_)
+    states.push_back(detail::lease_access::state(g).get());
+  detail::fenced_user_write(
+      states, write,
+      "fenced write under a lock set of " + std::to_string(leases_.size()) + " leases");
 }
 
 // ---- lock_set ----------------------------------------------------------------------------------

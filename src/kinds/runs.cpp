@@ -8,6 +8,7 @@
 
 #include "core/audit_text.hpp"
 #include "core/identifier.hpp"
+#include "lease/fenced.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
 #include "storage/lock_table.hpp"
@@ -85,7 +86,8 @@ run_result run_job(const database& db, const std::string& key, milliseconds peri
   const std::string what = "run of '" + detail::printable(key) + "'";
   std::optional<detail::run_table::run_row> done;
   // The slot, the check and the start in one fenced transaction, on the database clock.
-  st.fenced_write(
+  detail::fenced_write(
+      {&st},
       [&](session_scope& s) {
         const std::int64_t now = detail::run_table::now_us(s);
         const std::int64_t period_us = period.count() * 1000;
@@ -117,7 +119,8 @@ run_result run_job(const database& db, const std::string& key, milliseconds peri
     status = 0;  // complete_run() recorded the success with the job's last write
   } else {
     // The end, under the same lease: a holder that lost it records nothing (lease_lost).
-    st.fenced_write(
+    detail::fenced_write(
+        {&st},
         [&](session_scope& s) { detail::run_table::finish(s, key, r.slot, st.fence, status); },
         "record the end of the " + what);
   }
@@ -137,7 +140,8 @@ void complete_run(lease_guard& lease, const std::function<void(soci::session&)>&
     throw error(errc::not_owner,
                 "complete_run: the guard is not the lease of a job running on this thread");
   if (run->completed) throw error(errc::not_owner, "complete_run: the run is completed already");
-  st->fenced_write(
+  detail::fenced_write(
+      {st},
       [&](session_scope& s) {
         write(s.sql());
         detail::run_table::finish(s, run->key, run->slot, st->fence, 0);

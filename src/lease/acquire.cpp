@@ -70,13 +70,6 @@ std::string thread_label() {
   return std::to_string(tid);
 }
 
-nanoseconds full_jitter(nanoseconds cap) {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  if (cap.count() <= 0) return nanoseconds(0);
-  std::uniform_int_distribution<long long> d(0, cap.count());
-  return nanoseconds(d(rng));
-}
-
 nanoseconds poll_backoff(const lease_options& o, int round) {
   // Doubled in milliseconds and compared before each doubling: no overflow for any duration.
   milliseconds cap = o.poll_initial;
@@ -85,20 +78,8 @@ nanoseconds poll_backoff(const lease_options& o, int round) {
   return full_jitter(std::min<nanoseconds>(std::max(cap, milliseconds(0)), poll_ceiling(o)));
 }
 
-nanoseconds poll_sleep(const lease_options& o, int round, long long limit_us,
-                       steady::time_point deadline) {
-  nanoseconds sleep = poll_backoff(o, round);
-  if (limit_us >= 0) sleep = std::min<nanoseconds>(sleep, std::chrono::microseconds(limit_us + 1));
-  return std::max(nanoseconds(0), std::min<nanoseconds>(sleep, deadline - steady::now()));
-}
-
 nanoseconds poll_ceiling(const lease_options& o) {
   return std::min<milliseconds>(o.poll_max, std::chrono::hours(24));
-}
-
-nanoseconds failure_backoff(int failures) {
-  return std::max<nanoseconds>(milliseconds(50),
-                               full_jitter(milliseconds(100) * (1 << std::clamp(failures, 0, 4))));
 }
 
 }  // namespace detail

@@ -6,6 +6,7 @@
 #include "core/cancel_access.hpp"
 #include "core/identifier.hpp"
 #include "dblock/retry.hpp"
+#include "lease/fenced.hpp"
 #include "lease/renewer.hpp"
 #include "lease/state.hpp"
 #include "storage/lock_table.hpp"
@@ -313,10 +314,15 @@ void lease_guard::renew(std::optional<milliseconds> ttl) {
     throw error(errc::lease_lost, "renew lease '" + state_->name + "': the lease was lost");
   const detail::call_deadline bound(state_->call_bound(), state_->call_bound_what());
   if (!state_->renew_sql(lease)) {
-    error e(errc::lease_lost, "renew lease '" + state_->name +
-                                  "': it had expired or been taken over; the successor's row "
-                                  "was left untouched");
-    state_->mark_lost(e, state_->read_loss());
+    const loss_reason why = state_->read_loss();
+    error e(errc::lease_lost,
+            "renew lease '" + state_->name +
+                (why == loss_reason::connection
+                     ? "': its connection to the database was lost (a session lease: its server "
+                       "session ended, and the session lock with it)"
+                     : "': it had expired or been taken over; the successor's row was left "
+                       "untouched"));
+    state_->mark_lost(e, why);
     throw e;
   }
 }
@@ -329,41 +335,8 @@ void lease_guard::release() {
 
 void lease_guard::fenced(const std::function<void(soci::session&)>& write) {
   if (!state_) throw error(errc::not_owner, "fenced write: the guard holds no lease");
-  auto& st = *state_;
-  const std::string what = "fenced write under lease '" + st.name + "'";
-  if (st.session_mode) {
-    const detail::call_deadline bound(st.call_bound(), st.call_bound_what());
-    return st.pinned_fenced(write, what);
-  }
-  // the caller's statements: classified like dblock's (by with_session)
-  st.fenced_write([&](detail::session_scope& s) { write(s.sql()); }, what);
+  detail::fenced_user_write({state_.get()}, write,
+                            "fenced write under lease '" + state_->name + "'");
 }
-
-namespace detail {
-
-void lease_state::fenced_write(const std::function<void(session_scope&)>& write,
-                               const std::string& what) {
-  const call_deadline bound(call_bound(), call_bound_what());
-  if (session_mode) return pinned_write(write, what);
-  // One write transaction: the lock row is locked and checked, the statements run, and COMMIT
-  // lands only while the lease is ours (a lost COMMIT reply is in_doubt).
-  bool lost_now = false;
-  try {
-    write_transaction(db, what, std::nullopt, [&](session_scope& s) {
-      auto f = lock_table::fenced_check(s, name, token);
-      if (!f || *f != fence) {
-        lost_now = true;
-        throw error(errc::lease_lost, what + ": the lease is no longer ours; nothing was written");
-      }
-      write(s);
-    });
-  } catch (const error& e) {
-    // Reported once the transaction is over (the reason is read on another connection).
-    if (lost_now) mark_lost(e, read_loss());
-    throw;
-  }
-}
-
-}  // namespace detail
 
 }  // namespace dblock

@@ -153,6 +153,12 @@ lease_guard lease_lock::impl::session_granted(std::unique_ptr<detail::session_sc
   p.name = name;
   p.owner_token = detail::new_owner_token();
   pinning = std::move(s);
+  // As a row grant (acquire.cpp, wait.cpp): the whole call, its wait included.
+  const auto started = detail::acquire_call::started_here().value_or(sent);
+  detail::access::impl(db)->notify([&](listener& l) {
+    l.acquired(name, fence,
+               std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - started));
+  });
   return granted(p, fence, sent, false);
 }
 
@@ -348,19 +354,6 @@ void lease_state::pinned_release() {
     mark_lost(e, loss_reason::connection);
     throw e;
   }
-}
-
-void lease_state::pinned_fenced(const std::function<void(soci::session&)>& write,
-                                const std::string& what) {
-  pinned_write(
-      [&](session_scope& s) {
-        try {
-          write(s.sql());
-        } catch (const soci::soci_error&) {
-          throw s.failure(what);
-        }
-      },
-      what);
 }
 
 void lease_state::pinned_write(const std::function<void(session_scope&)>& write,

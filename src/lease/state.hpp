@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/backoff.hpp"
 #include "dblock/cancellation.hpp"
 #include "dblock/lease_lock.hpp"
 #include "dblock/retry.hpp"
@@ -79,14 +80,8 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   /// lease_mode::session: gives the session lock back and the connection to the pool (the last
   /// hold); throws lease_lost when the session had ended.
   void pinned_release();
-  /// lease_guard::fenced(), with dblock's own statements: one write transaction that locks and
-  /// checks the lease row (or, in session mode, runs on the holding session), then `write`;
-  /// errc::lease_lost (nothing written, the loss reported) when the lease is no longer ours.
-  void fenced_write(const std::function<void(session_scope&)>& write, const std::string& what);
-  /// lease_mode::session: lease_guard::fenced() on the holding session.
-  void pinned_fenced(const std::function<void(soci::session&)>& write, const std::string& what);
-  /// lease_mode::session: one write transaction on the holding session (pinned_fenced(), with
-  /// dblock's own statements: session_lock::unmark()).
+  /// lease_mode::session: one write transaction on the holding session, for fenced_write()
+  /// (lease/fenced.hpp), which bounds it.
   void pinned_write(const std::function<void(session_scope&)>& write, const std::string& what);
 
   /// The deadline of a call on this lease (renew, release, a fenced write): its TTL less the
@@ -177,22 +172,11 @@ struct lease_state : std::enable_shared_from_this<lease_state> {
   std::shared_ptr<wait_queue::deferred_exit> queue_exit_;  // guarded by gate_mu_
 };
 
-/// Uniform in [0, cap]: "full jitter".
-std::chrono::nanoseconds full_jitter(std::chrono::nanoseconds cap);
-
 /// The one backoff of every wait that polls (a lease, a semaphore permit, a rwlock side, a
 /// writer waiting for readers to leave): full jitter under a cap of poll_initial doubled per
 /// round, at most poll_max. Saturates: any round and any duration (no overflow).
 std::chrono::nanoseconds poll_backoff(const lease_options& o, int round);
-/// A polling wait's next sleep: poll_backoff(), never past `limit_us` microseconds (the first
-/// expiry of a holder it waits for; negative: none) nor `deadline`.
-std::chrono::nanoseconds poll_sleep(const lease_options& o, int round, long long limit_us,
-                                    steady::time_point deadline);
 /// poll_max as nanoseconds, at most a day (milliseconds::max() and the like cannot overflow).
 std::chrono::nanoseconds poll_ceiling(const lease_options& o);
-
-/// The pause of a wait after a failed round (a dropped connection, a failover) before it tries
-/// again: 50 ms, then full jitter under 100 ms doubled per failure up to 1.6 s.
-std::chrono::nanoseconds failure_backoff(int failures);
 
 }  // namespace dblock::detail

@@ -30,6 +30,9 @@ loss_reason lease_state::loss_from(const std::optional<lease_row>& row) const {
 }
 
 loss_reason lease_state::read_loss() const noexcept {
+  // A session lease is lost only with its server session (the row shows the marker's owner,
+  // which took nothing over).
+  if (session_mode) return loss_reason::connection;
   try {
     const call_deadline bound(call_bound(), call_bound_what());
     return loss_from(with_session(db, "read lease '" + name + "' after its loss",

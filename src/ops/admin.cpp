@@ -9,6 +9,7 @@
 #include "dblock/semaphore.hpp"
 #include "dialect/doorbell.hpp"
 #include "kinds/followers.hpp"
+#include "lease/fenced.hpp"
 #include "lease/lock_impl.hpp"
 #include "lease/state.hpp"
 #include "storage/lock_table.hpp"
@@ -174,18 +175,16 @@ bool leave_session_mode(const database& db, const std::string& name,
   lease_guard g = lk.acquire(wait);
   const auto& st = detail::lease_access::state(g);
   bool freed = false;
-  {
-    const detail::call_deadline bound(st->call_bound(), st->call_bound_what());
-    st->pinned_write(
-        [&](session_scope& s) {
-          try {
-            freed = detail::session_lock::unmark(s, name, g.fence(), detail::new_owner_token());
-          } catch (const soci::soci_error&) {
-            throw s.failure(what);
-          }
-        },
-        what);
-  }
+  detail::fenced_write(
+      {st.get()},
+      [&](session_scope& s) {
+        try {
+          freed = detail::session_lock::unmark(s, name, g.fence(), detail::new_owner_token());
+        } catch (const soci::soci_error&) {
+          throw s.failure(what);
+        }
+      },
+      what);
   g.release();
   return freed;
 }

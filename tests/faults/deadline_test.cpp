@@ -411,6 +411,47 @@ DBLOCK_TEST(
   sql << "ROLLBACK";
 }
 
+// One fenced write for every kind (src/lease/fenced.hpp): a lock set's write waits for its rows no
+// longer than its leases' bound (TTL less the safety margin), as a lease guard's does, however
+// long the database's call_timeout (20 s here, which bounded it before: the test then took 20 s).
+DBLOCK_TEST("deadline: a lock set's fenced write ends by its leases' bound, not call_timeout",
+            "[faults][deadline][lock_set]") {
+  database_options o = test_options(ctx);
+  o.call_timeout = milliseconds(20000);
+  database db(ctx.url, o);
+  const std::string a = "dl-set-a-" + random_suffix(), b = "dl-set-b-" + random_suffix();
+  lock_set set(db, {a, b}, short_lease());
+  auto g = set.try_acquire();
+  REQUIRE(g);
+  calibrate(db);
+  // Another client locks the second lease's row (SQLite: the database's write lock).
+  database foreign_db(ctx.url, ctx.options());
+  auto foreign = foreign_db.connect();
+  soci::session& sql = foreign.session();
+  if (ctx.backend == "sqlite") {
+    sql << "BEGIN IMMEDIATE";
+  } else {
+    sql << "BEGIN";
+    std::string got;
+    sql << "SELECT resource_name FROM " << db.lock_table() << " WHERE resource_name = '" << b
+        << "' FOR UPDATE",
+        soci::into(got);
+    REQUIRE(got == b);  // the fault is in place
+  }
+  const outcome out = timed([&] { g->fenced([](soci::session& s) { s << "SELECT 1"; }); });
+  sql << "ROLLBACK";
+  INFO("the lock set's fenced write took " << out.ms << " ms (bound " << bound.count() << " ms + "
+                                           << slack.count() << " ms slack); "
+                                           << (out.threw ? out.what : "no error"));
+  CHECK(out.threw);  // the fault is real: the row stayed locked past the bound
+  CHECK(out.code != errc::lease_lost);
+  CHECK(out.ms <= (bound + slack).count());
+  // Both leases are still ours, and the write goes through once the row is free.
+  int wrote = 0;
+  g->fenced([&](soci::session& s) { s << "SELECT 1", soci::into(wrote); });
+  CHECK(wrote == 1);
+}
+
 DBLOCK_TEST_SERVERS(
     "deadline: a frozen server (SIGSTOP) stops no call past its deadline; the "
     "fenced counter loses and doubles nothing",
