@@ -365,9 +365,7 @@ DBLOCK_TEST_SERVERS("cli row-mode: gives a session-mode name back to row mode",
     CHECK(none.status == exit_not_found);
     CHECK(contains(none.err, "is not in session mode"));
   }
-  dblock::lease_options so;
-  so.mode = dblock::lease_mode::session;
-  lease_lock s(ctx.db, name, so);
+  lease_lock s(ctx.db, name, {}, dblock::lease_mode::session);
   auto g = s.try_acquire();
   REQUIRE(g);
   const auto fence = g->fence();

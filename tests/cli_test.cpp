@@ -305,9 +305,7 @@ DBLOCK_TEST("cli exec with several --lock: a held member exits 75 and keeps none
 DBLOCK_TEST_SERVERS("cli status: a session lease shows its own fence and age once it has renewed",
                     "[cli][session_lease][direct]") {
   const std::string name = lock_name();
-  dblock::lease_options lo;
-  lo.mode = dblock::lease_mode::session;
-  dblock::lease_lock lk(ctx.db, name, lo);
+  dblock::lease_lock lk(ctx.db, name, {}, dblock::lease_mode::session);
   auto g = lk.try_acquire();
   REQUIRE(g);
   const std::string fence = " " + std::to_string(g->fence()) + " ";

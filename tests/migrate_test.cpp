@@ -148,9 +148,8 @@ DBLOCK_TEST_ONLY("mysql", "the server's flavor picks the migration files and all
   // The whole script of the server's flavor says which it is.
   const std::string script = dblock::migration_sql(ctx.db);
   CHECK(script.find(mysql8 ? " (MySQL 8)" : " (MariaDB)") != std::string::npos);
-  dblock::lease_options so;
-  so.mode = dblock::lease_mode::session;
-  dblock::lease_lock lock(ctx.db, dblock::test::unique_name("flavor"), so);
+  dblock::lease_lock lock(ctx.db, dblock::test::unique_name("flavor"), {},
+                          dblock::lease_mode::session);
   if (mysql8) {
     try {
       (void)lock.try_acquire();

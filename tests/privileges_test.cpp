@@ -216,9 +216,7 @@ DBLOCK_TEST_SERVERS("privileges: the documented grants are enough for the applic
   // A session lease, held past its first renewal (which reports it for status). The control:
   // refused without the grants for session leases. The MySQL 8 flavor refuses it whatever the
   // grants (docs/mysql.md); the counter gets the write a durable lease instead.
-  dblock::lease_options session;
-  session.mode = dblock::lease_mode::session;
-  dblock::lease_lock sl(db, "priv/session", session);
+  dblock::lease_lock sl(db, "priv/session", {}, dblock::lease_mode::session);
   const bool mysql8 = dblock::test::mysql8_flavor(db);
   {
     const auto refused = dblock::test::code_of([&] { (void)sl.try_acquire(); });

@@ -233,12 +233,12 @@ row mysql_get_lock_counter(int keys) {
 // marks it (one durable write, once per name), done at set-up, outside the measurement, which is
 // about the steady state.
 std::vector<std::string> marked_session_names(backend_ctx& b, const std::string& prefix, int keys) {
-  dblock::lease_options lo;
-  lo.mode = dblock::lease_mode::session;
   std::vector<std::string> names;
   for (int k = 0; k < keys; ++k) {
     names.push_back(prefix + std::to_string(k));
-    if (auto g = dblock::lease_lock(b.db, names.back(), lo).try_acquire()) g->release();
+    if (auto g =
+            dblock::lease_lock(b.db, names.back(), {}, dblock::lease_mode::session).try_acquire())
+      g->release();
   }
   return names;
 }
@@ -274,12 +274,10 @@ row lease_session_row(int keys, const char* anchor) {
          "lease_lock with lease_mode::session: try_acquire() + release(), distinct keys (the lock "
          "with its fence, the unlock; the idle timeout is set once per connection)"};
   ls.setup = [keys](backend_ctx& b, int t) {
-    dblock::lease_options lo;
-    lo.mode = dblock::lease_mode::session;
     auto locks = std::make_shared<std::vector<dblock::lease_lock>>();
     for (const auto& name :
          marked_session_names(b, "bench/session/" + std::to_string(t) + "/", keys))
-      locks->emplace_back(b.db, name, lo);
+      locks->emplace_back(b.db, name, dblock::lease_options{}, dblock::lease_mode::session);
     return cycle_fn([locks, keys] {
       auto g = (*locks)[static_cast<std::size_t>(rand_below(keys))].try_acquire();
       if (!g) return false;

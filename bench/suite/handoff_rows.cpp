@@ -149,7 +149,7 @@ std::string fairness_note(const result& r) {
 // connect and their wake-up connections start, and waiters poll until those are in place.
 // What a handoff row hands over: a lease, the one permit of a semaphore, or a read-write lock's
 // writer side (each waits through the one waiting engine: the lease's queue, the semaphore's).
-enum class handed { lease, permit, writer };
+enum class handed { lease, session_lease, permit, writer };
 
 // The acquire(30 s) of one client's lock of that kind.
 std::function<dblock::lease_guard()> handoff_lock(handed kind, const dblock::database& db,
@@ -164,13 +164,17 @@ std::function<dblock::lease_guard()> handoff_lock(handed kind, const dblock::dat
       auto rw = std::make_shared<dblock::rwlock>(db, "bench/handoff_rwlock", lo);
       return [rw, wait] { return rw->acquire(wait); };
     }
+    case handed::session_lease: {
+      // A name used in session mode stays in it (its row is the session mode's marker): the
+      // session rows hand over a name of their own.
+      auto lk = std::make_shared<dblock::lease_lock>(db, "bench/handoff_session", lo,
+                                                     dblock::lease_mode::session);
+      return [lk, wait] { return lk->acquire(wait); };
+    }
     case handed::lease:
       break;
   }
-  // A name used in session mode stays in it (its row is the session mode's marker): the session
-  // rows hand over a name of their own.
-  auto lk = std::make_shared<dblock::lease_lock>(
-      db, lo.mode == dblock::lease_mode::session ? "bench/handoff_session" : "bench/handoff", lo);
+  auto lk = std::make_shared<dblock::lease_lock>(db, "bench/handoff", lo);
   return [lk, wait] { return lk->acquire(wait); };
 }
 
@@ -362,14 +366,14 @@ std::vector<row> handoff_rows(backend_ctx& b, const options& o) {
   if (b.session_leases)
     ops.push_back(make_row(
         "dblock.handoff_session", "handoff", "dblock.handoff",
-        "lease_mode::session: waiters in the server's lock queue (FIFO); one database handle per "
+        "lease_lock in lease_mode::session: waiters in the server's lock queue (FIFO); one "
+        "database handle per "
         "client; K=clients-1 waiters; latency from release() start to the next acquire() return "
         "(p50/p99); ops/s = handoffs/s" +
             hold,
         schedule::contended, [seconds, hold_us](backend_ctx* b, int clients, std::ostream&) {
-          auto lo = b->wait_options;
-          lo.mode = dblock::lease_mode::session;
-          result r = handoff_dblock(*b, clients, seconds, hold_us, true, lo);
+          result r = handoff_dblock(*b, clients, seconds, hold_us, true, b->wait_options,
+                                    handed::session_lease);
           r.note = fairness_note(r);
           return r;
         }));

@@ -37,8 +37,10 @@ enum class lease_mode {
    * same statement; the server ends the session, and so frees the lock, when it stays idle past
    * the TTL (MariaDB: the TTL rounded up to whole seconds); waits queue in the server in arrival
    * order. Refused with errc::invalid_argument on MySQL 8 (no SEQUENCE), Galera (GET_LOCK is
-   * local to one node), SQLite and behind a transaction-mode pooler, and by the other kinds
-   * (semaphore, rwlock, lock_set, election).
+   * local to one node), SQLite and behind a transaction-mode pooler. Only a lease_lock is held
+   * this way, chosen by its constructor (lease_lock(db, name, options, lease_mode::session)):
+   * the other kinds (semaphore, rwlock, lock_set, election, run_once and the job runner) take
+   * lease_options, which has no mode, so they cannot be asked for it.
    */
   session,
 };
@@ -93,10 +95,6 @@ struct lease_options {
    * release still wakes one waiter (the longest waiting), but anyone may take the lease first.
    */
   bool fair = false;
-  /// How the lease is held: a row of the lock table (the default) or a server session lock
-  /// (lease_mode::session; docs/session-leases.md). A name used in session mode stays in it: a
-  /// lease of that name in row mode is refused (the name's lock row is held by the session mode).
-  lease_mode mode = lease_mode::row;
 };
 
 /// Sets the process-wide handler for release failures in guard destructors (default: ignore);
@@ -135,6 +133,18 @@ class lease_lock {
    *         negative or not below ttl, poll_initial not above zero or above poll_max.
    */
   lease_lock(database db, std::string name, lease_options options = {});
+  /**
+   * @brief A lock on `name` whose leases are held as `mode` says: lease_mode::row is the
+   * constructor above; lease_mode::session holds each lease by a server session lock
+   * (docs/session-leases.md), where `ttl`, `safety_margin`, `watchdog`, `on_lost` and
+   * `on_release_error` apply and the polling fields and `fair` do not (waiters queue in the
+   * server, in arrival order). A name used in session mode stays in it: a lease of that name in
+   * row mode is refused until leave_session_mode() (admin.hpp).
+   * @throws dblock::error as the constructor above; where session mode cannot work (SQLite,
+   *         MySQL 8, Galera, a transaction-mode pooler) the first acquire refuses it with
+   *         errc::invalid_argument and the reason.
+   */
+  lease_lock(database db, std::string name, lease_options options, lease_mode mode);
   /// Destroys the handle only: guards it returned stay valid and release themselves. Never
   /// throws.
   ~lease_lock();
@@ -208,6 +218,8 @@ class lease_lock {
   const database& db() const noexcept;
   /// The options, as checked (a zero safety_margin replaced by its default).
   const lease_options& options() const noexcept;
+  /// How this lock holds its leases (its constructor's choice). Never throws.
+  lease_mode mode() const noexcept;
 
  private:
   friend class detail::waiting_acquire;

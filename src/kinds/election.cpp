@@ -224,7 +224,6 @@ struct election::impl {
 
 election::election(database db, std::string name, std::string identity, lease_options options) {
   validate_election_name(name);
-  detail::refuse_session_mode(options, "election '" + detail::printable(name) + "'");
   detail::validate_text(identity, "leader identity");
   if (identity.empty() || identity.size() > max_leader_identity_bytes)
     throw error(errc::invalid_argument, "leader identity must be 1.." +

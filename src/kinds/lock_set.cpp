@@ -166,7 +166,6 @@ struct lock_set::impl {
 lock_set::lock_set(database db, std::vector<std::string> names, lease_options options)
     : impl_(std::make_unique<impl>()) {
   if (names.empty()) throw error(errc::invalid_argument, "lock set: no names given");
-  detail::refuse_session_mode(options, "lock set");
   // Byte order: std::string compares chars as unsigned, like the database's binary collation.
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());

@@ -95,7 +95,6 @@ struct rwlock::impl {
 };
 
 rwlock::rwlock(database db, std::string name, lease_options options) {
-  detail::refuse_session_mode(options, "rwlock '" + detail::printable(name) + "'");
   impl_ = std::make_unique<impl>(std::move(db), std::move(name), std::move(options));
 }
 

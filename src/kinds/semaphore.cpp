@@ -112,7 +112,6 @@ struct semaphore::impl {
   static lease_options checked(const database& db, const std::string& name, int permits,
                                const lease_options& options) {
     detail::validate_lease_name(name);
-    detail::refuse_session_mode(options, "semaphore '" + detail::printable(name) + "'");
     if (name.size() > max_semaphore_name_bytes)
       throw error(errc::invalid_argument,
                   "invalid semaphore name '" + detail::printable(name) +

@@ -89,6 +89,13 @@ lease_lock::lease_lock(database db, std::string name, lease_options options)
   detail::validate_resource_name(impl_->name);
 }
 
+lease_lock::lease_lock(database db, std::string name, lease_options options, lease_mode mode)
+    : lease_lock(std::move(db), std::move(name), std::move(options)) {
+  if (mode != lease_mode::row && mode != lease_mode::session)
+    throw error(errc::invalid_argument, "lease_lock: unknown lease_mode");
+  impl_->mode = mode;
+}
+
 lease_lock::lease_lock(database db, std::string name, lease_options options,
                        const detail::internal_name_t&)
     : impl_(std::make_unique<impl>(std::move(db), std::move(name), std::move(options))) {
@@ -121,6 +128,9 @@ const database& lease_lock::db() const noexcept {
 }
 const lease_options& lease_lock::options() const noexcept {
   return impl_->options;
+}
+lease_mode lease_lock::mode() const noexcept {
+  return impl_->mode;
 }
 
 // The upsert may have committed, or may still be running on the server (waiting on a row lock)
@@ -221,7 +231,7 @@ void acquire_call::failed(acquire_failure why) {
 
 std::optional<lease_guard> lease_lock::impl::attempt(const std::string& token,
                                                      std::int64_t ticket) {
-  if (options.mode == lease_mode::session) return session_attempt();
+  if (mode == lease_mode::session) return session_attempt();
   const auto& dbi = detail::access::impl(db);
   auto cur = current;
   const bool reentry = cur && cur->holds.load() > 0 && cur->valid();
@@ -279,7 +289,7 @@ lease_guard lease_lock::impl::granted(const detail::acquire_params& p, std::int6
   s->on_lost = options.on_lost;
   s->on_release_error = options.on_release_error;
   s->holds.store(1);
-  s->session_mode = options.mode == lease_mode::session;
+  s->session_mode = mode == lease_mode::session;
   s->pinned = std::move(pinning);
   if (s->session_mode) s->holder_thread = detail::thread_label();  // for its report (status)
   s->set_deadline(sent, options.ttl);

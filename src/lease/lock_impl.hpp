@@ -85,6 +85,7 @@ struct lease_lock::impl {
   database db;
   std::string name;
   lease_options options;
+  lease_mode mode = lease_mode::row;             // chosen by the constructor, never changed
   std::shared_ptr<detail::lease_state> current;  // the acquisition reentry extends
   std::thread::id holder;                        // the thread that made `current`
   std::atomic<std::thread::id> in_call{};        // the thread inside try_acquire/acquire
@@ -121,15 +122,6 @@ struct lease_lock::impl {
 };
 
 namespace detail {
-
-/// Session mode (lease_mode::session) is a lease_lock's alone for now: every other kind (its
-/// permits, readers, members or leadership) refuses it, with errc::invalid_argument naming
-/// `what`.
-inline void refuse_session_mode(const lease_options& o, const std::string& what) {
-  if (o.mode == lease_mode::session)
-    throw error(errc::invalid_argument,
-                what + ": lease_mode::session is for lease_lock only (docs/session-leases.md)");
-}
 
 /// The one gate through which the lock kinds (src/kinds/) reach a lease's internals: a lock on
 /// an internal name (U+FFFF suffixes, which users cannot name) and a guard's state. A new kind

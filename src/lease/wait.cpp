@@ -206,7 +206,7 @@ lease_guard lease_lock::acquire_until(steady_clock::time_point deadline,
   // A deadline in the past is now (time_point::min() would overflow `deadline - now`).
   deadline = std::max(deadline, steady_clock::now());
   detail::thread_check entered(*impl_);
-  if (impl_->options.mode == lease_mode::session) {
+  if (impl_->mode == lease_mode::session) {
     detail::acquire_call call(detail::access::impl(impl_->db), impl_->name);
     return call.run([&] { return impl_->session_wait(deadline, cancel, call); });
   }

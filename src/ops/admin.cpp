@@ -169,9 +169,7 @@ bool leave_session_mode(const database& db, const std::string& name,
   if (!marked) return false;
   // The name's session lock, taken as a session lease takes it: its fence is above every session
   // fence the name had, and no session lease of the name is held until the marker is gone.
-  lease_options o;
-  o.mode = lease_mode::session;
-  lease_lock lk(db, name, o);
+  lease_lock lk(db, name, lease_options{}, lease_mode::session);
   lease_guard g = lk.acquire(wait);
   const auto& st = detail::lease_access::state(g);
   bool freed = false;

@@ -233,14 +233,17 @@ struct frozen_server {
 // A call with the sentinel off must still be running `limit` + 2 s after it began; `end`
 // then ends the fault so that it returns.
 void hangs_without_deadlines(database& db, const std::function<void()>& end,
-                             const lease_options& lo = short_lease()) {
-  lease_lock l(db, "dl-control-" + random_suffix(), lo);
+                             const lease_options& lo = short_lease(),
+                             lease_mode mode = lease_mode::row) {
+  lease_lock l(db, "dl-control-" + random_suffix(), lo, mode);
   detail::set_deadlines_enforced(false);
   std::atomic<bool> returned{false};
+  std::string answer = "acquired";
   std::thread t([&] {
     try {
-      (void)l.try_acquire();
-    } catch (...) {
+      if (!l.try_acquire()) answer = "refused";
+    } catch (const std::exception& e) {
+      answer = e.what();
     }
     returned.store(true);
   });
@@ -251,13 +254,12 @@ void hangs_without_deadlines(database& db, const std::function<void()>& end,
   t.join();
   INFO("with the sentinel off, try_acquire was " << (hung ? "still running" : "already back") << " "
                                                  << (bound + milliseconds(2000)).count()
-                                                 << " ms after it began");
+                                                 << " ms after it began; it answered: " << answer);
   CHECK(hung);
 }
 
 lease_options session_lease() {
   lease_options lo = short_lease();
-  lo.mode = lease_mode::session;
   return lo;
 }
 
@@ -270,9 +272,9 @@ struct session_hold {
   std::int64_t fence = 0;
   session_hold(database& db, const std::string& tag)
       : name(tag + random_suffix()),
-        lk(db, name, session_lease()),
-        other(db, tag + "o-" + random_suffix(), session_lease()),
-        rival(db, name, session_lease()) {
+        lk(db, name, session_lease(), lease_mode::session),
+        other(db, tag + "o-" + random_suffix(), session_lease(), lease_mode::session),
+        rival(db, name, session_lease(), lease_mode::session) {
     other.try_acquire()->release();
     g = lk.try_acquire();
     REQUIRE(g);
@@ -299,6 +301,22 @@ void session_calls_end_by_deadline(const std::string& fault, session_hold& h) {
     CHECK(o.ms <= (limit + slack).count());
     CHECK(o.threw);  // the fault is real
   }
+}
+
+// `sql`, another client's connection, opens a transaction that holds `name`'s lock row in `db`'s
+// table locked (SQLite: the whole database's write lock) until it is rolled back.
+void lock_row_elsewhere(const context& ctx, const database& db, soci::session& sql,
+                        const std::string& name) {
+  if (ctx.backend == "sqlite") {
+    sql << "BEGIN IMMEDIATE";
+    return;
+  }
+  sql << "BEGIN";
+  std::string got;
+  sql << "SELECT resource_name FROM " << db.lock_table() << " WHERE resource_name = '" << name
+      << "' FOR UPDATE",
+      soci::into(got);
+  REQUIRE(got == name);  // the fault is in place
 }
 
 }  // namespace
@@ -366,18 +384,21 @@ DBLOCK_TEST_SERVERS(
   proxy.set_blackhole(true);
   session_calls_end_by_deadline("black hole", h);
   CHECK(detail::deadlines_fired() > fired_before);
+  // The control on a handle of its own whose one connection is open before the black hole, as
+  // the durable one's: db's free slot may be one a deadline cut, and a connect returns at its
+  // deadline without the sentinel ("could not connect ... within the call's deadline").
   proxy.set_blackhole(false);
-  db.ping();  // a pooled connection opened before the black hole, as above
+  database control = open_reader(url_via(ctx.url, proxy.port()), ctx);
   proxy.set_blackhole(true);
   hangs_without_deadlines(
-      db,
+      control,
       [&] {
         proxy.set_blackhole(false);
         proxy.cut_all();
       },
-      lo);
+      lo, lease_mode::session);
   // The path is back: the server ends the sessions the proxy held (at once, or at the TTL).
-  lease_lock after(ctx.db, h.name, lo);
+  lease_lock after(ctx.db, h.name, lo, lease_mode::session);
   auto a = after.acquire(ttl + slack);
   CHECK(a.fence() > h.fence);
 }
@@ -397,16 +418,7 @@ DBLOCK_TEST(
   database foreign_db(ctx.url, ctx.options());
   auto foreign = foreign_db.connect();
   soci::session& sql = foreign.session();
-  if (ctx.backend == "sqlite") {
-    sql << "BEGIN IMMEDIATE";
-  } else {
-    sql << "BEGIN";
-    std::string got;
-    sql << "SELECT resource_name FROM " << db.lock_table() << " WHERE resource_name = '" << name
-        << "' FOR UPDATE",
-        soci::into(got);
-    REQUIRE(got == name);  // the fault is in place
-  }
+  lock_row_elsewhere(ctx, db, sql, name);
   calls_end_by_deadline("foreign row lock", db, *g, name, false, reader);
   sql << "ROLLBACK";
 }
@@ -428,16 +440,7 @@ DBLOCK_TEST("deadline: a lock set's fenced write ends by its leases' bound, not 
   database foreign_db(ctx.url, ctx.options());
   auto foreign = foreign_db.connect();
   soci::session& sql = foreign.session();
-  if (ctx.backend == "sqlite") {
-    sql << "BEGIN IMMEDIATE";
-  } else {
-    sql << "BEGIN";
-    std::string got;
-    sql << "SELECT resource_name FROM " << db.lock_table() << " WHERE resource_name = '" << b
-        << "' FOR UPDATE",
-        soci::into(got);
-    REQUIRE(got == b);  // the fault is in place
-  }
+  lock_row_elsewhere(ctx, db, sql, b);
   const outcome out = timed([&] { g->fenced([](soci::session& s) { s << "SELECT 1"; }); });
   sql << "ROLLBACK";
   INFO("the lock set's fenced write took " << out.ms << " ms (bound " << bound.count() << " ms + "
@@ -597,9 +600,9 @@ DBLOCK_TEST_SERVERS(
     session_calls_end_by_deadline("frozen server", h);
     CHECK(detail::deadlines_fired() > fired_before);
     hangs_without_deadlines(
-        control, [&] { frozen.thaw(); }, lo);
+        control, [&] { frozen.thaw(); }, lo, lease_mode::session);
   }
-  lease_lock after(ctx.db, h.name, lo);
+  lease_lock after(ctx.db, h.name, lo, lease_mode::session);
   auto a = after.acquire(ttl + slack);
   CHECK(a.fence() > h.fence);
 }

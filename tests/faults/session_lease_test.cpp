@@ -34,7 +34,6 @@ namespace {
 
 dblock::lease_options session_mode() {
   dblock::lease_options o;
-  o.mode = dblock::lease_mode::session;
   o.ttl = std::chrono::seconds(2);
   return o;
 }
@@ -42,7 +41,7 @@ dblock::lease_options session_mode() {
 // One grant of `name` with its fence written under it; its fence, or 0 when refused or failed.
 long long grant_and_write(dblock::database& db, const std::string& name, const std::string& items) {
   try {
-    dblock::lease_lock l(db, name, session_mode());
+    dblock::lease_lock l(db, name, session_mode(), dblock::lease_mode::session);
     auto g = l.try_acquire();
     if (!g) return 0;
     const long long fence = g->fence();
@@ -175,7 +174,7 @@ DBLOCK_TEST_SERVERS(
     long long before = 0;
     {
       dblock::database db(ctx.url, ctx.options());
-      dblock::lease_lock l(db, name, session_mode());
+      dblock::lease_lock l(db, name, session_mode(), dblock::lease_mode::session);
       l.try_acquire()->release();  // marked, this connection's epoch raised
       dblock::database admin(admin_url);
       auto logger = admin.connect();  // PostgreSQL: the transaction whose nextval logs
@@ -196,7 +195,7 @@ DBLOCK_TEST_SERVERS(
     }
     REQUIRE(before > last);
     dblock::database db(ctx.url, ctx.options());
-    dblock::lease_lock l(db, name, session_mode());
+    dblock::lease_lock l(db, name, session_mode(), dblock::lease_mode::session);
     auto g = l.acquire(std::chrono::seconds(10));
     const long long after = g.fence();
     INFO("attempt " << attempt + 1 << ": fence before the crash " << before << ", after " << after
@@ -273,7 +272,8 @@ DBLOCK_TEST_SERVERS("session leases: a wait rides out a cut of its connection",
   const std::string name = "session-ride-" + random_suffix();
   dblock::lease_options lo = session_mode();
   lo.ttl = std::chrono::seconds(30);
-  dblock::lease_lock holder(ctx.db, name, lo), waiter(via, name, lo);
+  dblock::lease_lock holder(ctx.db, name, lo, dblock::lease_mode::session),
+      waiter(via, name, lo, dblock::lease_mode::session);
   auto h = holder.try_acquire();
   REQUIRE(h);
   const std::int64_t held_fence = h->fence();
@@ -337,7 +337,7 @@ DBLOCK_TEST_SERVERS("session leases: an interrupt storm leaves no lock held",
   for (int t = 0; t < threads; ++t)
     ts.emplace_back([&, t] {
       std::mt19937 rng(std::random_device{}());
-      dblock::lease_lock lock(db, name, lo);
+      dblock::lease_lock lock(db, name, lo, dblock::lease_mode::session);
       while (!stop.load()) {
         dblock::cancellation c;
         {
@@ -393,6 +393,6 @@ DBLOCK_TEST_SERVERS("session leases: an interrupt storm leaves no lock held",
       if (l.name == name && (l.held || l.waiters > 0)) clear = false;
   }
   CHECK(clear);
-  dblock::lease_lock after(ctx.db, name, lo);
+  dblock::lease_lock after(ctx.db, name, lo, dblock::lease_mode::session);
   CHECK(after.try_acquire().has_value());
 }

@@ -142,9 +142,7 @@ DBLOCK_TEST_ONLY("mysql", "galera: session leases are refused with the reason; d
   dblock::database db(node1, o);
   dblock::migrate(db);
   const std::string name = "galera-session-" + random_suffix();
-  dblock::lease_options lo;
-  lo.mode = dblock::lease_mode::session;
-  dblock::lease_lock session(db, name, lo);
+  dblock::lease_lock session(db, name, {}, dblock::lease_mode::session);
   std::string refused;
   try {
     (void)session.try_acquire();

@@ -307,10 +307,8 @@ DBLOCK_TEST_ONLY("postgresql",
   database_options one = p.options();
   one.pool_size = 1;  // every grant on the connection that moved the sequence: no commit after
   database db(pair.url(), one);
-  lease_options so;
-  so.mode = lease_mode::session;
   const std::string name = "pgpair-session-" + random_suffix();
-  lease_lock lock(db, name, so);
+  lease_lock lock(db, name, {}, lease_mode::session);
   lock.try_acquire()->release();  // marked; this connection moved the sequence
   database primary(pair.env.at("DBLOCK_TEST_PGPAIR_PRIMARY_URL"));
   auto logger = primary.connect();
@@ -328,7 +326,7 @@ DBLOCK_TEST_ONLY("postgresql",
   CHECK(pair.node("failover"));
   CHECK(pair.failover_evidence() == "");
   database after(pair.url(), p.options());
-  lease_lock again(after, name, so);
+  lease_lock again(after, name, {}, lease_mode::session);
   auto g2 = again.acquire(std::chrono::seconds(10));
   const std::int64_t low_bits = std::int64_t{1} << 32;
   INFO("fence before the failover " << before << ", after " << g2.fence()
