@@ -65,22 +65,25 @@ class run_scope {
   current_run* outer_;
 };
 
+// The job's lease, or nothing when another holder keeps it (refused, or the wait ran out).
+std::optional<lease_guard> take_job_lease(lease_lock& lock, const run_options& o) {
+  try {
+    if (o.wait.count() > 0) return lock.acquire(o.wait, o.cancel);
+    return lock.try_acquire();
+  } catch (const error& e) {
+    if (e.code() != errc::timeout) throw;
+  }
+  return std::nullopt;
+}
+
 // run_once() (period 0) and run_in_slot().
 run_result run_job(const database& db, const std::string& key, milliseconds period,
                    const job_function& job, const run_options& o) {
   lease_options lo = o.lease;
   lo.watchdog = true;
   lease_lock lock(db, key, lo);
-  std::optional<lease_guard> g;
+  std::optional<lease_guard> g = take_job_lease(lock, o);
   run_result r;
-  try {
-    if (o.wait.count() > 0)
-      g.emplace(lock.acquire(o.wait, o.cancel));
-    else
-      g = lock.try_acquire();
-  } catch (const error& e) {
-    if (e.code() != errc::timeout) throw;
-  }
   if (!g) return r;  // busy
   auto& st = *detail::lease_access::state(*g);
   const std::string what = "run of '" + detail::printable(key) + "'";
